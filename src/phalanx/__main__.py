@@ -1,0 +1,3 @@
+from phalanx.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`phalanx VERB ...`: a thin table of verbs → functions. Errors become one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from phalanx import __version__
+from phalanx.errors import DistributedError, UserError
+from phalanx.train import command as train_command
+
+VERBS = {
+    "train": (train_command.add_arguments, train_command.run_train,
+              "Train MiniGPT on every local device (default: the embedded corpus)."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx", description="PyTorch data-parallel training, correct by construction.")
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for name, (add_arguments, _, help_text) in VERBS.items():
+        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = build_parser().parse_args(argv)
+    try:
+        return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
+    except UserError as exc:
+        print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except DistributedError as exc:
+        print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("phalanx: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,187 @@
+"""Typed configuration: one dataclass per section, validated once.
+
+Every field carries its command-line flag and help in `metadata`, so the CLI, the TOML
+file and the error messages all speak of the same names. Precedence, lowest first:
+field defaults < model preset < TOML file (`--config`) < command-line flags.
+This module does not import torch, so `phalanx --help` and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.errors import UserError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+STRATEGIES = ("single", "ddp")
+BACKENDS = ("auto", "gloo", "nccl")
+
+# Model presets: `tiny` is sized to learn something on two CPU cores in ~3 minutes;
+# `gpt2-124m` is GPT-2 small (12 layers, 12 heads, 768 wide, 1024 context).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
+    "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+}
+
+
+def opt(default: Any, help: str, flag: str | None = None, choices: tuple | None = None) -> Any:
+    """A config field: its default, its help text, and optionally its flag and choices."""
+    meta = {"help": help, "flag": flag, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line spelling of a field: `n_layer` → `--n-layer`."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _positive(section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value <= 0:
+            f = {x.name: x for x in dataclasses.fields(section)}[name]
+            raise UserError(f"`{flag_of(f)}` must be a positive number, got {value}.")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    preset: str = opt("tiny", "Model size preset; the flags below override its fields.",
+                      choices=tuple(PRESETS))
+    n_layer: int = opt(4, "Number of transformer blocks.")
+    n_head: int = opt(4, "Attention heads per block; must divide --n-embd.")
+    n_embd: int = opt(128, "Embedding width.")
+    block_size: int = opt(128, "Context length in tokens (bytes).")
+    dropout: float = opt(0.0, "Dropout probability (0 keeps runs exactly reproducible).")
+    bias: bool = opt(False, "Use biases in Linear and LayerNorm layers.")
+    activation_checkpointing: bool = opt(False, "Recompute block activations in backward "
+                                                "to save memory.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_layer", "n_head", "n_embd", "block_size")
+        if self.n_embd % self.n_head:
+            raise UserError(
+                f"`--n-embd` ({self.n_embd}) must be divisible by `--n-head` ({self.n_head}): "
+                f"each head gets n_embd / n_head channels. Try `--n-head "
+                f"{_divisor_near(self.n_embd, self.n_head)}` or `--n-embd "
+                f"{self.n_head * max(1, round(self.n_embd / self.n_head))}`.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"`--dropout` must be in [0, 1), got {self.dropout}.")
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - k))
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    path: str | None = opt(None, "Text file or directory of text files to train on "
+                                 "(default: the Python standard library's source, "
+                                 "embedded with the interpreter).", flag="--data")
+    cache_dir: str | None = opt(None, "Where tokenized data is cached "
+                                      "(default: $XDG_CACHE_HOME/phalanx or ~/.cache/phalanx).")
+    val_fraction: float = opt(0.05, "Fraction of the text held out for validation.")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 0.5:
+            raise UserError(f"`--val-fraction` must be in (0, 0.5), got {self.val_fraction}.")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    out: str = opt("runs/default", "Run directory: metrics, plots, sample and weights go here.")
+    max_steps: int = opt(400, "Optimizer steps to train for.")
+    micro_batch_size: int = opt(16, "Sequences per rank per micro-step.")
+    grad_accum: int = opt(1, "Micro-steps accumulated per optimizer step.")
+    lr: float = opt(2e-3, "Peak learning rate (AdamW).")
+    min_lr: float = opt(2e-4, "Learning rate at the end of the cosine decay.")
+    warmup_steps: int = opt(20, "Linear warm-up steps.")
+    weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
+    beta1: float = opt(0.9, "AdamW beta1.")
+    beta2: float = opt(0.99, "AdamW beta2.")
+    grad_clip: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
+    precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
+                                 "(fp16 adds a GradScaler).", choices=PRECISIONS)
+    eval_every: int = opt(100, "Evaluate on the validation split every N steps (and at the end).")
+    eval_batches: int = opt(8, "Validation micro-batches per rank per evaluation.")
+    log_every: int = opt(10, "Write a metrics line every N steps.")
+    seed: int = opt(1337, "Seed for model init, data order and dropout.")
+    compile: bool = opt(False, "Wrap the model with torch.compile (slow to start on CPU).")
+    sample_tokens: int = opt(300, "Bytes of text to sample from the model at the end (0: none).")
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "eval_every",
+                  "eval_batches", "log_every")
+        if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
+            raise UserError("`--warmup-steps`, `--min-lr` and `--grad-clip` must not be negative.")
+        if self.min_lr > self.lr:
+            raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
+
+
+@dataclass(kw_only=True)
+class DistConfig:
+    nproc_per_node: int | None = opt(None, "Worker processes on this machine (default: one "
+                                           "per visible GPU, else one per usable CPU core).")
+    strategy: str | None = opt(None, "Parallelism (default: ddp when more than one rank, "
+                                     "else single).", choices=STRATEGIES)
+    backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
+                       choices=BACKENDS)
+    threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "
+                                             "divided by ranks on this node).")
+    bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size in MiB.")
+    gradient_as_bucket_view: bool = opt(True, "DDP: gradients are views into the "
+                                              "all-reduce buckets (saves a copy).")
+    static_graph: bool = opt(False, "DDP: declare the graph static (same parameters used "
+                                    "every step).")
+    find_unused_parameters: bool = opt(False, "DDP: search for parameters without "
+                                              "gradient every step (costly; off by default).")
+    sync_batchnorm: bool = opt(False, "Convert BatchNorm to SyncBatchNorm before wrapping "
+                                      "(CUDA only).")
+    timeout_s: float = opt(600.0, "Collective timeout in seconds.")
+    max_restarts: int = opt(0, "Times torch's elastic agent restarts failed workers.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "nproc_per_node", "threads_per_rank", "bucket_cap_mb", "timeout_s")
+        if self.max_restarts < 0:
+            raise UserError(f"`--max-restarts` must be >= 0, got {self.max_restarts}.")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "dist": DistConfig}
+
+
+@dataclass(kw_only=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def tokens_per_step(self, world_size: int) -> int:
+        t = self.train
+        return t.micro_batch_size * t.grad_accum * world_size * self.model.block_size
+
+
+def build_config(overrides: dict[str, dict[str, Any]]) -> Config:
+    """Build a validated `Config` from per-section overrides (TOML, then CLI, merged).
+
+    The model preset supplies defaults for the model fields that are not overridden.
+    """
+    model = dict(overrides.get("model", {}))
+    preset = model.get("preset", "tiny")
+    if preset not in PRESETS:
+        raise UserError(f"unknown model preset `{preset}`; expected one of: "
+                        f"{', '.join(PRESETS)} (`--preset`).")
+    model = {**PRESETS[preset], **model}
+    sections = {name: cls(**(model if name == "model" else overrides.get(name, {})))
+                for name, cls in SECTIONS.items()}
+    return Config(**sections)
+
+
+def from_dict(data: dict[str, dict[str, Any]]) -> Config:
+    """Rebuild a `Config` written by `Config.to_dict` (e.g. a run's config.json)."""
+    return Config(**{name: cls(**data.get(name, {})) for name, cls in SECTIONS.items()})

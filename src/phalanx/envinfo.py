@@ -1,0 +1,74 @@
+"""Where this process runs: which launcher started it, its ranks, the usable cores.
+
+Reads environment variables only (no torch import), so the CLI can decide whether to
+launch workers or be one without paying for `import torch`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from phalanx.errors import UserError
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    launcher: str  # "phalanx", "torchrun", "slurm" or "none"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (affinity-aware, unlike os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def under_launcher(environ: dict | None = None) -> bool:
+    """True when a launcher (torchrun, Phalanx's elastic agent, SLURM) started us."""
+    e = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e) or (
+        "SLURM_PROCID" in e and "SLURM_NTASKS" in e and "MASTER_ADDR" in e)
+
+
+def _int(environ: dict, name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None:
+        if default is None:
+            raise UserError(f"launcher environment incomplete: `{name}` is not set.")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"launcher environment variable `{name}` is `{value}`, "
+                        f"expected an integer.") from None
+
+
+def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
+    """Ranks from torchrun-style variables, else SLURM's, else a 1-process world."""
+    e = dict(os.environ if environ is None else environ)
+    if "RANK" in e and "WORLD_SIZE" in e:
+        launcher = "phalanx" if e.get("PHALANX_LAUNCHED") else (
+            "torchrun" if "TORCHELASTIC_RUN_ID" in e else "env")
+        env = LaunchEnv(_int(e, "RANK"), _int(e, "LOCAL_RANK", 0), _int(e, "WORLD_SIZE"),
+                        _int(e, "LOCAL_WORLD_SIZE", _int(e, "WORLD_SIZE")), launcher)
+    elif "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
+        env = LaunchEnv(_int(e, "SLURM_PROCID"), _int(e, "SLURM_LOCALID", 0),
+                        _int(e, "SLURM_NTASKS"), _int(e, "SLURM_NTASKS_PER_NODE", 1)
+                        if e.get("SLURM_NTASKS_PER_NODE", "1").isdigit() else 1, "slurm")
+        os.environ.setdefault("RANK", str(env.rank))
+        os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+    else:
+        return LaunchEnv(0, 0, 1, 1, "none")
+    if not 0 <= env.rank < env.world_size or not 0 <= env.local_rank < env.local_world_size:
+        raise UserError(f"launcher environment is inconsistent: RANK={env.rank}, "
+                        f"LOCAL_RANK={env.local_rank}, WORLD_SIZE={env.world_size}, "
+                        f"LOCAL_WORLD_SIZE={env.local_world_size}; expected 0 <= RANK < "
+                        f"WORLD_SIZE and 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE.")
+    return env

@@ -1,0 +1,72 @@
+"""Start local workers through torch's own elastic agent (what torchrun runs).
+
+Phalanx does not spawn processes or run a rendezvous itself: it fills in a
+`LaunchConfig` — c10d rendezvous on 127.0.0.1 at a free port, `max_restarts` — and hands
+the worker command line to `elastic_launch`. Each worker re-enters the same CLI verb,
+finds the launcher's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and becomes a rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import uuid
+
+from phalanx.envinfo import usable_cores
+from phalanx.errors import DistributedError, UserError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_nproc() -> int:
+    """One process per visible GPU; without GPUs, one per usable CPU core."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return usable_cores()
+
+
+def threads_per_rank(nproc: int, requested: int | None) -> int:
+    """torch threads per rank so that nproc ranks share the cores without oversubscribing."""
+    return requested or max(1, usable_cores() // nproc)
+
+
+def launch_workers(worker_argv: list[str], nproc: int, *, threads: int,
+                   max_restarts: int = 0) -> None:
+    """Run `python -m phalanx <worker_argv>` as `nproc` ranks under the elastic agent.
+
+    Raises `UserError` when every failed rank exited with code 2 (a user error it has
+    already explained), `DistributedError` naming the failed ranks otherwise.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+        run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=max_restarts, monitor_interval=0.1)
+    os.environ["PHALANX_LAUNCHED"] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        elastic_launch(config, sys.executable)("-m", "phalanx", *worker_argv)
+    except ChildFailedError as exc:
+        failures = exc.failures
+        codes = {rank: f.exitcode for rank, f in failures.items()}
+        if codes and all(code == 2 for code in codes.values()):
+            raise UserError(f"stopped: ranks {sorted(codes)} refused the configuration "
+                            f"(see their messages above).") from None
+        detail = "; ".join(f"rank {r} exited with code {c}"
+                           + (" (killed by a signal)" if c is not None and c < 0 else "")
+                           for r, c in sorted(codes.items()))
+        raise DistributedError(f"the job failed: {detail}. The first failing rank's "
+                               f"message is printed above.", sorted(codes)) from None

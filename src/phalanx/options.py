@@ -1,0 +1,123 @@
+"""Config sections ↔ command line and TOML: flags generated from the dataclass fields.
+
+Each field becomes one flag (`--n-layer`, `--data`, ...), documented with its default;
+booleans get `--x/--no-x`. A TOML file has one table per section (`[model]`, `[data]`,
+`[train]`, `[dist]`); unknown keys and wrongly typed values are refused by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from phalanx.config import SECTIONS, Config, build_config, flag_of
+from phalanx.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> type:
+    hint = typing.get_type_hints(cls)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per config field, grouped by section, all defaulting to 'not given'."""
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="TOML file with [model], [data], [train], [dist] tables; "
+                             "flags given on the command line override it.")
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} options")
+        for f in dataclasses.fields(cls):
+            kind = _field_type(cls, f)
+            default = "auto" if f.default is None else f.default
+            help_text = f"{f.metadata['help']} (default: {default})"
+            dest = f"{section}.{f.name}"
+            names = [flag_of(f)]
+            if kind is bool:
+                group.add_argument(*names, dest=dest, default=None, help=help_text,
+                                   action=argparse.BooleanOptionalAction)
+            else:
+                group.add_argument(*names, dest=dest, default=None, type=kind,
+                                   choices=f.metadata.get("choices"), help=help_text,
+                                   metavar=None if f.metadata.get("choices") else f.name.upper())
+
+
+def cli_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The config values given explicitly on the command line, per section."""
+    out: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for dest, value in vars(ns).items():
+        if "." in dest and value is not None:
+            section, key = dest.split(".", 1)
+            out[section][key] = value
+    return out
+
+
+def load_toml(path: str) -> dict[str, dict[str, Any]]:
+    """Read and check a TOML config file: known sections, known keys, right types."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"config file `{path}` does not exist (`--config`). "
+                        f"Give the path of a TOML file.")
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file `{path}` is not valid TOML: {exc}. "
+                        f"Fix the line it names; see `phalanx train --help` for keys.") from None
+    out: dict[str, dict[str, Any]] = {}
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise UserError(f"unknown section `[{section}]` in `{path}`; expected "
+                            f"{_suggest(section, SECTIONS)}one of: "
+                            f"{', '.join(f'[{s}]' for s in SECTIONS)}.")
+        if not isinstance(table, dict):
+            raise UserError(f"`{section}` in `{path}` must be a table (`[{section}]`), "
+                            f"got a {type(table).__name__}.")
+        out[section] = {_check_key(path, section, k, v): v for k, v in table.items()}
+    return out
+
+
+def _check_key(path: str, section: str, key: str, value: Any) -> str:
+    cls = SECTIONS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    name = key.replace("-", "_")
+    if name not in fields:
+        raise UserError(f"unknown key `{key}` in `[{section}]` of `{path}`; "
+                        f"{_suggest(name, fields)}valid keys are: {', '.join(fields)}.")
+    kind = _field_type(cls, fields[name])
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise UserError(f"`{section}.{key}` in `{path}` must be {kind.__name__}, "
+                        f"got {value!r} ({type(value).__name__}).")
+    choices = fields[name].metadata.get("choices")
+    if choices and value not in choices:
+        raise UserError(f"`{section}.{key}` in `{path}` is {value!r}; expected one of: "
+                        f"{', '.join(choices)}.")
+    return name
+
+
+def _suggest(word: str, options: Any) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"did you mean `{close[0]}`? " if close else ""
+
+
+def resolve(ns: argparse.Namespace) -> Config:
+    """TOML file (if any) overlaid with the command-line flags, validated once."""
+    merged: dict[str, dict[str, Any]] = load_toml(ns.config) if ns.config else {}
+    for section, values in cli_overrides(ns).items():
+        merged.setdefault(section, {}).update(values)
+    try:
+        return build_config(merged)
+    except TypeError as exc:  # a TOML value of the wrong shape reaching a dataclass
+        raise UserError(f"invalid configuration: {exc}") from None

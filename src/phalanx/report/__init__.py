@@ -1,0 +1,1 @@
+"""Rank-0 output: progress, metrics files and plots."""

@@ -1,0 +1,52 @@
+"""Rank-0 progress: a live bar on a terminal, plain periodic lines elsewhere (CI, logs)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+def _fmt_time(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s"
+
+
+class ProgressReporter:
+    """Shows step, loss, tokens/s and ETA. Only create it on rank 0."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, live: bool | None = None) -> None:
+        self.total, self.start = total_steps, start_step
+        self.live = sys.stdout.isatty() if live is None else live
+        self.t0 = time.perf_counter()
+        self._progress: Progress | None = None
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+                console=Console(), transient=False)
+            self._task = self._progress.add_task("train", total=total_steps,
+                                                 completed=start_step, status="")
+            self._progress.start()
+
+    def update(self, step: int, loss: float, tokens_per_s: float, lr: float) -> None:
+        status = f"loss {loss:.4f} | {tokens_per_s:,.0f} tok/s | lr {lr:.2e}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status=status)
+            return
+        done = step - self.start
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / max(1, done) * (self.total - step)
+        print(f"step {step}/{self.total} | {status} | eta {_fmt_time(eta)}", flush=True)
+
+    def message(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

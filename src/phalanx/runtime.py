@@ -1,0 +1,230 @@
+"""`Run`: one object per process holding rank, device, backend and the strategy.
+
+`phalanx.init()` does the setup steps in the order the field guides prescribe, so a
+script cannot get them wrong:
+
+1. read the launcher's environment (torchrun / Phalanx / SLURM, or none: world size 1);
+2. pick the device from LOCAL_RANK and pin it (`torch.cuda.set_device`) before anything
+   is allocated on a GPU;
+3. set torch threads so the ranks on one machine do not oversubscribe its cores;
+4. initialise the process group (nccl on CUDA, gloo on CPU) with a timeout — at world
+   size 1 too, on an in-memory store, so collectives work the same everywhere;
+5. seed from (seed, rank); and destroy the process group at exit, also on error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.data import Dataset
+
+from phalanx.data.loader import DeviceLoader
+from phalanx.data.sampler import ShardedBatchSampler
+from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
+from phalanx.errors import DistributedError, UserError
+from phalanx.strategies import BackwardSyncControl, Strategy, strategy_class
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers such as (seed, step, rank), stable across runs."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _pick_device(env: LaunchEnv, backend: str) -> torch.device:
+    if backend == "gloo" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if env.local_rank >= count:
+        raise DistributedError(
+            f"LOCAL_RANK {env.local_rank} has no GPU: only {count} visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
+            f"Start at most {count} processes per node.", [env.rank])
+    device = torch.device("cuda", env.local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _set_threads(env: LaunchEnv, threads: int | None) -> int:
+    if threads is None and "OMP_NUM_THREADS" in os.environ:
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    if threads is None:
+        threads = max(1, usable_cores() // max(1, env.local_world_size))
+    torch.set_num_threads(threads)
+    return threads
+
+
+@dataclass
+class Run:
+    """This process's place in the job, and the public API for training on it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    launcher: str
+    seed: int
+    threads: int
+    strategy: Strategy
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # -- model and data ------------------------------------------------------------
+    def setup(self, model: nn.Module,
+              optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None):
+        """Move → prepare (SyncBatchNorm) → wrap → optimizer, in that order.
+
+        `optimizer` is an optimizer built on `model.parameters()` or a factory called
+        with the wrapped model's parameters. Returns `model` or `(model, optimizer)`.
+        """
+        model = model.to(self.device)
+        model = self.strategy.prepare(model)
+        wrapped = self.strategy.wrap(model)
+        if optimizer is None:
+            return wrapped
+        if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer(wrapped.parameters())
+        _check_optimizer_params(model, optimizer)
+        return wrapped, optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return self.strategy.unwrap(model)
+
+    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True,
+               seed: int | None = None, stream: bool = False, position: int = 0,
+               **dataloader_kwargs: Any) -> DeviceLoader:
+        """This rank's share of `dataset`, batches on `run.device` (see ShardedBatchSampler)."""
+        sampler = ShardedBatchSampler(
+            len(dataset), batch_size, self.rank, self.world_size,
+            seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
+            position=position)
+        return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
+
+    def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
+        """Gradient accumulation over `steps` micro-steps, syncing only on the last."""
+        return Accumulator(self.strategy, model, steps)
+
+    def seed_step(self, step: int) -> None:
+        """Seed torch's RNG from (seed, step, rank): dropout replays exactly on resume."""
+        torch.manual_seed(derive_seed(self.seed, step, self.rank))
+
+    # -- collectives and output -----------------------------------------------------
+    def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):
+        """Sum or mean of `value` over all ranks; a float in, a float out."""
+        t = torch.as_tensor(value, dtype=torch.float64 if not isinstance(
+            value, torch.Tensor) else None, device=self.device).clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if op == "mean":
+            t = t / self.world_size
+        elif op != "sum":
+            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+        return t.item() if not isinstance(value, torch.Tensor) else t
+
+    def all_reduce_mean(self, value: float | torch.Tensor):
+        return self.all_reduce(value, "mean")
+
+    def all_reduce_sum(self, value: float | torch.Tensor):
+        return self.all_reduce(value, "sum")
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on rank 0 only."""
+        if self.is_main:
+            print(*args, **kwargs, flush=True)
+
+    def close(self) -> None:
+        """Destroy the process group (idempotent; also runs at exit)."""
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    mine = {id(p) for p in model.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in mine:
+                raise UserError(
+                    "the optimizer holds a tensor that is not a parameter of the model given "
+                    "to run.setup(). Build it on `model.parameters()` of that model, or pass "
+                    "a factory: run.setup(model, lambda params: AdamW(params)).")
+
+
+class Accumulator:
+    """Counts micro-steps; gradients sync only on the last of every `steps`."""
+
+    def __init__(self, strategy: Strategy, model: nn.Module, steps: int) -> None:
+        if steps < 1:
+            raise UserError(f"accumulation steps must be >= 1, got {steps} (`--grad-accum`).")
+        self.strategy, self.model, self.steps, self.count = strategy, model, steps, 0
+
+    @property
+    def is_last(self) -> bool:
+        """Whether the micro-step about to run closes the window (and syncs)."""
+        return self.count % self.steps == self.steps - 1
+
+    def micro_step(self) -> AbstractContextManager:
+        skip = not self.is_last
+        self.count += 1
+        if isinstance(self.strategy, BackwardSyncControl):
+            return self.strategy.no_backward_sync(self.model, enabled=skip)
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor, scaler: Any = None) -> None:
+        """Backward of `loss / steps` (through `scaler` when given)."""
+        loss = loss / self.steps
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    @property
+    def boundary(self) -> bool:
+        """True right after the micro-step that closed a window: time to step."""
+        return self.count % self.steps == 0
+
+
+def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
+         timeout_s: float = 600.0, threads: int | None = None, **strategy_options: Any) -> Run:
+    """Join the job this process was launched into (or a 1-process job) and return a `Run`."""
+    env = detect_launch_env()
+    backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")
+    device = _pick_device(env, backend)
+    n_threads = _set_threads(env, threads)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                    timeout=timeout)
+    name = strategy or ("ddp" if env.world_size > 1 else "single")
+    run = Run(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
+              local_world_size=env.local_world_size, device=device, backend=backend,
+              launcher=env.launcher, seed=seed, threads=n_threads,
+              strategy=None)  # type: ignore[arg-type]
+    atexit.register(run.close)
+    run.strategy = strategy_class(name)(run, **strategy_options)
+    run.strategy.check()
+    torch.manual_seed(derive_seed(seed, env.rank))
+    return run

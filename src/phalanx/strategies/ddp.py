@@ -1,0 +1,72 @@
+"""DistributedDataParallel: one replica per rank, gradients all-reduced during backward.
+
+DDP broadcasts rank 0's parameters and buffers to every rank when it is constructed,
+so replicas start identical even if each rank initialised its model differently.
+Gradients are averaged in buckets (`bucket_cap_mb`) overlapped with backward.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import AbstractContextManager, nullcontext
+
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx.errors import DistributedError, UserError
+from phalanx.strategies.base import BackwardSyncControl, Strategy
+
+_UNUSED = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+class PhalanxDDP(DistributedDataParallel):
+    """DDP whose unused-parameter error names the parameters instead of their indices."""
+
+    def forward(self, *inputs, **kwargs):
+        try:
+            return super().forward(*inputs, **kwargs)
+        except RuntimeError as exc:
+            found = _UNUSED.search(str(exc))
+            if found is None:
+                raise
+            raise DistributedError(unused_message(self.module, found), [int(found[1])]) from exc
+
+
+def unused_message(module: nn.Module, found: re.Match) -> str:
+    trainable = [name for name, p in module.named_parameters() if p.requires_grad]
+    names = [trainable[int(i)] for i in found[2].split() if int(i) < len(trainable)]
+    return (f"these parameters received no gradient in the previous step: {', '.join(names)}. "
+            f"DDP expects every parameter to take part in the loss. Make forward use them, "
+            f"freeze them (`requires_grad_(False)`) before setup, or pass "
+            f"`--find-unused-parameters` (costs a graph traversal every step).")
+
+
+class DDPStrategy(Strategy, BackwardSyncControl):
+    name = "ddp"
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        if not self.options.get("sync_batchnorm"):
+            return model
+        if self.run.device.type != "cuda":
+            raise UserError(
+                "`--sync-batchnorm` needs CUDA GPUs: torch's SyncBatchNorm only runs on GPU "
+                f"modules, and this run is on {self.run.device.type} ({self.run.backend}). "
+                "On CPU, drop the flag (each rank then normalises over its own batch).")
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        device = self.run.device
+        return PhalanxDDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=self.options.get("bucket_cap_mb", 25.0),
+            gradient_as_bucket_view=self.options.get("gradient_as_bucket_view", True),
+            static_graph=self.options.get("static_graph", False),
+            find_unused_parameters=self.options.get("find_unused_parameters", False),
+        )
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager:
+        if not isinstance(model, DistributedDataParallel):
+            raise UserError("no_backward_sync() needs the module returned by run.setup(), "
+                            f"got a plain {type(model).__name__}.")
+        return model.no_sync() if enabled else nullcontext()

@@ -1,0 +1,1 @@
+"""The built-in MiniGPT trainer (on the public Run API)."""

@@ -1,0 +1,101 @@
+"""`phalanx train`: check everything that can be checked before launching, then launch
+workers (or, under torchrun/SLURM, be one) and train on the public API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from phalanx.config import Config
+from phalanx.data.corpus import TokenSplits, prepare
+from phalanx.envinfo import under_launcher
+from phalanx.errors import UserError
+from phalanx.options import add_config_flags, resolve
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+
+
+def prepare_out_dir(path: str) -> Path:
+    """Create the run directory and prove it is writable, or say why it is not."""
+    out = Path(path).expanduser()
+    probe = out / f".phalanx-write-test"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"`--out` `{path}` is not a writable directory ({exc.strerror}). "
+                        f"Choose a directory you can write to.") from None
+    return out
+
+
+def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
+    """Both splits must hold at least one window of `block_size + 1` tokens."""
+    need = cfg.model.block_size + 1
+    for name, n in (("training", splits.n_train), ("validation", splits.n_val)):
+        if n < need:
+            raise UserError(
+                f"`--block-size` {cfg.model.block_size} is longer than the corpus allows: the "
+                f"{name} split of `{splits.description}` has {n} tokens and one sample needs "
+                f"{need}. Use a smaller `--block-size` or more text in `--data`.")
+
+
+def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
+    """Checks that need the world size and device kind, done before any worker starts."""
+    if cfg.dist.strategy == "single" and nproc > 1:
+        raise UserError(f"`--strategy single` with `--nproc-per-node {nproc}` would train "
+                        f"{nproc} unrelated copies. Use `--strategy ddp` or `--nproc-per-node 1`.")
+    if cfg.dist.sync_batchnorm and not cuda:
+        raise UserError("`--sync-batchnorm` needs CUDA GPUs (torch's SyncBatchNorm only runs on "
+                        "GPU modules) and none is visible. Drop the flag on CPU.")
+    if cfg.dist.backend == "nccl" and not cuda:
+        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
+
+
+def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
+    cfg = resolve(ns)
+    out = prepare_out_dir(cfg.train.out)
+    splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+    check_data_fits(cfg, splits)
+    if under_launcher():
+        return worker(cfg, splits, out)
+    import torch
+
+    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+
+    nproc = cfg.dist.nproc_per_node or default_nproc()
+    check_world(cfg, nproc, torch.cuda.is_available())
+    threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
+    if nproc == 1:
+        return worker(cfg, splits, out, threads=threads)
+    launch_workers(["train", *argv], nproc, threads=threads,
+                   max_restarts=cfg.dist.max_restarts)
+    return 0
+
+
+def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None) -> int:
+    """One rank: init the runtime, train, and (rank 0) write the results."""
+    import phalanx
+    from phalanx.train.finish import finish, banner
+    from phalanx.train.loop import train
+
+    d = cfg.dist
+    run = phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
+                       timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
+                       bucket_cap_mb=d.bucket_cap_mb,
+                       gradient_as_bucket_view=d.gradient_as_bucket_view,
+                       static_graph=d.static_graph,
+                       find_unused_parameters=d.find_unused_parameters,
+                       sync_batchnorm=d.sync_batchnorm)
+    with run:
+        run.print(banner(cfg, run, splits))
+        if run.is_main:
+            (out / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        result = train(cfg, run, splits, out)
+        if run.is_main:
+            finish(cfg, run, result, out)
+        run.barrier()
+    return 0

@@ -1,0 +1,65 @@
+"""What rank 0 says at the start and leaves behind at the end of `phalanx train`:
+a banner, a text sample, `model.safetensors` + `config.json`, and a loss plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_model
+
+from phalanx.config import Config
+from phalanx.data import ByteTokenizer, TokenSplits
+from phalanx.report.plots import plot_losses
+from phalanx.runtime import Run, derive_seed
+from phalanx.train.loop import TrainResult
+
+SAMPLE_PROMPT = "def "
+
+
+def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
+    t, m = cfg.train, cfg.model
+    gb = t.micro_batch_size * t.grad_accum * run.world_size
+    return (f"phalanx: {run.world_size} rank(s) · {run.backend} on {run.device.type} · "
+            f"strategy {run.strategy.name} · {run.threads} thread(s)/rank\n"
+            f"model:   MiniGPT {m.n_layer}L × {m.n_head}H × {m.n_embd}d, block {m.block_size}, "
+            f"precision {t.precision}\n"
+            f"data:    {splits.description} ({splits.n_train:,} train / {splits.n_val:,} val)\n"
+            f"batch:   {t.micro_batch_size} × {t.grad_accum} accum × {run.world_size} ranks = "
+            f"{gb} sequences = {gb * m.block_size:,} tokens/step, {t.max_steps} steps")
+
+
+def sample_text(model: torch.nn.Module, cfg: Config, run: Run) -> str:
+    if cfg.train.sample_tokens <= 0:
+        return ""
+    tok = ByteTokenizer()
+    prompt = torch.tensor([tok.encode(SAMPLE_PROMPT)], device=run.device)
+    g = torch.Generator(device=run.device).manual_seed(derive_seed(cfg.train.seed, 0xA11CE))
+    model.eval()
+    out = model.generate(prompt, cfg.train.sample_tokens, generator=g)
+    return tok.decode(out[0].tolist())
+
+
+def save_weights(model: torch.nn.Module, cfg: Config, out: Path) -> None:
+    """Weights as safetensors (tied tensors stored once) plus a plain config.json."""
+    save_model(model, str(out / "model.safetensors"))
+    config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
+              "tokenizer": "bytes", "phalanx": cfg.to_dict()}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
+    model = run.unwrap(result.model)
+    save_weights(model, cfg, out)
+    text = sample_text(model, cfg, run)
+    if text:
+        (out / "sample.txt").write_text(text, encoding="utf-8")
+        run.print(f"--- sample ---\n{text}\n--------------")
+    plot = plot_losses(out / "metrics.jsonl", out / "loss.png")
+    final = result.val_losses[max(result.val_losses)] if result.val_losses else float("nan")
+    run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
+              f"final val loss {final:.4f} (byte-uniform: 5.5452)\n"
+              f"wrote: {out / 'model.safetensors'}, {out / 'config.json'}, "
+              f"{out / 'metrics.jsonl'}, {plot}")

@@ -1,0 +1,193 @@
+"""The built-in trainer, written on the public `Run` API (setup, loader, accumulate,
+all-reduce, print) — the same calls a user's own script makes.
+
+One optimizer step = `grad_accum` micro-steps on every rank; only the last micro-step
+synchronises gradients. Randomness is re-seeded from (seed, step, rank) at every step,
+and the data cursor is a global sample position, so a run's trajectory is a function of
+its config alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from phalanx.config import Config
+from phalanx.data import TokenSplits, TokenWindows
+from phalanx.models import GPTConfig, MiniGPT
+from phalanx.report.metrics import MetricsWriter
+from phalanx.report.progress import ProgressReporter
+from phalanx.runtime import Accumulator, Run
+from phalanx.train.optim import adamw
+from phalanx.train.precision import Precision
+from phalanx.train.schedule import lr_at
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    position: int = 0  # global samples consumed (the data cursor)
+    tokens_seen: int = 0
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module  # as wrapped by the strategy
+    losses: list[float] = field(default_factory=list)  # global mean train loss per step
+    val_losses: dict[int, float] = field(default_factory=dict)
+    state: TrainState = field(default_factory=TrainState)
+
+
+def gpt_config(cfg: Config) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
+                     n_embd=m.n_embd, dropout=m.dropout, bias=m.bias,
+                     activation_checkpointing=m.activation_checkpointing)
+
+
+def build_model(cfg: Config) -> MiniGPT:
+    """MiniGPT initialised from the config's seed alone (identical on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.train.seed)
+        return MiniGPT(gpt_config(cfg))
+
+
+def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, precision: Precision,
+                   grad_clip: float) -> None:
+    """Unscale (fp16) → clip → step → zero, in that order."""
+    scaler = precision.scaler
+    if scaler is not None:
+        scaler.unscale_(opt)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision
+                ) -> torch.Tensor:
+    """Forward and backward over one accumulation window; returns the mean local loss."""
+    total = torch.zeros((), device=next(model.parameters()).device)
+    for _ in range(acc.steps):
+        x, y = next(batches)
+        with acc.micro_step():
+            with precision.autocast():
+                _, loss = model(x, y)
+            acc.backward(loss, precision.scaler)
+        total += loss.detach().float()
+    return total / acc.steps
+
+
+@torch.no_grad()
+def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
+             precision: Precision) -> float:
+    """Mean validation loss over the same `eval_batches` global batches every time."""
+    t = cfg.train
+    loader = run.loader(val, t.micro_batch_size, seed=t.seed + 1, stream=True)
+    batches = iter(loader)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=run.device)
+    for _ in range(t.eval_batches):
+        x, y = next(batches)
+        with precision.autocast():
+            _, loss = model(x, y)
+        total += loss.float()
+    model.train(was_training)
+    return run.all_reduce_mean(total / t.eval_batches).item()
+
+
+class Logger:
+    """Rank-0 bookkeeping: progress, metrics.jsonl, throughput between log points."""
+
+    def __init__(self, run: Run, cfg: Config, out_dir: Path | None, start_step: int) -> None:
+        self.run, self.cfg = run, cfg
+        main = run.is_main and out_dir is not None
+        self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
+        self.metrics = MetricsWriter(out_dir / "metrics.jsonl") if main else None
+        self.pending: list[torch.Tensor] = []
+        self.t_last, self.steps_since = time.perf_counter(), 0
+
+    def step_done(self, loss: torch.Tensor) -> None:
+        self.pending.append(loss)
+        self.steps_since += 1
+
+    def flush(self, step: int, lr: float, losses: list[float]) -> dict:
+        """All-reduce the losses since the last flush (one collective) and report them."""
+        if not self.pending:
+            return {"step": step}
+        mean = self.run.all_reduce_mean(torch.stack(self.pending)).tolist()
+        losses.extend(mean)
+        elapsed = time.perf_counter() - self.t_last
+        tokens = self.steps_since * self.cfg.tokens_per_step(self.run.world_size)
+        record = {"step": step, "loss": sum(mean) / len(mean), "lr": lr,
+                  "tokens_per_s": tokens / max(elapsed, 1e-9)}
+        if self.progress is not None:
+            self.progress.update(step, record["loss"], record["tokens_per_s"], lr)
+        self.pending, self.steps_since = [], 0
+        return record
+
+    def write(self, record: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+        self.t_last = time.perf_counter()
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None,
+          state: TrainState | None = None) -> TrainResult:
+    """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses."""
+    t = cfg.train
+    state = state or TrainState()
+    model, opt = run.setup(build_model(cfg), lambda params: adamw(
+        params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+        device=run.device))
+    inner = run.unwrap(model)
+    step_model = torch.compile(model) if t.compile else model
+    precision = Precision(t.precision, run.device)
+    train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
+    val_ds = TokenWindows(splits.load("val"), cfg.model.block_size)
+    batches = iter(run.loader(train_ds, t.micro_batch_size, seed=t.seed, stream=True,
+                              position=state.position))
+    acc = run.accumulate(model, t.grad_accum)
+    result = TrainResult(model=model, state=state)
+    log = Logger(run, cfg, out_dir, state.step)
+    global_batch = t.micro_batch_size * t.grad_accum * run.world_size
+    try:
+        for step in range(state.step, t.max_steps):
+            run.seed_step(step)
+            lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
+                       max_steps=t.max_steps)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            log.step_done(micro_steps(step_model, acc, batches, precision))
+            optimizer_step(model, opt, precision, t.grad_clip)
+            state.step, state.position = step + 1, state.position + global_batch
+            state.tokens_seen += global_batch * cfg.model.block_size
+            last = state.step == t.max_steps
+            record = None
+            if state.step % t.log_every == 0 or last:
+                record = log.flush(state.step, lr, result.losses)
+            if state.step % t.eval_every == 0 or last:
+                record = record or {"step": state.step}
+                record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
+                result.val_losses[state.step] = record["val_loss"]
+            if record is not None:
+                log.write(record)
+    finally:
+        log.close()
+    return result

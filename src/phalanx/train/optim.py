@@ -1,0 +1,23 @@
+"""AdamW with decoupled weight decay on matrices only, fused where torch has a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+
+
+def adamw(params: Iterable[nn.Parameter], *, lr: float, weight_decay: float,
+          betas: tuple[float, float], device: torch.device) -> torch.optim.AdamW:
+    """AdamW where 2-D+ tensors (weights, embeddings) decay and 1-D ones (norms, biases) don't.
+
+    `fused=True` runs one kernel for all parameters on CPU and CUDA (torch >= 2.4).
+    """
+    params = [p for p in params if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
