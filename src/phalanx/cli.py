@@ -15,8 +15,15 @@ VERBS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one message and a pointer to --help (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\nSee `{self.prog} --help` for every option.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="phalanx", description="PyTorch data-parallel training, correct by construction.")
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)

@@ -39,9 +39,10 @@ def threads_per_rank(nproc: int, requested: int | None) -> int:
     return requested or max(1, usable_cores() // nproc)
 
 
-def launch_workers(worker_argv: list[str], nproc: int, *, threads: int,
+def launch_workers(python_args: list[str], nproc: int, *, threads: int,
                    max_restarts: int = 0) -> None:
-    """Run `python -m phalanx <worker_argv>` as `nproc` ranks under the elastic agent.
+    """Run `python <python_args>` as `nproc` ranks under the elastic agent
+    (e.g. `["-m", "phalanx", "train", ...]` or `["script.py", ...]`).
 
     Raises `UserError` when every failed rank exited with code 2 (a user error it has
     already explained), `DistributedError` naming the failed ranks otherwise.
@@ -58,7 +59,7 @@ def launch_workers(worker_argv: list[str], nproc: int, *, threads: int,
     os.environ["PHALANX_LAUNCHED"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
-        elastic_launch(config, sys.executable)("-m", "phalanx", *worker_argv)
+        elastic_launch(config, sys.executable)(*python_args)
     except ChildFailedError as exc:
         failures = exc.failures
         codes = {rank: f.exitcode for rank, f in failures.items()}

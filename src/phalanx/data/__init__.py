@@ -1,8 +1,21 @@
-"""Data: corpus → byte tokens (cached) → fixed windows → sharded, resumable batches."""
+"""Data: corpus → byte tokens (cached) → fixed windows → sharded, resumable batches.
 
-from phalanx.data.corpus import TokenSplits, prepare
-from phalanx.data.dataset import TokenWindows
-from phalanx.data.sampler import ShardedBatchSampler
-from phalanx.data.tokenizer import ByteTokenizer
+Submodules are imported directly (`phalanx.data.corpus` needs no torch; the sampler,
+dataset and loader do), so that checking a `--data` path stays fast.
+"""
 
-__all__ = ["ByteTokenizer", "ShardedBatchSampler", "TokenSplits", "TokenWindows", "prepare"]
+_LAZY = {
+    "TokenSplits": "phalanx.data.corpus", "prepare": "phalanx.data.corpus",
+    "ByteTokenizer": "phalanx.data.tokenizer", "TokenWindows": "phalanx.data.dataset",
+    "ShardedBatchSampler": "phalanx.data.sampler", "DeviceLoader": "phalanx.data.loader",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'phalanx.data' has no attribute {name!r}")

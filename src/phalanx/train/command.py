@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def prepare_out_dir(path: str) -> Path:
     """Create the run directory and prove it is writable, or say why it is not."""
     out = Path(path).expanduser()
-    probe = out / f".phalanx-write-test"
+    probe = out / ".phalanx-write-test"
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
@@ -71,7 +71,7 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
     if nproc == 1:
         return worker(cfg, splits, out, threads=threads)
-    launch_workers(["train", *argv], nproc, threads=threads,
+    launch_workers(["-m", "phalanx", "train", *argv], nproc, threads=threads,
                    max_restarts=cfg.dist.max_restarts)
     return 0
 

@@ -3,13 +3,11 @@ a banner, a text sample, `model.safetensors` + `config.json`, and a loss plot.""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
 
+from phalanx.checkpoint.export import export_weights
 from phalanx.config import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.report.plots import plot_losses
@@ -42,17 +40,9 @@ def sample_text(model: torch.nn.Module, cfg: Config, run: Run) -> str:
     return tok.decode(out[0].tolist())
 
 
-def save_weights(model: torch.nn.Module, cfg: Config, out: Path) -> None:
-    """Weights as safetensors (tied tensors stored once) plus a plain config.json."""
-    save_model(model, str(out / "model.safetensors"))
-    config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
-              "tokenizer": "bytes", "phalanx": cfg.to_dict()}
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
 def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
     model = run.unwrap(result.model)
-    save_weights(model, cfg, out)
+    export_weights(model, out, {"phalanx": cfg.to_dict()})
     text = sample_text(model, cfg, run)
     if text:
         (out / "sample.txt").write_text(text, encoding="utf-8")

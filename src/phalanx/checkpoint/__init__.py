@@ -1,0 +1,1 @@
+"""Checkpoints and exported weights."""

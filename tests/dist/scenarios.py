@@ -1,0 +1,75 @@
+"""Worker for the multi-process tests: one process group, several scenarios.
+
+Launched by tests/dist/test_ddp.py through Phalanx's launcher (torch's elastic agent),
+2 gloo ranks. Every scenario trains through the same `train()` the CLI uses and saves,
+per rank, the final weights and the per-step losses to OUT/<scenario>-rank<r>.pt.
+Usage: python scenarios.py OUT CORPUS CACHE
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+import phalanx
+from phalanx.config import build_config
+from phalanx.data.corpus import prepare
+from phalanx.errors import DistributedError
+from phalanx.train.loop import train
+
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
+
+
+def config(micro_batch: int, accum: int, steps: int, strategy: str = "ddp"):
+    return build_config({
+        "model": TINY,
+        "train": {"micro_batch_size": micro_batch, "grad_accum": accum, "max_steps": steps,
+                  "warmup_steps": 2, "eval_every": 1000, "eval_batches": 1, "lr": 3e-3,
+                  "min_lr": 3e-4, "seed": 7},
+        "dist": {"strategy": strategy}})
+
+
+def save(run, out: Path, name: str, result) -> None:
+    inner = run.unwrap(result.model)
+    torch.save({"state": {k: v.detach().clone() for k, v in inner.state_dict().items()},
+                "losses": result.losses}, out / f"{name}-rank{run.rank}.pt")
+
+
+def unused_parameter(run, out: Path) -> None:
+    """A layer that forward never uses: the second step must name it."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = run.setup(Net())
+    message = "no error"
+    try:
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+    except DistributedError as exc:
+        message = str(exc)
+    (out / f"unused-rank{run.rank}.txt").write_text(message)
+
+
+def main(out: Path, corpus: str, cache: str) -> None:
+    splits = prepare(corpus, cache, 0.1)
+    run = phalanx.init(seed=7)
+    with run:
+        assert run.world_size == 2, run.world_size
+        save(run, out, "ddp-b2-k1", train(config(2, 1, 3), run, splits))
+        save(run, out, "ddp-b2-k2", train(config(2, 2, 3), run, splits))
+        save(run, out, "ddp-long", train(config(4, 1, 40), run, splits))
+        unused_parameter(run, out)
+        value = run.all_reduce_mean(float(run.rank + 1))
+        (out / f"mean-rank{run.rank}.txt").write_text(repr(value))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

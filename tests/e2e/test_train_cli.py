@@ -1,0 +1,55 @@
+"""`phalanx train` end to end: 2 ranks through the elastic agent, and under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from phalanx.checkpoint.export import load_minigpt
+
+SMALL = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+         "--micro-batch-size", "4", "--max-steps", "6", "--eval-every", "3", "--log-every", "2",
+         "--sample-tokens", "20"]
+
+
+def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cache_dir):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "train", *SMALL, "--nproc-per-node", "2",
+         "--data", str(corpus_file), "--cache-dir", str(cache_dir), "--out", str(out)],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 rank(s) · gloo on cpu · strategy ddp" in proc.stdout
+    assert proc.stdout.count("--- sample ---") == 1  # rank 0 talks, rank 1 is quiet
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 3, 4, 6]
+    for r in records:
+        if r["step"] % 2 == 0:
+            assert {"loss", "lr", "tokens_per_s"} <= r.keys()
+    assert "val_loss" in records[1] and "val_loss" in records[-1]
+    config = json.loads((out / "config.json").read_text())
+    assert config["n_embd"] == 32 and config["vocab_size"] == 256
+    weights = load_file(str(out / "model.safetensors"))  # plain safetensors, no Phalanx
+    assert weights["wte.weight"].shape == (256, 32) and config["tie_word_embeddings"]
+    model = load_minigpt(out)
+    assert torch.equal(model.lm_head.weight, weights["wte.weight"])
+    assert (out / "loss.png").stat().st_size > 1000
+    assert (out / "sample.txt").read_text(encoding="utf-8").startswith("def ")
+
+
+def test_under_torchrun_phalanx_is_just_the_worker(tmp_path, corpus_file, cache_dir):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "phalanx", "train", *SMALL, "--data", str(corpus_file), "--cache-dir",
+         str(cache_dir), "--out", str(out), "--sample-tokens", "0"],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 rank(s) · gloo on cpu" in proc.stdout
+    assert (out / "model.safetensors").exists()
+    assert torch.isfinite(torch.tensor(
+        json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]))

@@ -1,0 +1,51 @@
+"""Corpus preparation: the embedded default, user files, and refusals of bad paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phalanx.data.corpus import prepare, source_files, split_chunks, stdlib_files
+from phalanx.errors import UserError
+
+
+def test_embedded_corpus_is_the_stdlib_without_tests():
+    files = stdlib_files()
+    assert len(files) > 100
+    assert not any("test" in f.parts[-2:-1] for f in files)
+    assert any(f.name == "argparse.py" for f in files)
+
+
+def test_prepare_caches_and_splits(tmp_path, corpus_file):
+    splits = prepare(str(corpus_file), str(tmp_path), 0.1)
+    assert splits.n_train + splits.n_val == corpus_file.stat().st_size
+    assert 0.05 < splits.n_val / (splits.n_train + splits.n_val) < 0.15
+    again = prepare(str(corpus_file), str(tmp_path), 0.1)  # from the cache
+    assert again == splits
+    assert bytes(splits.load("train")[:10]) == corpus_file.read_bytes()[:10]
+
+
+def test_split_takes_validation_from_all_over():
+    tokens = np.arange(100_000, dtype=np.int64)
+    train, val = split_chunks(tokens, 0.1)
+    assert len(train) + len(val) == len(tokens)
+    assert val.min() < 30_000 and val.max() > 90_000
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "does not exist"),
+    (b"", "holds no usable text: its files are empty"),
+    (b"\x00\x01\x02binary\xff" * 100, "holds no usable text: its files are binary"),
+])
+def test_bad_data_paths_are_refused(tmp_path, content, needle):
+    path = tmp_path / "data.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UserError, match=needle):
+        prepare(str(path), str(tmp_path / "cache"), 0.05)
+
+
+def test_empty_directory_is_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError, match="contains no files"):
+        source_files(str(tmp_path / "d"))
