@@ -20,6 +20,8 @@ from phalanx.data.corpus import prepare
 from phalanx.errors import DistributedError
 from phalanx.train.loop import train
 
+from common import sgd_trajectory
+
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 
 
@@ -66,6 +68,9 @@ def main(out: Path, corpus: str, cache: str) -> None:
         save(run, out, "ddp-b2-k1", train(config(2, 1, 3), run, splits))
         save(run, out, "ddp-b2-k2", train(config(2, 2, 3), run, splits))
         save(run, out, "ddp-long", train(config(4, 1, 40), run, splits))
+        for micro, accum in ((4, 1), (2, 2)):
+            torch.save(sgd_trajectory(run, splits.load("train"), micro, accum, steps=3),
+                       out / f"sgd-b{micro}-k{accum}-rank{run.rank}.pt")
         unused_parameter(run, out)
         value = run.all_reduce_mean(float(run.rank + 1))
         (out / f"mean-rank{run.rank}.txt").write_text(repr(value))

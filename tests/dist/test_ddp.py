@@ -18,6 +18,7 @@ from phalanx.launch import launch_workers
 from phalanx.train.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import sgd_trajectory  # noqa: E402
 from scenarios import config  # noqa: E402
 
 # fp32 on CPU: the same samples summed in a different order (2 ranks vs 1) differ by
@@ -77,6 +78,43 @@ def test_accumulation_equals_a_large_batch_without_ddp(corpus_file, cache_dir):
     reference = single_process(corpus_file, cache_dir, micro_batch=8, accum=1, steps=3)
     assert_states_close(accumulated["state"], reference["state"])
     assert accumulated["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+
+
+def sgd_single(corpus_file, cache_dir, micro_batch: int, accum: int) -> dict:
+    splits = prepare(str(corpus_file), str(cache_dir), 0.1)
+    with phalanx.init(seed=7, threads=1) as run:
+        return sgd_trajectory(run, splits.load("train"), micro_batch, accum, steps=3)
+
+
+def assert_grads_close(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for step, (ga, gb) in enumerate(zip(a, b)):
+        for name in ga:
+            assert torch.allclose(ga[name], gb[name], **TOL), (step, name)
+
+
+@pytest.mark.parametrize("micro, accum", [(4, 1), (2, 2)])
+def test_ddp_gradients_equal_the_large_batch_gradients(results, corpus_file, cache_dir,
+                                                       micro, accum):
+    """2 ranks × micro × accum vs 1 process × 8: the averaged gradient at every step."""
+    reference = sgd_single(corpus_file, cache_dir, 8, 1)
+    for rank in (0, 1):
+        ddp = torch.load(results / f"sgd-b{micro}-k{accum}-rank{rank}.pt", weights_only=True)
+        assert_grads_close(ddp["grads"], reference["grads"])
+        assert_states_close(ddp["state"], reference["state"])
+
+
+def test_accumulation_gradients_equal_the_large_batch_without_ddp(corpus_file, cache_dir):
+    assert_grads_close(sgd_single(corpus_file, cache_dir, 2, 4)["grads"],
+                       sgd_single(corpus_file, cache_dir, 8, 1)["grads"])
+
+
+def test_micro_steps_before_the_last_do_not_synchronise(results):
+    """no_sync is in effect: after the first micro-step, ranks hold different gradients."""
+    r0 = torch.load(results / "sgd-b2-k2-rank0.pt", weights_only=True)["first_micro_grads"]
+    r1 = torch.load(results / "sgd-b2-k2-rank1.pt", weights_only=True)["first_micro_grads"]
+    assert len(r0) == 3
+    assert all(not torch.equal(a, b) for a, b in zip(r0, r1))
 
 
 def test_loss_decreases(results):
