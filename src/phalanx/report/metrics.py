@@ -8,9 +8,11 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, path: Path) -> None:
+    """Starts the file afresh, or appends when `append` (a resumed run)."""
+
+    def __init__(self, path: Path, append: bool = False) -> None:
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        self._fh = open(path, "a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")

@@ -113,7 +113,8 @@ class Logger:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
-        self.metrics = MetricsWriter(out_dir / "metrics.jsonl") if main else None
+        self.metrics = MetricsWriter(out_dir / "metrics.jsonl", append=start_step > 0) if main \
+            else None
         self.pending: list[torch.Tensor] = []
         self.t_last, self.steps_since = time.perf_counter(), 0
 
@@ -139,6 +140,8 @@ class Logger:
     def write(self, record: dict) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
+        if self.progress is not None and "val_loss" in record:
+            self.progress.message(f"step {record['step']}: val loss {record['val_loss']:.4f}")
         self.t_last = time.perf_counter()
 
     def close(self) -> None:
