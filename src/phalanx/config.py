@@ -27,9 +27,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def opt(default: Any, help: str, flag: str | None = None, choices: tuple | None = None) -> Any:
-    """A config field: its default, its help text, and optionally its flag and choices."""
-    meta = {"help": help, "flag": flag, "choices": choices}
+def opt(default: Any, help: str, flag: str | None = None, choices: tuple | None = None,
+        metavar: str | None = None) -> Any:
+    """A config field: its default, its help text, and optionally flag, choices, metavar."""
+    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
     return field(default=default, metadata=meta)
 
 
@@ -79,9 +80,10 @@ def _divisor_near(n: int, k: int) -> int:
 class DataConfig:
     path: str | None = opt(None, "Text file or directory of text files to train on "
                                  "(default: the Python standard library's source, "
-                                 "embedded with the interpreter).", flag="--data")
+                                 "embedded with the interpreter).", flag="--data", metavar="PATH")
     cache_dir: str | None = opt(None, "Where tokenized data is cached "
-                                      "(default: $XDG_CACHE_HOME/phalanx or ~/.cache/phalanx).")
+                                      "(default: $XDG_CACHE_HOME/phalanx or ~/.cache/phalanx).",
+                                metavar="DIR")
     val_fraction: float = opt(0.05, "Fraction of the text held out for validation.")
 
     def __post_init__(self) -> None:
@@ -91,7 +93,8 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    out: str = opt("runs/default", "Run directory: metrics, plots, sample and weights go here.")
+    out: str = opt("runs/default", "Run directory: metrics, plots, sample and weights go here.",
+                   metavar="DIR")
     max_steps: int = opt(400, "Optimizer steps to train for.")
     micro_batch_size: int = opt(16, "Sequences per rank per micro-step.")
     grad_accum: int = opt(1, "Micro-steps accumulated per optimizer step.")

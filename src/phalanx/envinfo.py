@@ -61,9 +61,6 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
         env = LaunchEnv(_int(e, "SLURM_PROCID"), _int(e, "SLURM_LOCALID", 0),
                         _int(e, "SLURM_NTASKS"), _int(e, "SLURM_NTASKS_PER_NODE", 1)
                         if e.get("SLURM_NTASKS_PER_NODE", "1").isdigit() else 1, "slurm")
-        os.environ.setdefault("RANK", str(env.rank))
-        os.environ.setdefault("WORLD_SIZE", str(env.world_size))
-        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
     else:
         return LaunchEnv(0, 0, 1, 1, "none")
     if not 0 <= env.rank < env.world_size or not 0 <= env.local_rank < env.local_world_size:

@@ -47,9 +47,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(*names, dest=dest, default=None, help=help_text,
                                    action=argparse.BooleanOptionalAction)
             else:
+                metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind, "STR")
                 group.add_argument(*names, dest=dest, default=None, type=kind,
                                    choices=f.metadata.get("choices"), help=help_text,
-                                   metavar=None if f.metadata.get("choices") else f.name.upper())
+                                   metavar=None if f.metadata.get("choices") else metavar)
 
 
 def cli_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:

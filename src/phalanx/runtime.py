@@ -124,14 +124,15 @@ class Run:
     # -- collectives and output -----------------------------------------------------
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):
         """Sum or mean of `value` over all ranks; a float in, a float out."""
-        t = torch.as_tensor(value, dtype=torch.float64 if not isinstance(
-            value, torch.Tensor) else None, device=self.device).clone()
+        if op not in ("mean", "sum"):
+            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+        is_tensor = isinstance(value, torch.Tensor)
+        t = value.detach().clone() if is_tensor else torch.tensor(value, dtype=torch.float64)
+        t = t.to(self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if op == "mean":
             t = t / self.world_size
-        elif op != "sum":
-            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
-        return t.item() if not isinstance(value, torch.Tensor) else t
+        return t if is_tensor else t.item()
 
     def all_reduce_mean(self, value: float | torch.Tensor):
         return self.all_reduce(value, "mean")

@@ -38,6 +38,7 @@ CASES = {
     "unwritable-out": (["--out", "{d}/a_file/run"], "is not a writable directory"),
     "malformed-toml": (["--config", "{d}/broken.toml"], "is not valid TOML"),
     "unknown-key": (["--config", "{d}/unknown.toml"], "unknown key `max_step` in `[train]`"),
+    "single-many": (["--strategy", "single", "--nproc-per-node", "2"], "would train 2 unrelated"),
     "sync-bn-on-cpu": (["--sync-batchnorm", "--nproc-per-node", "2"], "`--sync-batchnorm` needs CUDA"),
 }
 

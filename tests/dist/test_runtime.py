@@ -1,0 +1,88 @@
+"""The Run API in a one-process world (in this test process, on an in-memory store)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+import phalanx
+from phalanx.config import build_config
+from phalanx.data.corpus import prepare
+from phalanx.errors import UserError
+from phalanx.train.loop import train
+
+
+@pytest.fixture
+def run():
+    with phalanx.init(seed=3, threads=1) as r:
+        yield r
+
+
+def test_init_in_a_plain_process(run):
+    assert (run.rank, run.world_size, run.backend, run.device.type) == (0, 1, "gloo", "cpu")
+    assert run.strategy.name == "single" and run.is_main
+    assert run.all_reduce_mean(2.5) == 2.5
+    assert torch.equal(run.all_reduce_sum(torch.ones(3)), torch.ones(3))
+
+
+def test_close_destroys_the_process_group():
+    r = phalanx.init(seed=0, threads=1)
+    assert torch.distributed.is_initialized()
+    r.close()
+    assert not torch.distributed.is_initialized()
+    r.close()  # idempotent
+
+
+def test_setup_refuses_an_optimizer_of_another_model(run):
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(UserError, match="not a parameter of the model"):
+        run.setup(nn.Linear(2, 2), opt)
+
+
+def test_setup_accepts_an_optimizer_built_before_the_move(run):
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped, same = run.setup(model, opt)
+    assert same is opt and wrapped is model
+
+
+def test_loader_epochs_reshuffle_and_batches_sit_on_the_device(run):
+    loader = run.loader(TensorDataset(torch.arange(32)), batch_size=4)
+    first = [b[0].tolist() for b in loader]
+    second = [b[0].tolist() for b in loader]
+    assert len(loader) == 8 and first != second
+    assert sorted(sum(first, [])) == list(range(32))
+
+
+def test_sync_batchnorm_on_cpu_says_so_plainly():
+    with phalanx.init(seed=0, threads=1, strategy="ddp", sync_batchnorm=True) as r:
+        with pytest.raises(UserError, match="`--sync-batchnorm` needs CUDA GPUs"):
+            r.setup(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+
+
+def test_single_strategy_refuses_many_ranks(run):
+    from phalanx.strategies import SingleStrategy
+
+    run.world_size = 2
+    with pytest.raises(UserError, match="unrelated copies"):
+        SingleStrategy(run).check()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(precision, corpus_file, cache_dir, run):
+    cfg = build_config({"model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
+                        "train": {"precision": precision, "max_steps": 3, "micro_batch_size": 2,
+                                  "eval_every": 3, "eval_batches": 1}})
+    result = train(cfg, run, prepare(str(corpus_file), str(cache_dir), 0.1))
+    assert len(result.losses) == 3 and all(l == l for l in result.losses)  # no NaN
+    assert 3 in result.val_losses
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_device_is_pinned_from_local_rank():
+    with phalanx.init(seed=0) as r:
+        assert r.backend == "nccl" and r.device == torch.device("cuda", 0)
+        assert torch.cuda.current_device() == 0
