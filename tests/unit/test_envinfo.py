@@ -42,3 +42,4 @@ def test_inconsistent_ranks_are_refused():
 def test_threads_split_the_cores():
     assert threads_per_rank(10_000, None) == 1
     assert threads_per_rank(2, 3) == 3
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from phalanx.config import Config
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def prepare_out_dir(path: str) -> Path:
     """Create the run directory and prove it is writable, or say why it is not."""
     out = Path(path).expanduser()
-    probe = out / ".phalanx-write-test"
+    probe = out / f".phalanx-write-test-{os.getpid()}"  # one per rank: no race
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
