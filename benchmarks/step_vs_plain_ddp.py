@@ -89,7 +89,10 @@ def worker(args) -> None:
     cfg = build_config({})
     splits = prepare(None, None, cfg.data.val_fraction)
     tokens = splits.load("train")
-    run = phalanx.init(cfg.train.seed)
+    d = cfg.dist
+    run = phalanx.init(cfg.train.seed, bucket_cap_mb=args.bucket_cap_mb or d.bucket_cap_mb,
+                       gradient_as_bucket_view=d.gradient_as_bucket_view,
+                       static_graph=args.static_graph or d.static_graph)
     with run:
         steps = {"plain": plain_setup(cfg, tokens, run.rank, run.world_size),
                  "phalanx": phalanx_setup(cfg, tokens, run)}
@@ -120,6 +123,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--result", default="")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="Phalanx side only (default: Phalanx's default)")
+    parser.add_argument("--static-graph", action="store_true", help="Phalanx side only")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -129,6 +135,10 @@ def main() -> None:
     result = Path(args.result or "/tmp/phalanx-bench-step.json")
     argv = [__file__, "--worker", "--result", str(result), "--repeats", str(args.repeats),
             "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.bucket_cap_mb:
+        argv += ["--bucket-cap-mb", str(args.bucket_cap_mb)]
+    if args.static_graph:
+        argv += ["--static-graph"]
     launch_workers(argv, args.nproc, threads=threads_per_rank(args.nproc, None))
     report(json.loads(result.read_text()), args)
 

@@ -18,6 +18,7 @@ import phalanx
 from phalanx.config import build_config
 from phalanx.data.corpus import prepare
 from phalanx.errors import DistributedError
+from phalanx.strategies import DDPStrategy
 from phalanx.train.loop import train
 
 from common import sgd_trajectory
@@ -50,7 +51,9 @@ def unused_parameter(run, out: Path) -> None:
         def forward(self, x):
             return self.used(x)
 
+    static, run.strategy = run.strategy, DDPStrategy(run)  # torch's default: not static
     model = run.setup(Net())
+    run.strategy = static
     message = "no error"
     try:
         for _ in range(2):
@@ -62,7 +65,7 @@ def unused_parameter(run, out: Path) -> None:
 
 def main(out: Path, corpus: str, cache: str) -> None:
     splits = prepare(corpus, cache, 0.1)
-    run = phalanx.init(seed=7)
+    run = phalanx.init(seed=7, static_graph=build_config({}).dist.static_graph)  # as `train`
     with run:
         assert run.world_size == 2, run.world_size
         save(run, out, "ddp-b2-k1", train(config(2, 1, 3), run, splits))

@@ -110,11 +110,16 @@ def test_accumulation_gradients_equal_the_large_batch_without_ddp(corpus_file, c
 
 
 def test_micro_steps_before_the_last_do_not_synchronise(results):
-    """no_sync is in effect: after the first micro-step, ranks hold different gradients."""
+    """no_sync is in effect: after the first micro-step, ranks hold different gradients.
+
+    Except in the very first window: with static_graph (the trainer's default) torch
+    cannot skip sync before one synchronised iteration, so Phalanx syncs it (same result).
+    """
     r0 = torch.load(results / "sgd-b2-k2-rank0.pt", weights_only=True)["first_micro_grads"]
     r1 = torch.load(results / "sgd-b2-k2-rank1.pt", weights_only=True)["first_micro_grads"]
     assert len(r0) == 3
-    assert all(not torch.equal(a, b) for a, b in zip(r0, r1))
+    assert torch.equal(r0[0], r1[0])
+    assert all(not torch.equal(a, b) for a, b in zip(r0[1:], r1[1:]))
 
 
 def test_loss_decreases(results):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from contextlib import AbstractContextManager, nullcontext
 
+import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -20,9 +21,14 @@ _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank (\d
 
 
 class PhalanxDDP(DistributedDataParallel):
-    """DDP whose unused-parameter error names the parameters instead of their indices."""
+    """DDP whose unused-parameter error names the parameters instead of their indices,
+    and that counts the forward passes that prepared a synchronising backward."""
+
+    synced_forwards = 0
 
     def forward(self, *inputs, **kwargs):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self.synced_forwards += 1
         try:
             return super().forward(*inputs, **kwargs)
         except RuntimeError as exc:
@@ -69,4 +75,10 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         if not isinstance(model, DistributedDataParallel):
             raise UserError("no_backward_sync() needs the module returned by run.setup(), "
                             f"got a plain {type(model).__name__}.")
+        # torch 2.13: with static_graph, a no_sync micro-step before the first
+        # synchronised iteration trips "expect_autograd_hooks_ INTERNAL ASSERT". Syncing
+        # those micro-steps instead gives the same result (the all-reduce is linear), so
+        # the first accumulation window simply synchronises every micro-step.
+        if model.static_graph and getattr(model, "synced_forwards", 0) == 0:
+            return nullcontext()
         return model.no_sync() if enabled else nullcontext()
