@@ -113,12 +113,23 @@ class TrainConfig:
     seed: int = opt(1337, "Seed for model init, data order and dropout.")
     compile: bool = opt(False, "Wrap the model with torch.compile (slow to start on CPU).")
     sample_tokens: int = opt(300, "Bytes of text to sample from the model at the end (0: none).")
+    checkpoint_every: int = opt(100, "Commit a checkpoint every N steps (and at the end); "
+                                     "0: only at the end.")
+    keep_checkpoints: int = opt(3, "Committed checkpoints to keep (the newest K).")
+    resume: str = opt("auto", "auto: continue from the newest valid checkpoint in --out; "
+                              "never: start fresh; or a checkpoint / run directory.",
+                      metavar="{auto,never,PATH}")
 
     def __post_init__(self) -> None:
         _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "eval_every",
                   "eval_batches", "log_every")
         if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
             raise UserError("`--warmup-steps`, `--min-lr` and `--grad-clip` must not be negative.")
+        if self.keep_checkpoints < 1:
+            raise UserError(f"`--keep-checkpoints` must be at least 1, got "
+                            f"{self.keep_checkpoints}: the newest checkpoint is what resume uses.")
+        if self.checkpoint_every < 0:
+            raise UserError(f"`--checkpoint-every` must be >= 0, got {self.checkpoint_every}.")
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
 

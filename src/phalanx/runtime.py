@@ -20,6 +20,7 @@ import hashlib
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -142,6 +143,39 @@ class Run:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s (picklable) object, on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save(self, root: str | Path, step: int, model: nn.Module,
+             optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
+             keep: int = 3, config_hash: str = "") -> Path:
+        """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.store).
+
+        Tensors go through torch.distributed.checkpoint; `meta` must be JSON-able.
+        """
+        from phalanx.checkpoint.store import save_checkpoint
+
+        return save_checkpoint(Path(root), step, model, optimizer, meta or {}, keep=keep,
+                               config_hash=config_hash)
+
+    def load(self, path: str | Path, model: nn.Module,
+             optimizer: torch.optim.Optimizer | None = None) -> dict:
+        """Load a checkpoint written at any world size; returns the `meta` saved with it."""
+        from phalanx.checkpoint.store import load_checkpoint
+
+        return load_checkpoint(Path(path), model, optimizer)
+
+    def latest_checkpoint(self, root: str | Path) -> Path | None:
+        """The newest checkpoint under `root` that verifies, as rank 0 found it."""
+        from phalanx.checkpoint.resume import newest_valid
+
+        found = newest_valid(Path(root), self.print) if self.is_main else None
+        return self.broadcast(found)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on rank 0 only."""

@@ -23,6 +23,7 @@ from phalanx.models import GPTConfig, MiniGPT
 from phalanx.report.metrics import MetricsWriter
 from phalanx.report.progress import ProgressReporter
 from phalanx.runtime import Accumulator, Run
+from phalanx.train import checkpointing as ckpt
 from phalanx.train.optim import adamw
 from phalanx.train.precision import Precision
 from phalanx.train.schedule import lr_at
@@ -151,17 +152,38 @@ class Logger:
             self.metrics.close()
 
 
-def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None,
-          state: TrainState | None = None) -> TrainResult:
-    """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses."""
+def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.Module,
+            val_ds: TokenWindows, precision: Precision, lr: float) -> None:
+    """Log and evaluate after a step, when their cadence (or the last step) says so."""
+    t, step = cfg.train, result.state.step
+    last = step == t.max_steps
+    record = None
+    if step % t.log_every == 0 or last:
+        record = log.flush(step, lr, result.losses)
+    if step % t.eval_every == 0 or last:
+        record = record or {"step": step}
+        record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
+        result.val_losses[step] = record["val_loss"]
+    if record is not None:
+        log.write(record)
+
+
+def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None
+          ) -> TrainResult:
+    """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses.
+
+    With `out_dir`, checkpoints are committed there and `--resume` is honoured.
+    """
     t = cfg.train
-    state = state or TrainState()
     model, opt = run.setup(build_model(cfg), lambda params: adamw(
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
         device=run.device))
     inner = run.unwrap(model)
     step_model = torch.compile(model) if t.compile else model
     precision = Precision(t.precision, run.device)
+    state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
+    if run.is_main and out_dir is not None and state.step:
+        ckpt.truncate_metrics(out_dir, state.step)
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     val_ds = TokenWindows(splits.load("val"), cfg.model.block_size)
     batches = iter(run.loader(train_ds, t.micro_batch_size, seed=t.seed, stream=True,
@@ -181,16 +203,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             optimizer_step(model, opt, precision, t.grad_clip)
             state.step, state.position = step + 1, state.position + global_batch
             state.tokens_seen += global_batch * cfg.model.block_size
-            last = state.step == t.max_steps
-            record = None
-            if state.step % t.log_every == 0 or last:
-                record = log.flush(state.step, lr, result.losses)
-            if state.step % t.eval_every == 0 or last:
-                record = record or {"step": state.step}
-                record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
-                result.val_losses[state.step] = record["val_loss"]
-            if record is not None:
-                log.write(record)
+            _report(run, cfg, log, result, inner, val_ds, precision, lr)
+            if out_dir is not None and ckpt.should_save(cfg, state.step):
+                ckpt.save(run, cfg, out_dir, state, model, opt, precision)
     finally:
         log.close()
     return result

@@ -1,0 +1,95 @@
+"""The trainer's checkpoints: what goes in them, and resuming exactly from one.
+
+A checkpoint holds the model, the optimizer, the GradScaler (fp16), the step, the
+global data cursor and the tokens seen. Nothing else is needed for an exact
+continuation: the learning rate is a function of the step, dropout is seeded from
+(seed, step, rank), and data order from (seed, epoch, position).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from phalanx.checkpoint.resume import checkpoints_dir, resolve_resume
+from phalanx.checkpoint.store import read_sidecar
+from phalanx.config import Config
+from phalanx.errors import UserError
+from phalanx.report.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from phalanx.runtime import Run
+    from phalanx.train.loop import TrainState
+    from phalanx.train.precision import Precision
+
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
+LOGGED_FIELDS = ("lr", "min_lr", "max_steps", "warmup_steps", "micro_batch_size", "grad_accum",
+                 "precision", "seed")
+
+
+def config_hash(cfg: Config) -> str:
+    shape = {k: getattr(cfg.model, k) for k in SHAPE_FIELDS}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_compatible(cfg: Config, saved: dict, path: Path) -> list[str]:
+    """Refuse a different model shape (naming the fields); return the changes allowed."""
+    old_model, old_train = saved.get("model", {}), saved.get("train", {})
+    differ = [f"--{k.replace('_', '-')} {old_model.get(k)} → {getattr(cfg.model, k)}"
+              for k in SHAPE_FIELDS if old_model.get(k) != getattr(cfg.model, k)]
+    if differ:
+        raise UserError(f"checkpoint `{path}` was written for another model shape: "
+                        f"{', '.join(differ)}. Resume with the same model flags, or start "
+                        f"fresh with `--resume never` (or another `--out`).")
+    return [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
+            for k in LOGGED_FIELDS if k in old_train and old_train[k] != getattr(cfg.train, k)]
+
+
+def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
+         precision: Precision) -> None:
+    meta = {"train_state": dataclasses.asdict(state), "config": cfg.to_dict(),
+            "scaler": precision.scaler.state_dict() if precision.scaler else None,
+            "world_size": run.world_size}
+    run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
+             keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg))
+
+
+def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
+            precision: Precision) -> TrainState | None:
+    """Load the checkpoint `--resume` selects (same choice on every rank), or None."""
+    from phalanx.train.loop import TrainState
+
+    if out_dir is None:
+        return None
+    path = resolve_resume(cfg.train.resume, out_dir, run.print) if run.is_main else None
+    path = run.broadcast(path)
+    if path is None:
+        return None
+    meta = read_sidecar(path)["meta"]
+    changes = check_compatible(cfg, meta.get("config", {}), path)
+    run.load(path, model, opt)
+    if precision.scaler is not None and meta.get("scaler"):
+        precision.scaler.load_state_dict(meta["scaler"])
+    state = TrainState(**meta["train_state"])
+    run.print(f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
+              f"rank(s), now {run.world_size})" + (f"; changed: {', '.join(changes)}"
+                                                    if changes else ""))
+    return state
+
+
+def truncate_metrics(out_dir: Path, step: int) -> None:
+    """Drop metrics lines past the resumed step (they belong to the lost continuation)."""
+    path = out_dir / "metrics.jsonl"
+    if path.is_file():
+        kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def should_save(cfg: Config, step: int) -> bool:
+    every = cfg.train.checkpoint_every
+    return step == cfg.train.max_steps or (every > 0 and step % every == 0)
+
+
