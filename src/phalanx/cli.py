@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from phalanx import __version__
@@ -33,6 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _record_for_agent(exc: BaseException) -> None:
+    """Under torch's elastic agent, leave the error where the agent reports it from."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        handler = get_error_handler()
+        handler.initialize()
+        handler.record_exception(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
@@ -40,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:
         print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
+        _record_for_agent(exc)
         return exc.exit_code
     except DistributedError as exc:
         print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
+        _record_for_agent(exc)
         return 1
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)
         return 130
+    except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
+        _record_for_agent(exc)
+        raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -66,8 +67,25 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         if codes and all(code == 2 for code in codes.values()):
             raise UserError(f"stopped: ranks {sorted(codes)} refused the configuration "
                             f"(see their messages above).") from None
-        detail = "; ".join(f"rank {r} exited with code {c}"
-                           + (" (killed by a signal)" if c is not None and c < 0 else "")
-                           for r, c in sorted(codes.items()))
-        raise DistributedError(f"the job failed: {detail}. The first failing rank's "
-                               f"message is printed above.", sorted(codes)) from None
+        culprits = [r for r in sorted(failures) if codes[r] != -signal.SIGTERM] or sorted(codes)
+        stopped = [r for r in sorted(failures) if r not in culprits]
+        detail = "; ".join(_describe(r, failures[r]) for r in culprits)
+        if stopped:
+            detail += (f"; then the agent stopped rank(s) {', '.join(map(str, stopped))} "
+                       f"(SIGTERM)")
+        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+        raise DistributedError(f"the job failed{restarts}: {detail}.", culprits) from None
+
+
+def _describe(rank: int, failure) -> str:
+    """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
+    code = failure.exitcode
+    text = f"rank {rank} exited with code {code}"
+    if code is not None and code < 0:
+        text += f" (killed by signal {-code})"
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    if isinstance(message, str) and message and not message.startswith("To enable traceback"):
+        text += f": {message.strip().splitlines()[0][:300]}"
+    return text

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from phalanx.checkpoint.safety import SafeFileSystemReader, check_metadata
 from phalanx.errors import UserError
+from phalanx.faults import fault_point
 
 MANIFEST, STATE, LATEST = "manifest.json", "train_state.json", "latest"
 
@@ -127,6 +128,7 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module,
             error = f"cannot create checkpoint directory `{tmp}`: {exc.strerror}"
     _agree(error)
     state, osd = _tensor_state(model, optimizer)
+    fault_point("checkpoint", step)
     try:
         dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
     except Exception as exc:  # DCP gathers every rank's failure into one exception

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from phalanx.config import Config
 from phalanx.data import TokenSplits, TokenWindows
+from phalanx.faults import fault_point
 from phalanx.models import GPTConfig, MiniGPT
 from phalanx.report.metrics import MetricsWriter
 from phalanx.report.progress import ProgressReporter
@@ -203,6 +204,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             optimizer_step(model, opt, precision, t.grad_clip)
             state.step, state.position = step + 1, state.position + global_batch
             state.tokens_seen += global_batch * cfg.model.block_size
+            fault_point("step", state.step)
             _report(run, cfg, log, result, inner, val_ds, precision, lr)
             if out_dir is not None and ckpt.should_save(cfg, state.step):
                 ckpt.save(run, cfg, out_dir, state, model, opt, precision)

@@ -1,0 +1,45 @@
+"""Fault injection, to test recovery the way it will really be exercised.
+
+`PHALANX_FAULT="rank=1,step=7,phase=step,action=kill,attempts=first"` makes rank 1 die
+(SIGKILL) after optimizer step 7 — or, with `phase=checkpoint`, while writing the
+checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
+`attempts=always` fires on every elastic restart too (a rank that always fails),
+`attempts=first` (default) only before the first restart. Unset: nothing happens.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from phalanx.errors import UserError
+
+
+class InjectedFault(RuntimeError):
+    """The error `action=raise` raises."""
+
+
+def _spec() -> dict[str, str] | None:
+    raw = os.environ.get("PHALANX_FAULT")
+    if not raw:
+        return None
+    try:
+        spec = dict(item.split("=", 1) for item in raw.split(","))
+    except ValueError:
+        raise UserError(f"PHALANX_FAULT=`{raw}` is malformed; expected e.g. "
+                        f"`rank=1,step=7,phase=step,action=kill`.") from None
+    return {"phase": "step", "action": "kill", "attempts": "first", **spec}
+
+
+def fault_point(phase: str, step: int) -> None:
+    """Fire the configured fault if this rank, step and phase match."""
+    spec = _spec()
+    if spec is None or spec["phase"] != phase or int(spec["step"]) != step:
+        return
+    if int(spec["rank"]) != int(os.environ.get("RANK", "0")):
+        return
+    if spec["attempts"] == "first" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    if spec["action"] == "raise":
+        raise InjectedFault(f"injected fault at step {step} ({phase})")
+    os.kill(os.getpid(), signal.SIGKILL)
