@@ -40,7 +40,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
             kind = _field_type(cls, f)
             default = "auto" if f.default is None else f.default
-            help_text = f"{f.metadata['help']} (default: {default})"
+            help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
             dest = f"{section}.{f.name}"
             names = [flag_of(f)]
             if kind is bool:

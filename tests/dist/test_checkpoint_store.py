@@ -1,0 +1,146 @@
+"""The checkpoint store in one process: commit, rotation, verification, safe loading."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+
+import phalanx
+from phalanx.checkpoint.resume import newest_valid, resolve_resume
+from phalanx.checkpoint.safety import UnsafeCheckpoint
+from phalanx.checkpoint.store import MANIFEST, _sha256, committed, verify
+from phalanx.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def run():
+    with phalanx.init(seed=0, threads=1) as r:
+        yield r
+
+
+def trained(run, seed=0, width=8):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, width), nn.LayerNorm(width), nn.Linear(width, 2))
+    model, opt = run.setup(model, lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True))
+    for _ in range(3):
+        model(torch.randn(5, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def test_save_then_load_is_bitwise_and_committed(run, tmp_path):
+    model, opt = trained(run)
+    path = run.save(tmp_path, 3, model, opt, {"cursor": 42}, config_hash="abc")
+    assert path.name == "step-00000003" and verify(path) is None
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["step"] == 3 and manifest["world_size"] == 1 and manifest["config_hash"] == "abc"
+    assert {".metadata", "train_state.json"} <= manifest["files"].keys()
+    assert (tmp_path / "latest").read_text() == path.name
+    fresh, fresh_opt = trained(run, seed=1)
+    assert run.load(path, fresh, fresh_opt) == {"cursor": 42}
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][key], fresh_opt.state[q][key])
+    assert fresh_opt.param_groups[0]["lr"] == 1e-2
+
+
+def test_rotation_keeps_the_newest(run, tmp_path):
+    model, opt = trained(run)
+    for step in (1, 2, 3, 4):
+        run.save(tmp_path, step, model, opt, keep=2)
+    assert [p.name for p in committed(tmp_path)] == ["step-00000003", "step-00000004"]
+    with pytest.raises(UserError, match="`--keep-checkpoints` must be at least 1"):
+        run.save(tmp_path, 5, model, opt, keep=0)
+
+
+def _corrupt(path, how):
+    data = next(p for p in path.iterdir() if p.suffix == ".distcp")
+    if how == "truncate":
+        data.write_bytes(data.read_bytes()[:-10])
+    elif how == "flip":
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif how == "no-manifest":
+        (path / MANIFEST).unlink()
+
+
+def test_corrupt_checkpoints_are_skipped_with_reasons(run, tmp_path):
+    model, opt = trained(run)
+    for step in (1, 2, 3, 4):
+        run.save(tmp_path, step, model, opt, keep=4)
+    _corrupt(tmp_path / "step-00000004", "flip")
+    _corrupt(tmp_path / "step-00000003", "truncate")
+    _corrupt(tmp_path / "step-00000002", "no-manifest")
+    warnings = []
+    assert newest_valid(tmp_path, warnings.append).name == "step-00000001"
+    assert len(warnings) == 3
+    assert "step-00000004" in warnings[0] and "does not match its checksum" in warnings[0]
+    assert "step-00000003" in warnings[1] and "manifest says" in warnings[1]
+    assert "step-00000002" in warnings[2] and "no manifest" in warnings[2]
+    with pytest.raises(UserError, match="cannot be used: file .* checksum"):
+        resolve_resume(str(tmp_path / "step-00000004"), tmp_path, print)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # would create a file when unpickled
+
+
+def test_pickle_payload_is_refused_without_side_effect(run, tmp_path):
+    model, opt = trained(run)
+    path = run.save(tmp_path, 1, model, opt)
+    marker = tmp_path / "pwned"
+    meta = pickle.loads((path / ".metadata").read_bytes())
+    meta.storage_meta = _Payload(str(marker))  # smuggled into DCP's own metadata object
+    (path / ".metadata").write_bytes(pickle.dumps(meta))
+    manifest = json.loads((path / MANIFEST).read_text())  # forge checksums too
+    manifest["files"][".metadata"] = {"size": (path / ".metadata").stat().st_size,
+                                      "sha256": _sha256(path / ".metadata")}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    before = [t.clone() for t in model.state_dict().values()]
+    with pytest.raises(UnsafeCheckpoint, match=r"references `(builtins|io)\.open`"):
+        run.load(path, model, opt)
+    assert not marker.exists()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values()))
+    warnings = []
+    assert newest_valid(tmp_path, warnings.append) is None and "refused" in warnings[0]
+    assert not marker.exists()
+    pickle.loads((path / ".metadata").read_bytes())  # the payload is real: a plain load runs it
+    assert marker.exists()
+
+
+def test_pickled_entries_are_refused(run, tmp_path):
+    dcp.save({"w": torch.ones(2), "note": {"any": "object"}}, checkpoint_id=tmp_path / "c")
+    with pytest.raises(UnsafeCheckpoint, match="stored as pickled objects"):
+        run.load(tmp_path / "c", nn.Linear(2, 2))
+
+
+def test_a_different_model_shape_is_named(run, tmp_path):
+    model, opt = trained(run, width=8)
+    path = run.save(tmp_path, 1, model, opt)
+    other, other_opt = trained(run, width=16)
+    with pytest.raises(UserError, match=r"`model.0.weight` is \(8, 4\) there, \(16, 4\) here"):
+        run.load(path, other, other_opt)
+
+
+def test_an_interrupted_write_never_counts(run, tmp_path):
+    model, opt = trained(run)
+    run.save(tmp_path, 1, model, opt)
+    shutil.copytree(tmp_path / "step-00000001", tmp_path / ".tmp-step-00000002")
+    (tmp_path / ".tmp-step-00000002" / MANIFEST).unlink()
+    assert newest_valid(tmp_path, print).name == "step-00000001"
+    run.save(tmp_path, 3, model, opt)
+    assert not (tmp_path / ".tmp-step-00000002").exists()  # stale temp dirs are cleared
