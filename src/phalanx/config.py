@@ -101,6 +101,9 @@ class TrainConfig:
     lr: float = opt(2e-3, "Peak learning rate (AdamW).")
     min_lr: float = opt(2e-4, "Learning rate at the end of the cosine decay.")
     warmup_steps: int = opt(20, "Linear warm-up steps.")
+    lr_decay_steps: int = opt(0, "Length of the cosine schedule in steps (0: --max-steps). "
+                                 "Set it when a run will later be extended with a larger "
+                                 "--max-steps, so the steps already taken keep their rates.")
     weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
     beta1: float = opt(0.9, "AdamW beta1.")
     beta2: float = opt(0.99, "AdamW beta2.")
@@ -116,6 +119,8 @@ class TrainConfig:
     checkpoint_every: int = opt(100, "Commit a checkpoint every N steps (and at the end); "
                                      "0: only at the end.")
     keep_checkpoints: int = opt(3, "Committed checkpoints to keep (the newest K).")
+    async_checkpoint: bool = opt(False, "Write checkpoints in the background (DCP async "
+                                        "save): training stalls only for the copy to memory.")
     resume: str = opt("auto", "auto: continue from the newest valid checkpoint in --out; "
                               "never: start fresh; or a checkpoint / run directory.",
                       metavar="{auto,never,PATH}")
@@ -128,6 +133,8 @@ class TrainConfig:
         if self.keep_checkpoints < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got "
                             f"{self.keep_checkpoints}: the newest checkpoint is what resume uses.")
+        if self.lr_decay_steps < 0:
+            raise UserError(f"`--lr-decay-steps` must be >= 0, got {self.lr_decay_steps}.")
         if self.checkpoint_every < 0:
             raise UserError(f"`--checkpoint-every` must be >= 0, got {self.checkpoint_every}.")
         if self.min_lr > self.lr:
@@ -175,6 +182,10 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+    def decay_steps(self) -> int:
+        """The cosine schedule's length: `--lr-decay-steps`, or `--max-steps` when 0."""
+        return self.train.lr_decay_steps or self.train.max_steps
 
     def tokens_per_step(self, world_size: int) -> int:
         t = self.train

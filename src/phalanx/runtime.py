@@ -19,7 +19,7 @@ import datetime
 import hashlib
 import os
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -78,6 +78,7 @@ class Run:
     seed: int
     threads: int
     strategy: Strategy
+    _saver: Any = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -153,15 +154,33 @@ class Run:
     # -- checkpoints ----------------------------------------------------------------
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
-             keep: int = 3, config_hash: str = "") -> Path:
-        """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.store).
+             keep: int = 3, config_hash: str = "", asynchronous: bool = False) -> Path:
+        """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.saver).
 
-        Tensors go through torch.distributed.checkpoint; `meta` must be JSON-able.
+        Tensors go through torch.distributed.checkpoint; `meta` must be JSON-able. With
+        `asynchronous=True` it returns once the state is copied to memory; the write
+        goes on in the background and is committed by `poll_checkpoint` (when done),
+        the next `save`, or `wait_checkpoint`.
         """
-        from phalanx.checkpoint.store import save_checkpoint
+        return self._checkpoints().save(Path(root), step, model, optimizer, meta or {},
+                                        keep=keep, config_hash=config_hash,
+                                        asynchronous=asynchronous)
 
-        return save_checkpoint(Path(root), step, model, optimizer, meta or {}, keep=keep,
-                               config_hash=config_hash)
+    def poll_checkpoint(self) -> bool:
+        """Commit a finished background save; True when none is in flight (no collective)."""
+        return self._saver is None or self._saver.poll()
+
+    def wait_checkpoint(self) -> None:
+        """Finish and commit the background save, or raise its error (a collective)."""
+        if self._saver is not None:
+            self._saver.wait()
+
+    def _checkpoints(self):
+        if self._saver is None:
+            from phalanx.checkpoint.saver import CheckpointSaver
+
+            self._saver = CheckpointSaver()
+        return self._saver
 
     def load(self, path: str | Path, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None) -> dict:
@@ -182,16 +201,20 @@ class Run:
         if self.is_main:
             print(*args, **kwargs, flush=True)
 
-    def close(self) -> None:
-        """Destroy the process group (idempotent; also runs at exit)."""
+    def close(self, failed: bool = False) -> None:
+        """Finish a background checkpoint (unless failing), destroy the process group
+        (idempotent; also runs at exit)."""
+        if self._saver is not None and not failed:
+            self._saver.finish_local()
+        self._saver = None
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

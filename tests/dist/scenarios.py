@@ -3,7 +3,7 @@
 Launched by tests/dist/test_ddp.py through Phalanx's launcher (torch's elastic agent),
 2 gloo ranks. Every scenario trains through the same `train()` the CLI uses and saves,
 per rank, the final weights and the per-step losses to OUT/<scenario>-rank<r>.pt.
-Usage: python scenarios.py OUT CORPUS CACHE
+Usage: python scenarios.py OUT CORPUS SMALL_CORPUS CACHE
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from phalanx.strategies import DDPStrategy
 from phalanx.train.loop import train
 
 from common import sgd_trajectory
+from resume_scenarios import two_rank_scenarios
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 
@@ -63,7 +64,7 @@ def unused_parameter(run, out: Path) -> None:
     (out / f"unused-rank{run.rank}.txt").write_text(message)
 
 
-def main(out: Path, corpus: str, cache: str) -> None:
+def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
     splits = prepare(corpus, cache, 0.1)
     run = phalanx.init(seed=7, static_graph=build_config({}).dist.static_graph)  # as `train`
     with run:
@@ -77,7 +78,8 @@ def main(out: Path, corpus: str, cache: str) -> None:
         unused_parameter(run, out)
         value = run.all_reduce_mean(float(run.rank + 1))
         (out / f"mean-rank{run.rank}.txt").write_text(repr(value))
+        two_rank_scenarios(run, prepare(small_corpus, cache, 0.1), out)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

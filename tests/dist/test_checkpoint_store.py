@@ -14,7 +14,7 @@ import torch.nn as nn
 import phalanx
 from phalanx.checkpoint.resume import newest_valid, resolve_resume
 from phalanx.checkpoint.safety import UnsafeCheckpoint
-from phalanx.checkpoint.store import MANIFEST, _sha256, committed, verify
+from phalanx.checkpoint.store import MANIFEST, committed, sha256 as _sha256, verify
 from phalanx.errors import UserError
 
 
@@ -144,3 +144,23 @@ def test_an_interrupted_write_never_counts(run, tmp_path):
     assert newest_valid(tmp_path, print).name == "step-00000001"
     run.save(tmp_path, 3, model, opt)
     assert not (tmp_path / ".tmp-step-00000002").exists()  # stale temp dirs are cleared
+
+
+def test_async_save_writes_the_state_at_the_call(run, tmp_path):
+    model, opt = trained(run)
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    final = run.save(tmp_path, 1, model, opt, {"n": 1}, asynchronous=True)
+    with torch.no_grad():  # training goes on while the write is in flight
+        for p in model.parameters():
+            p.add_(1.0)
+    run.wait_checkpoint()
+    assert verify(final) is None and (tmp_path / "latest").read_text() == final.name
+    fresh, fresh_opt = trained(run, seed=3)
+    assert run.load(final, fresh, fresh_opt) == {"n": 1}
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, snapshot[key]), key
+    run.save(tmp_path, 2, model, opt, asynchronous=True)
+    while not run.poll_checkpoint():  # rank 0 commits as soon as the write is done
+        pass
+    assert [p.name for p in committed(tmp_path)] == ["step-00000001", "step-00000002"]
+    run.wait_checkpoint()

@@ -14,7 +14,6 @@ import torch
 
 import phalanx
 from phalanx.data.corpus import prepare
-from phalanx.launch import launch_workers
 from phalanx.train.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,14 +23,6 @@ from scenarios import config  # noqa: E402
 # fp32 on CPU: the same samples summed in a different order (2 ranks vs 1) differ by
 # float rounding only; after 3 AdamW steps the largest weight difference seen is ~1e-7.
 TOL = dict(rtol=1e-4, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory, corpus_file, cache_dir):
-    out = tmp_path_factory.mktemp("ddp")
-    script = str(Path(__file__).parent / "scenarios.py")
-    launch_workers([script, str(out), str(corpus_file), str(cache_dir)], 2, threads=1)
-    return out
 
 
 def load(out: Path, name: str, rank: int) -> dict:

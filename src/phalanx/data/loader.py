@@ -34,6 +34,10 @@ class DeviceLoader:
                  **dataloader_kwargs: Any) -> None:
         self.sampler, self.device = sampler, device
         dataloader_kwargs.setdefault("pin_memory", device.type == "cuda")
+        # DataLoader draws a base seed when an iteration starts: from the global RNG
+        # unless it has a generator of its own, which would shift the dropout masks of
+        # a resumed run (its iteration starts at another step than the original's).
+        dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed))
         self.dataloader = DataLoader(dataset, batch_sampler=sampler, **dataloader_kwargs)
 
     def __iter__(self) -> Iterator[Any]:

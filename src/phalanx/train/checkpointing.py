@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from phalanx.train.precision import Precision
 
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
-LOGGED_FIELDS = ("lr", "min_lr", "max_steps", "warmup_steps", "micro_batch_size", "grad_accum",
-                 "precision", "seed")
+LOGGED_FIELDS = ("lr", "min_lr", "max_steps", "lr_decay_steps", "warmup_steps",
+                 "micro_batch_size", "grad_accum", "precision", "seed")
 
 
 def config_hash(cfg: Config) -> str:
@@ -44,8 +44,14 @@ def check_compatible(cfg: Config, saved: dict, path: Path) -> list[str]:
         raise UserError(f"checkpoint `{path}` was written for another model shape: "
                         f"{', '.join(differ)}. Resume with the same model flags, or start "
                         f"fresh with `--resume never` (or another `--out`).")
-    return [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
-            for k in LOGGED_FIELDS if k in old_train and old_train[k] != getattr(cfg.train, k)]
+    changes = [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
+               for k in LOGGED_FIELDS if k in old_train and old_train[k] != getattr(cfg.train, k)]
+    old_span = old_train.get("lr_decay_steps") or old_train.get("max_steps")
+    if old_span and old_span != cfg.decay_steps():
+        changes.append(f"the cosine schedule now spans {cfg.decay_steps()} steps instead of "
+                       f"{old_span}, so the learning rate from here on differs from the old "
+                       f"plan (fix `--lr-decay-steps` to extend a run without that)")
+    return changes
 
 
 def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
@@ -54,7 +60,16 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
             "scaler": precision.scaler.state_dict() if precision.scaler else None,
             "world_size": run.world_size}
     run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
-             keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg))
+             keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg),
+             asynchronous=cfg.train.async_checkpoint)
+
+
+def precheck(cfg: Config, out_dir: Path) -> None:
+    """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
+    and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings."""
+    path = resolve_resume(cfg.train.resume, out_dir, lambda message: None)
+    if path is not None:
+        check_compatible(cfg, read_sidecar(path)["meta"].get("config", {}), path)
 
 
 def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,

@@ -61,6 +61,9 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     out = prepare_out_dir(cfg.train.out)
     splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
     check_data_fits(cfg, splits)
+    from phalanx.train.checkpointing import precheck
+
+    precheck(cfg, out)
     if under_launcher():
         return worker(cfg, splits, out)
     import torch
@@ -77,6 +80,21 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def strategy_options(cfg: Config) -> dict:
+    """The strategy's options from the config.
+
+    `static_graph` applies only without accumulation: under it torch cannot skip the
+    gradient sync before its first synchronised iteration, so the first window would
+    sync every micro-step — the same gradient up to float rounding, but not bit-for-bit
+    the windows that follow or a resumed run's first one.
+    """
+    d = cfg.dist
+    return {"bucket_cap_mb": d.bucket_cap_mb, "gradient_as_bucket_view": d.gradient_as_bucket_view,
+            "static_graph": d.static_graph and cfg.train.grad_accum == 1,
+            "find_unused_parameters": d.find_unused_parameters,
+            "sync_batchnorm": d.sync_batchnorm}
+
+
 def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None) -> int:
     """One rank: init the runtime, train, and (rank 0) write the results."""
     import phalanx
@@ -86,11 +104,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     d = cfg.dist
     run = phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
                        timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
-                       bucket_cap_mb=d.bucket_cap_mb,
-                       gradient_as_bucket_view=d.gradient_as_bucket_view,
-                       static_graph=d.static_graph,
-                       find_unused_parameters=d.find_unused_parameters,
-                       sync_batchnorm=d.sync_batchnorm)
+                       **strategy_options(cfg))
     with run:
         run.print(banner(cfg, run, splits))
         if run.is_main:

@@ -176,6 +176,8 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
     With `out_dir`, checkpoints are committed there and `--resume` is honoured.
     """
     t = cfg.train
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
     model, opt = run.setup(build_model(cfg), lambda params: adamw(
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
         device=run.device))
@@ -197,7 +199,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
         for step in range(state.step, t.max_steps):
             run.seed_step(step)
             lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                       max_steps=t.max_steps)
+                       max_steps=cfg.decay_steps())
             for group in opt.param_groups:
                 group["lr"] = lr
             log.step_done(micro_steps(step_model, acc, batches, precision))
@@ -208,6 +210,8 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             _report(run, cfg, log, result, inner, val_ds, precision, lr)
             if out_dir is not None and ckpt.should_save(cfg, state.step):
                 ckpt.save(run, cfg, out_dir, state, model, opt, precision)
+            run.poll_checkpoint()
+        run.wait_checkpoint()
     finally:
         log.close()
     return result

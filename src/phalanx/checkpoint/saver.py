@@ -1,0 +1,214 @@
+"""Writing checkpoints: the commit protocol, synchronously or in the background.
+
+Every save is a collective (all ranks call it at the same step):
+1. rank 0 creates `.tmp-step-…/` and every rank learns whether that worked;
+2. every rank writes its part with DCP into it — `dcp.save`, or `dcp.async_save`, which
+   copies the state to memory and writes from a thread (on its own gloo group, so its
+   collectives never interleave with training's);
+3. when DCP has finished on every rank (rank 0's DCP call completes only after all
+   ranks' writes), rank 0 writes `train_state.json` and `manifest.json`, fsyncs, renames
+   the directory into place, moves `latest` and rotates — see `commit`.
+At most one background save is in flight: a new save first finishes the previous one.
+A failure leaves the previous checkpoints untouched and removes the temporary directory;
+every rank raises the same error (for a background save: at the next save or wait).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
+                                      fsync_dir, sha256, step_name, tensor_state, write_synced)
+from phalanx.errors import UserError
+from phalanx.faults import fault_point
+
+
+def _agree(error: str | None) -> None:
+    """Rank 0's error (or None) reaches every rank, so all of them raise or none does."""
+    box = [error]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise CheckpointError(box[0])
+
+
+def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
+    """Manifest → fsync → rename into place → `latest` → rotation (rank 0 only)."""
+    files = sorted(p for p in tmp.iterdir() if p.is_file())
+    manifest["files"] = {p.name: {"size": p.stat().st_size, "sha256": sha256(p)} for p in files}
+    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    for p in files:  # DCP's sync_files fsyncs its own; make sure of the rest
+        with open(p, "rb") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    marker = final.parent / f".{LATEST}.tmp"
+    write_synced(marker, final.name)
+    os.replace(marker, final.parent / LATEST)
+    for old in committed(final.parent)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _root_cause(exc: BaseException) -> str:
+    text = str(exc)
+    for marker in ("No space left on device", "Read-only file system", "Permission denied"):
+        if marker in text:
+            return marker
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+class _Job:
+    """One checkpoint on its way from a temporary directory to a committed one."""
+
+    def __init__(self, root: Path, step: int, meta: dict, keep: int, config_hash: str) -> None:
+        self.root, self.step, self.meta, self.keep = root, step, meta, keep
+        self.config_hash = config_hash
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.tmp, self.final = root / f".tmp-{step_name(step)}", root / step_name(step)
+        self.error: str | None = None
+        self.future: Future | None = None
+        self.groups: list[dict] = []
+        self.done = False
+
+    def begin(self) -> None:
+        if self.rank == 0:
+            try:
+                for stale in self.root.glob(".tmp-step-*"):
+                    shutil.rmtree(stale, ignore_errors=True)
+                self.tmp.mkdir(parents=True)
+            except OSError as exc:
+                self.error = f"cannot create checkpoint directory `{self.tmp}`: {exc.strerror}"
+        _agree(self.error)
+
+    def write_failed(self, exc: BaseException) -> None:
+        self.error = f"writing checkpoint {step_name(self.step)} failed: {_root_cause(exc)}"
+
+    def collect(self) -> None:
+        """Wait for this rank's background write (if any) and note its failure."""
+        if self.future is not None:
+            try:
+                self.future.result()
+            except Exception as exc:  # DCP gathers every rank's failure into one exception
+                self.write_failed(exc)
+            self.future = None
+
+    def commit(self) -> None:
+        """Rank 0: write the sidecar and manifest and rename into place (once)."""
+        if self.rank != 0 or self.done:
+            return
+        self.done = True
+        if self.error is None:
+            try:
+                sidecar = {"step": self.step, "meta": self.meta,
+                           "optimizer_param_groups": self.groups}
+                write_synced(self.tmp / STATE, json.dumps(sidecar, indent=1, default=_jsonable))
+                manifest = {"format": "phalanx-dcp-1", "step": self.step,
+                            "world_size": self.world, "config_hash": self.config_hash,
+                            "torch": torch.__version__, "phalanx": _version(),
+                            "created": time.time()}
+                commit(self.tmp, self.final, manifest, self.keep)
+            except OSError as exc:
+                self.error = (f"committing checkpoint {step_name(self.step)} failed: "
+                              f"{exc.strerror or exc}")
+        if self.error is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def agree(self) -> None:
+        _agree(self.error and f"{self.error}. The previous checkpoints in `{self.root}` are "
+                              f"intact; free space or choose a writable `--out`.")
+
+
+def _version() -> str:
+    from phalanx import __version__
+
+    return __version__
+
+
+class CheckpointSaver:
+    """Saves checkpoints for one `Run`; holds the one background save in flight."""
+
+    def __init__(self) -> None:
+        self._pending: _Job | None = None
+        self._group: Any = None
+
+    def save(self, root: Path, step: int, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer | None, meta: dict[str, Any], *, keep: int = 3,
+             config_hash: str = "", asynchronous: bool = False) -> Path:
+        """Write and commit checkpoint `step` under `root` (a collective)."""
+        if keep < 1:
+            raise UserError(f"`--keep-checkpoints` must be at least 1, got {keep}.")
+        self.wait()
+        job = _Job(Path(root), step, meta, keep, config_hash)
+        job.begin()
+        state, osd = tensor_state(model, optimizer)
+        job.groups = [dict(g) for g in osd["param_groups"]]
+        fault_point("checkpoint", step)
+        writer = FileSystemWriter(job.tmp, sync_files=True)
+        try:
+            if asynchronous:
+                response = dcp.async_save(state, storage_writer=writer,
+                                          process_group=self._background_group())
+                job.future = getattr(response, "upload_completion", response)
+                self._pending = job
+                return job.final
+            dcp.save(state, storage_writer=writer)
+        except Exception as exc:
+            job.write_failed(exc)
+        job.commit()
+        job.agree()
+        return job.final
+
+    def poll(self) -> bool:
+        """Commit a finished background save now (rank 0, no collective); True when
+        nothing is in flight any more on this rank."""
+        job = self._pending
+        if job is None:
+            return True
+        if job.future is not None and job.future.done():
+            job.collect()
+            job.commit()
+        return job.future is None
+
+    def wait(self) -> None:
+        """Finish the background save (a collective): commit it, or raise its error."""
+        job, self._pending = self._pending, None
+        if job is not None:
+            job.collect()
+            job.commit()
+            job.agree()
+
+    def finish_local(self) -> None:
+        """At shutdown: let this rank's background write end and commit it if it can,
+        without any collective (other ranks may be gone)."""
+        job, self._pending = self._pending, None
+        if job is not None:
+            job.collect()
+            job.commit()
+
+    def _background_group(self):
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group

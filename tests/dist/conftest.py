@@ -1,0 +1,30 @@
+"""One 2-rank launch (torch's elastic agent, as for users) runs every multi-rank
+scenario in one process group, shared by the test modules here (~5 s of start-up)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.launch import launch_workers
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+from textgen import make_text  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def small_corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("small") / "small.txt"
+    path.write_text(make_text(2000, seed=3))
+    return path
+
+
+@pytest.fixture(scope="session")
+def results(tmp_path_factory, corpus_file, small_corpus_file, cache_dir):
+    out = tmp_path_factory.mktemp("ddp")
+    script = str(Path(__file__).parent / "scenarios.py")
+    launch_workers([script, str(out), str(corpus_file), str(small_corpus_file),
+                    str(cache_dir)], 2, threads=1)
+    return out
