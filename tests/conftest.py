@@ -1,4 +1,4 @@
-"""Shared fixtures: a small synthetic text corpus tokenized into a temporary cache."""
+"""Shared fixtures: small synthetic text corpora and a temporary token cache."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ from textgen import make_text  # noqa: E402
 def corpus_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "code.txt"
     path.write_text(make_text(200_000))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("small") / "small.txt"
+    path.write_text(make_text(2000, seed=3))
     return path
 
 

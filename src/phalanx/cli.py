@@ -34,14 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _record_for_agent(exc: BaseException) -> None:
-    """Under torch's elastic agent, leave the error where the agent reports it from."""
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+def _record_for_agent(exc: BaseException) -> bool:
+    """Under torch's elastic agent, leave the error where the agent reports it from.
+    True when Phalanx's own launcher will print it (so the worker need not)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return False
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
-        handler = get_error_handler()
-        handler.initialize()
-        handler.record_exception(exc)
+    handler = get_error_handler()
+    handler.initialize()
+    handler.record_exception(exc)
+    return os.environ.get("PHALANX_LAUNCHED") == "1"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:
-        print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
-        _record_for_agent(exc)
+        if not _record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
+            print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except DistributedError as exc:
         print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)

@@ -4,7 +4,8 @@
 (SIGKILL) after optimizer step 7 — or, with `phase=checkpoint`, while writing the
 checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `attempts=always` fires on every elastic restart too (a rank that always fails),
-`attempts=first` (default) only before the first restart. Unset: nothing happens.
+`attempts=first` (default) only before the first restart, `attempts=N` only on restart
+N. Several faults are separated by `;`. Unset: nothing happens.
 """
 
 from __future__ import annotations
@@ -19,27 +20,29 @@ class InjectedFault(RuntimeError):
     """The error `action=raise` raises."""
 
 
-def _spec() -> dict[str, str] | None:
+def _specs() -> list[dict[str, str]]:
     raw = os.environ.get("PHALANX_FAULT")
     if not raw:
-        return None
+        return []
     try:
-        spec = dict(item.split("=", 1) for item in raw.split(","))
+        specs = [dict(item.split("=", 1) for item in one.split(",")) for one in raw.split(";")]
     except ValueError:
         raise UserError(f"PHALANX_FAULT=`{raw}` is malformed; expected e.g. "
                         f"`rank=1,step=7,phase=step,action=kill`.") from None
-    return {"phase": "step", "action": "kill", "attempts": "first", **spec}
+    return [{"phase": "step", "action": "kill", "attempts": "first", **spec} for spec in specs]
+
+
+def _this_attempt(attempts: str) -> bool:
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return attempts == "always" or attempt == {"first": "0"}.get(attempts, attempts)
 
 
 def fault_point(phase: str, step: int) -> None:
-    """Fire the configured fault if this rank, step and phase match."""
-    spec = _spec()
-    if spec is None or spec["phase"] != phase or int(spec["step"]) != step:
-        return
-    if int(spec["rank"]) != int(os.environ.get("RANK", "0")):
-        return
-    if spec["attempts"] == "first" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
-    if spec["action"] == "raise":
-        raise InjectedFault(f"injected fault at step {step} ({phase})")
-    os.kill(os.getpid(), signal.SIGKILL)
+    """Fire the configured fault if this rank, step, phase and attempt match."""
+    for spec in _specs():
+        if (spec["phase"] == phase and int(spec["step"]) == step
+                and int(spec["rank"]) == int(os.environ.get("RANK", "0"))
+                and _this_attempt(spec["attempts"])):
+            if spec["action"] == "raise":
+                raise InjectedFault(f"injected fault at step {step} ({phase})")
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -45,8 +45,8 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     """Run `python <python_args>` as `nproc` ranks under the elastic agent
     (e.g. `["-m", "phalanx", "train", ...]` or `["script.py", ...]`).
 
-    Raises `UserError` when every failed rank exited with code 2 (a user error it has
-    already explained), `DistributedError` naming the failed ranks otherwise.
+    Raises `UserError` with the first rank's message when every failed rank exited with
+    code 2 (a user error), `DistributedError` naming the failed ranks otherwise.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -64,11 +64,12 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     except ChildFailedError as exc:
         failures = exc.failures
         codes = {rank: f.exitcode for rank, f in failures.items()}
-        if codes and all(code == 2 for code in codes.values()):
-            raise UserError(f"stopped: ranks {sorted(codes)} refused the configuration "
-                            f"(see their messages above).") from None
         culprits = [r for r in sorted(failures) if codes[r] != -signal.SIGTERM] or sorted(codes)
         stopped = [r for r in sorted(failures) if r not in culprits]
+        if all(codes[r] == 2 for r in culprits):  # a user error, already explained
+            message = _message(failures[culprits[0]]).split(": ", 1)[-1]
+            raise UserError(f"[rank {culprits[0]}] {message}" if message else
+                            f"ranks {culprits} stopped with a usage error.") from None
         detail = "; ".join(_describe(r, failures[r]) for r in culprits)
         if stopped:
             detail += (f"; then the agent stopped rank(s) {', '.join(map(str, stopped))} "
@@ -83,9 +84,15 @@ def _describe(rank: int, failure) -> str:
     text = f"rank {rank} exited with code {code}"
     if code is not None and code < 0:
         text += f" (killed by signal {-code})"
+    message = _message(failure)
+    return f"{text}: {message[:300]}" if message else text
+
+
+def _message(failure) -> str:
+    """The first line of the error a worker recorded for the agent ('' if none)."""
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
     if isinstance(message, str) and message and not message.startswith("To enable traceback"):
-        text += f": {message.strip().splitlines()[0][:300]}"
-    return text
+        return message.strip().splitlines()[0]
+    return ""

@@ -10,15 +10,7 @@ import pytest
 
 from phalanx.launch import launch_workers
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
-from textgen import make_text  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def small_corpus_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("small") / "small.txt"
-    path.write_text(make_text(2000, seed=3))
-    return path
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,8 @@ CASES = {
     "malformed-toml": (["--config", "{d}/broken.toml"], "is not valid TOML"),
     "unknown-key": (["--config", "{d}/unknown.toml"], "unknown key `max_step` in `[train]`"),
     "single-many": (["--strategy", "single", "--nproc-per-node", "2"], "would train 2 unrelated"),
+    "keep-zero": (["--keep-checkpoints", "0"], "`--keep-checkpoints` must be at least 1, got 0"),
+    "lr-decay": (["--lr-decay-steps", "-1"], "`--lr-decay-steps` must be >= 0"),
     "sync-bn-on-cpu": (["--sync-batchnorm", "--nproc-per-node", "2"], "`--sync-batchnorm` needs CUDA"),
 }
 

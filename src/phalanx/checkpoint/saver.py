@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
                                       fsync_dir, sha256, step_name, tensor_state, write_synced)
@@ -64,11 +65,17 @@ def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
 
 
 def _root_cause(exc: BaseException) -> str:
-    text = str(exc)
-    for marker in ("No space left on device", "Read-only file system", "Permission denied"):
-        if marker in text:
+    """The reason behind a failed write; DCP's CheckpointException wraps every rank's."""
+    causes = [exc]
+    if isinstance(exc, CheckpointException):
+        causes = [(f[0] if isinstance(f, tuple) else f) for f in exc.failures.values()] or causes
+    for marker in ("No space left on device", "Read-only file system", "Permission denied",
+                   "Disk quota exceeded"):
+        if any(marker in str(c) for c in causes):
             return marker
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    first = causes[0]
+    text = str(first).splitlines()[0] if str(first) else ""
+    return f"{type(first).__name__}: {text}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -111,7 +118,7 @@ class _Job:
         if self.future is not None:
             try:
                 self.future.result()
-            except Exception as exc:  # DCP gathers every rank's failure into one exception
+            except (Exception, CheckpointException) as exc:  # every rank's failures, gathered
                 self.write_failed(exc)
             self.future = None
 
@@ -175,7 +182,7 @@ class CheckpointSaver:
                 self._pending = job
                 return job.final
             dcp.save(state, storage_writer=writer)
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:  # not an Exception subclass
             job.write_failed(exc)
         job.commit()
         job.agree()
