@@ -8,11 +8,14 @@ import sys
 
 from phalanx import __version__
 from phalanx.errors import DistributedError, UserError
+from phalanx.checkpoint import export_command
 from phalanx.train import command as train_command
 
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,
               "Train MiniGPT on every local device (default: the embedded corpus)."),
+    "export": (export_command.add_arguments, export_command.run_export,
+               "Write a checkpoint's weights as one .safetensors file plus config.json."),
 }
 
 

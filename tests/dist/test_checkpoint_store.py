@@ -164,3 +164,16 @@ def test_async_save_writes_the_state_at_the_call(run, tmp_path):
         pass
     assert [p.name for p in committed(tmp_path)] == ["step-00000001", "step-00000002"]
     run.wait_checkpoint()
+
+
+def test_a_model_only_checkpoint_round_trips(run, tmp_path):
+    model, _ = trained(run)
+    path = run.save(tmp_path, 1, model)
+    fresh, _ = trained(run, seed=2)
+    run.load(path, fresh)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 fresh.state_dict().values()))
+    full_model, full_opt = trained(run, seed=4)
+    full = run.save(tmp_path / "full", 1, full_model, full_opt)
+    run.load(full, fresh)  # weights only, from a checkpoint that also holds the optimizer
+    assert torch.equal(fresh.state_dict()["0.weight"], full_model.state_dict()["0.weight"])

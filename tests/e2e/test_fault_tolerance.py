@@ -66,3 +66,20 @@ def test_a_rank_that_always_fails_exhausts_the_restarts(tmp_path, small_corpus_f
     assert message.startswith("phalanx: error: [rank 1] the job failed after 1 restart(s): "
                               "rank 1 exited with code 1: InjectedFault: injected fault at "
                               "step 2 (step)"), message
+
+
+def test_export_consolidates_a_two_rank_checkpoint(straight, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "export", str(straight), "--out",
+                           str(tmp_path / "w" / "final.safetensors")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "exported step 12 of" in proc.stdout
+    exported = load_file(str(tmp_path / "w" / "final.safetensors"))  # plain safetensors
+    trained = load_file(str(straight / "model.safetensors"))
+    assert exported.keys() == trained.keys()
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert config["n_embd"] == 32 and config["tie_word_embeddings"]
+    bad = subprocess.run([sys.executable, "-m", "phalanx", "export", str(tmp_path), "--out",
+                          str(tmp_path / "x.safetensors")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "holds no valid checkpoint" in bad.stderr

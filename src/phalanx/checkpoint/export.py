@@ -19,20 +19,25 @@ from phalanx.models import GPTConfig, MiniGPT
 TIED = "lm_head.weight"
 
 
-def export_weights(model: MiniGPT, out_dir: Path, extra: dict[str, Any] | None = None) -> None:
+def export_weights(model: MiniGPT, out_dir: Path, extra: dict[str, Any] | None = None,
+                   filename: str = "model.safetensors") -> Path:
+    """Write `out_dir/filename` and `out_dir/config.json`; returns the weights' path."""
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    path = Path(out_dir) / filename
+    save_file(state, str(path), metadata={"format": "pt"})
     config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
               "tie_word_embeddings": True, "tokenizer": "bytes", **(extra or {})}
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (Path(out_dir) / "config.json").write_text(json.dumps(config, indent=2))
+    return path
 
 
-def load_minigpt(out_dir: Path, device: str | torch.device = "cpu") -> MiniGPT:
+def load_minigpt(out_dir: Path, device: str | torch.device = "cpu",
+                 filename: str = "model.safetensors") -> MiniGPT:
     config = json.loads((Path(out_dir) / "config.json").read_text())
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     model = MiniGPT(GPTConfig(**{k: v for k, v in config.items() if k in fields}))
     missing, unexpected = model.load_state_dict(
-        load_file(str(Path(out_dir) / "model.safetensors"), device=str(device)), strict=False)
+        load_file(str(Path(out_dir) / filename), device=str(device)), strict=False)
     if set(missing) - {TIED} or unexpected:
         raise ValueError(f"weights do not match config.json: missing {missing}, "
                          f"unexpected {unexpected}")

@@ -45,19 +45,26 @@ def resolve_resume(arg: str, out_dir: Path, warn: Callable[[str], None]) -> Path
         return None
     if arg == "auto":
         return newest_valid(checkpoints_dir(out_dir), warn)
+    return find_checkpoint(arg, warn, "`--resume` path", " or `auto`/`never`")
+
+
+def find_checkpoint(arg: str, warn: Callable[[str], None], what: str = "path",
+                    alternatives: str = "") -> Path:
+    """The checkpoint `arg` names: itself if it verifies, else the newest valid one in it
+    (a run directory or a checkpoints directory). UserError when there is none."""
     path = Path(arg).expanduser()
     if not path.exists():
-        raise UserError(f"`--resume` path `{arg}` does not exist. Give a checkpoint directory "
-                        f"(…/checkpoints/step-…), a run directory, or `auto`/`never`.")
+        raise UserError(f"{what} `{arg}` does not exist. Give a checkpoint directory "
+                        f"(…/checkpoints/step-…), a run directory{alternatives}.")
     if (path / MANIFEST).exists() or (path / ".metadata").exists():
         reason = _reason(path)
         if reason is not None:
-            raise UserError(f"`--resume` checkpoint `{arg}` cannot be used: {reason}.")
+            raise UserError(f"{what} `{arg}` cannot be used: {reason}.")
         return path
     for root in (checkpoints_dir(path), path):
         found = newest_valid(root, warn)
         if found is not None:
             return found
-    raise UserError(f"`--resume` path `{arg}` is not a checkpoint and holds no valid "
-                    f"checkpoint. Give a directory written by `phalanx train` (its "
-                    f"`checkpoints/step-…`), or `auto`/`never`.")
+    raise UserError(f"{what} `{arg}` is not a checkpoint and holds no valid checkpoint. "
+                    f"Give a directory written by `phalanx train` (its `checkpoints/step-…`)"
+                    f"{alternatives}.")

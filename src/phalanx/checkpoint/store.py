@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 
 from phalanx.checkpoint.safety import SafeFileSystemReader, check_metadata
 from phalanx.errors import UserError
@@ -63,10 +65,10 @@ def write_synced(path: Path, text: str) -> None:
 
 
 def tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """What DCP writes/reads: {"model": ..., "optim": ...}, and the optimizer state dict."""
     if optimizer is None:
-        msd, osd = get_state_dict(model, []), {"state": {}, "param_groups": []}
-    else:
-        msd, osd = get_state_dict(model, optimizer)
+        return {"model": get_model_state_dict(model)}, {"state": {}, "param_groups": []}
+    msd, osd = get_state_dict(model, optimizer)
     return {"model": msd, "optim": osd["state"]}, osd
 
 
@@ -110,7 +112,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
     metadata = check_metadata(path)
     state, osd = tensor_state(model, optimizer)
     _check_shapes(path, state, metadata)
-    dcp.load(state, storage_reader=SafeFileSystemReader(path))
+    with warnings.catch_warnings():  # DCP warns when it loads outside a process group
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=SafeFileSystemReader(path))
     sidecar = read_sidecar(path)
     if optimizer is not None:
         osd["state"] = state["optim"]
@@ -121,7 +125,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
                              for k, v in old.items()})
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=osd)
     else:
-        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+        set_model_state_dict(model, state["model"])
     return sidecar.get("meta", {})
 
 
