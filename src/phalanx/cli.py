@@ -10,10 +10,13 @@ from phalanx import __version__
 from phalanx.errors import DistributedError, UserError
 from phalanx.checkpoint import export_command
 from phalanx.train import command as train_command
+from phalanx.train import verify_resume
 
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,
               "Train MiniGPT on every local device (default: the embedded corpus)."),
+    "verify-resume": (verify_resume.add_arguments, verify_resume.run_verify_resume,
+                      verify_resume.SUMMARY),
     "export": (export_command.add_arguments, export_command.run_export,
                "Write a checkpoint's weights as one .safetensors file plus config.json."),
 }

@@ -151,6 +151,12 @@ class Run:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's (picklable) `obj`, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     # -- checkpoints ----------------------------------------------------------------
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,

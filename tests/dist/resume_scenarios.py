@@ -3,7 +3,7 @@ in the test process (world size 1).
 
 A tiny corpus (56 training windows) makes an epoch last 7 steps at 2 ranks × 2 × 2, so
 the stop at step 8 falls mid-epoch, after the first reshuffle. Every training sample a
-rank reads is recorded (`Recorder`), so tests can account for each one.
+rank reads is recorded (`train(..., samples=)`), so tests can account for each one.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-import phalanx.train.loop as loop
 from phalanx.config import build_config
-from phalanx.data import TokenWindows
 from phalanx.data.corpus import TokenSplits
 from phalanx.strategies import DDPStrategy
 from phalanx.train.command import strategy_options
+from phalanx.train.loop import train
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.1}
 STEPS, HALF = 16, 8
@@ -35,32 +34,10 @@ def resume_config(out: Path, steps: int, resume: str = "auto"):
                   "sample_tokens": 0}})
 
 
-class Recorder:
-    """Swaps the trainer's dataset class for one that records training-sample ids."""
-
-    def __init__(self, n_train: int) -> None:
-        self.n_train, self.ids = n_train, []
-
-    def __enter__(self) -> Recorder:
-        recorder = self
-
-        class Recording(TokenWindows):
-            def __getitem__(self, i):
-                if len(self.tokens) == recorder.n_train:
-                    recorder.ids.append(int(i))
-                return super().__getitem__(i)
-
-        self._saved, loop.TokenWindows = loop.TokenWindows, Recording
-        return self
-
-    def __exit__(self, *exc) -> None:
-        loop.TokenWindows = self._saved
-
-
 def train_recorded(run, splits: TokenSplits, out: Path, steps: int, resume: str = "auto"):
-    with Recorder(splits.n_train) as rec:
-        result = loop.train(resume_config(out, steps, resume), run, splits, out)
-    return result, rec.ids
+    ids: list[int] = []
+    result = train(resume_config(out, steps, resume), run, splits, out, samples=ids)
+    return result, ids
 
 
 def dump(run, result, ids: list[int], path: Path) -> None:

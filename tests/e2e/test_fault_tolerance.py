@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from phalanx.checkpoint.store import verify
+
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--grad-accum", "2", "--dropout", "0.1", "--max-steps", "12",
         "--checkpoint-every", "3", "--eval-every", "6", "--eval-batches", "1", "--log-every", "1",
@@ -83,3 +85,33 @@ def test_export_consolidates_a_two_rank_checkpoint(straight, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "phalanx", "export", str(tmp_path), "--out",
                           str(tmp_path / "x.safetensors")], capture_output=True, text=True)
     assert bad.returncode == 2 and "holds no valid checkpoint" in bad.stderr
+
+
+def test_verify_resume_passes_on_the_trainer(tmp_path, small_corpus_file, cache_dir):
+    args = [a for a in ARGS if a not in ("--checkpoint-every", "3")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "verify-resume", *args, "--data",
+         str(small_corpus_file), "--cache-dir", str(cache_dir), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "12 steps straight, then 6 + resume + 6 on 2 rank(s)" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("PASS: resume is exact — 12 losses, "
+                                                          "the 48 samples per rank")
+    short = subprocess.run([sys.executable, "-m", "phalanx", "verify-resume", "--max-steps", "1",
+                            "--out", str(tmp_path)], capture_output=True, text=True)
+    assert short.returncode == 2 and "`--max-steps` must be at least 2" in short.stderr
+
+
+def test_async_checkpoints_commit_the_same_training(straight, tmp_path, small_corpus_file,
+                                                    cache_dir):
+    proc = train(tmp_path, small_corpus_file, cache_dir, "", "--async-checkpoint")
+    assert proc.returncode == 0, proc.stderr
+    expected, got = load_file(str(straight / "model.safetensors")), \
+        load_file(str(tmp_path / "model.safetensors"))
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == \
+        ["step-00000006", "step-00000009", "step-00000012"]
+    assert all(verify(p) is None for p in root.glob("step-*"))
+    assert (root / "latest").read_text() == "step-00000012"
+    assert not list(root.glob(".tmp-*"))

@@ -23,3 +23,17 @@ class TokenWindows(Dataset):
         start = i * self.block_size
         chunk = torch.from_numpy(self.tokens[start:start + self.block_size + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
+
+
+class Recorded(Dataset):
+    """`dataset`, appending every index read to `log` (to check data order and coverage)."""
+
+    def __init__(self, dataset: Dataset, log: list[int]) -> None:
+        self.dataset, self.log = dataset, log
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        self.log.append(int(i))
+        return self.dataset[i]

@@ -64,8 +64,14 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.train.checkpointing import precheck
 
     precheck(cfg, out)
+    return launch_or_work(cfg, "train", argv, lambda threads: worker(cfg, splits, out, threads))
+
+
+def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
+    """Under a launcher: be the worker (`work(None)`). Otherwise start the ranks through
+    the elastic agent, each re-entering `phalanx VERB ARGV`; one rank runs in-process."""
     if under_launcher():
-        return worker(cfg, splits, out)
+        return work(None)
     import torch
 
     from phalanx.launch import default_nproc, launch_workers, threads_per_rank
@@ -74,10 +80,20 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     check_world(cfg, nproc, torch.cuda.is_available())
     threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
     if nproc == 1:
-        return worker(cfg, splits, out, threads=threads)
-    launch_workers(["-m", "phalanx", "train", *argv], nproc, threads=threads,
+        return work(threads)
+    launch_workers(["-m", "phalanx", verb, *argv], nproc, threads=threads,
                    max_restarts=cfg.dist.max_restarts)
     return 0
+
+
+def init_run(cfg: Config, threads: int | None):
+    """`phalanx.init` with the config's backend, strategy and its options."""
+    import phalanx
+
+    d = cfg.dist
+    return phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
+                        timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
+                        **strategy_options(cfg))
 
 
 def strategy_options(cfg: Config) -> dict:
@@ -97,15 +113,10 @@ def strategy_options(cfg: Config) -> dict:
 
 def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None) -> int:
     """One rank: init the runtime, train, and (rank 0) write the results."""
-    import phalanx
     from phalanx.train.finish import finish, banner
     from phalanx.train.loop import train
 
-    d = cfg.dist
-    run = phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
-                       timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
-                       **strategy_options(cfg))
-    with run:
+    with init_run(cfg, threads) as run:
         run.print(banner(cfg, run, splits))
         if run.is_main:
             (out / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))

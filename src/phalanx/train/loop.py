@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from phalanx.config import Config
 from phalanx.data import TokenSplits, TokenWindows
+from phalanx.data.dataset import Recorded
 from phalanx.faults import fault_point
 from phalanx.models import GPTConfig, MiniGPT
 from phalanx.report.metrics import MetricsWriter
@@ -40,6 +41,7 @@ class TrainState:
 @dataclass
 class TrainResult:
     model: nn.Module  # as wrapped by the strategy
+    optimizer: torch.optim.Optimizer
     losses: list[float] = field(default_factory=list)  # global mean train loss per step
     val_losses: dict[int, float] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
@@ -169,11 +171,12 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
         log.write(record)
 
 
-def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None
-          ) -> TrainResult:
+def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None,
+          samples: list[int] | None = None) -> TrainResult:
     """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses.
 
-    With `out_dir`, checkpoints are committed there and `--resume` is honoured.
+    With `out_dir`, checkpoints are committed there and `--resume` is honoured. With a
+    `samples` list, every training sample id this rank reads is appended to it.
     """
     t = cfg.train
     if out_dir is not None:
@@ -188,11 +191,13 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
     if run.is_main and out_dir is not None and state.step:
         ckpt.truncate_metrics(out_dir, state.step)
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
+    if samples is not None:
+        train_ds = Recorded(train_ds, samples)
     val_ds = TokenWindows(splits.load("val"), cfg.model.block_size)
     batches = iter(run.loader(train_ds, t.micro_batch_size, seed=t.seed, stream=True,
                               position=state.position))
     acc = run.accumulate(model, t.grad_accum)
-    result = TrainResult(model=model, state=state)
+    result = TrainResult(model=model, optimizer=opt, state=state)
     log = Logger(run, cfg, out_dir, state.step)
     global_batch = t.micro_batch_size * t.grad_accum * run.world_size
     try:
