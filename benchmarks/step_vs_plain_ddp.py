@@ -47,8 +47,9 @@ def plain_setup(cfg, tokens, rank, world):
     return step
 
 
-def phalanx_setup(cfg, tokens, run):
-    """The built-in trainer's own step: run.setup/loader/accumulate + loop functions."""
+def phalanx_setup(cfg, tokens, run, expose: bool = False):
+    """The built-in trainer's own step: run.setup/loader/accumulate + loop functions.
+    With `expose`, returns (step, model, optimizer)."""
     from phalanx.data import TokenWindows
     from phalanx.train.loop import build_model, micro_steps, optimizer_step
     from phalanx.train.optim import adamw
@@ -63,8 +64,9 @@ def phalanx_setup(cfg, tokens, run):
 
     def step():
         micro_steps(model, acc, batches, precision)
+        run.checkpoint_staged()  # as the trainer: no-op unless a background save copies
         optimizer_step(model, opt, precision, t.grad_clip)
-    return step
+    return (step, model, opt) if expose else step
 
 
 def timed(run, step, n: int) -> float:

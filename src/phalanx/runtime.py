@@ -18,6 +18,8 @@ import atexit
 import datetime
 import hashlib
 import os
+import sys
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,20 +162,31 @@ class Run:
     # -- checkpoints ----------------------------------------------------------------
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
-             keep: int = 3, config_hash: str = "", asynchronous: bool = False) -> Path:
+             keep: int = 3, config_hash: str = "", asynchronous: bool = False,
+             overlap_staging: bool = False) -> Path:
         """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.saver).
 
         Tensors go through torch.distributed.checkpoint; `meta` must be JSON-able. With
-        `asynchronous=True` it returns once the state is copied to memory; the write
-        goes on in the background and is committed by `poll_checkpoint` (when done),
-        the next `save`, or `wait_checkpoint`.
+        `asynchronous=True` it returns once the state is copied to memory; the write and
+        the commit go on in a background thread. The next `save` or `wait_checkpoint`
+        waits for it (and raises its error on every rank). `overlap_staging=True` also
+        copies parameters and optimizer state in the background, during the next
+        forward/backward: call `checkpoint_staged()` before the next optimizer step.
         """
         return self._checkpoints().save(Path(root), step, model, optimizer, meta or {},
                                         keep=keep, config_hash=config_hash,
-                                        asynchronous=asynchronous)
+                                        asynchronous=asynchronous,
+                                        replicated=self.strategy.replicated_state,
+                                        overlap_staging=overlap_staging)
+
+    def checkpoint_staged(self) -> None:
+        """Block until a background save's copy of the state is complete (no collective):
+        after it, the model and optimizer may change. Cheap when nothing is pending."""
+        if self._saver is not None:
+            self._saver.staged()
 
     def poll_checkpoint(self) -> bool:
-        """Commit a finished background save; True when none is in flight (no collective)."""
+        """True when no background save is in flight on this rank (no collective)."""
         return self._saver is None or self._saver.poll()
 
     def wait_checkpoint(self) -> None:
@@ -214,7 +227,31 @@ class Run:
             self._saver.finish_local()
         self._saver = None
         if dist.is_available() and dist.is_initialized():
+            if not failed:
+                self._quiesce()
+            if self.strategy is not None:
+                self.strategy.release()
             dist.destroy_process_group()
+
+    def _quiesce(self) -> None:
+        """Let the process group go idle before it is destroyed.
+
+        torch 2.13 + gloo: a gloo thread that drops the last reference to a finished
+        collective on Python-made tensors needs the GIL, holding the group's mutex; if
+        the main thread is destroying the group at that moment (holding the GIL, e.g.
+        from a DDP Reducer freed at exit) both wait forever. A barrier, then a short
+        GIL release, lets those threads finish first; `strategy.release()` then drops
+        DDP's references so the group is destroyed here, not at interpreter exit.
+        """
+        try:
+            if self.backend == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+            else:
+                dist.barrier()
+        except RuntimeError as exc:  # a rank is gone: nothing to wait for
+            print(f"[rank {self.rank}] warning: at shutdown, {str(exc).splitlines()[0]}",
+                  file=sys.stderr, flush=True)
+        time.sleep(0.05)
 
     def __enter__(self) -> Run:
         return self

@@ -177,3 +177,25 @@ def test_a_model_only_checkpoint_round_trips(run, tmp_path):
     full = run.save(tmp_path / "full", 1, full_model, full_opt)
     run.load(full, fresh)  # weights only, from a checkpoint that also holds the optimizer
     assert torch.equal(fresh.state_dict()["0.weight"], full_model.state_dict()["0.weight"])
+
+
+def test_the_direct_state_path_equals_get_state_dict(run):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from phalanx.checkpoint.store import tensor_state
+    from phalanx.models import GPTConfig, MiniGPT
+
+    model, opt = run.setup(MiniGPT(GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=8)),
+                           lambda p: torch.optim.AdamW(p))  # tied head: two names, one tensor
+    x = torch.randint(0, 256, (2, 8))
+    model(x, x)[1].backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    state, direct = tensor_state(model, opt, replicated=True)
+    assert list(state["model"]) == list(msd)
+    same = lambda a, b: a.data_ptr() == b.data_ptr() and torch.equal(a, b)  # noqa: E731
+    assert all(same(state["model"][k], msd[k]) for k in msd)
+    assert list(state["optim"]) == list(osd["state"])
+    assert all(same(state["optim"][k][n], v) for k in osd["state"]
+               for n, v in osd["state"][k].items())
+    assert direct["param_groups"] == osd["param_groups"]

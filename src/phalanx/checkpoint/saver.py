@@ -7,7 +7,9 @@ Every save is a collective (all ranks call it at the same step):
    collectives never interleave with training's);
 3. when DCP has finished on every rank (rank 0's DCP call completes only after all
    ranks' writes), rank 0 writes `train_state.json` and `manifest.json`, fsyncs, renames
-   the directory into place, moves `latest` and rotates — see `commit`.
+   the directory into place, moves `latest` and rotates — see `commit`. For a
+   background save this also runs in DCP's thread, so training never waits for the
+   checksums.
 At most one background save is in flight: a new save first finishes the previous one.
 A failure leaves the previous checkpoints untouched and removes the temporary directory;
 every rank raises the same error (for a background save: at the next save or wait).
@@ -15,9 +17,11 @@ every rank raises the same error (for a background save: at the next save or wai
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from phalanx.checkpoint.staging import ReusedBufferStager
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
                                       fsync_dir, sha256, step_name, tensor_state, write_synced)
 from phalanx.errors import UserError
@@ -86,6 +91,41 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
+def _leaves(tree: Any, path: tuple = ()):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, path + (key,))
+    else:
+        yield path, tree
+
+
+def share_of_replicated(state: dict, rank: int, world: int) -> dict:
+    """This rank's part of a state every rank holds in full: tensors dealt out largest
+    first to the least-loaded rank (the same answer on every rank), non-tensors to rank
+    0. DCP then writes and stages each tensor once, and loads at any world size."""
+    leaves = list(_leaves(state))
+    load, owner = [0] * world, {}
+    tensors = sorted((p for p, v in leaves if isinstance(v, torch.Tensor)),
+                     key=lambda p: (-_nbytes(state, p), p))
+    for path in tensors:
+        r = min(range(world), key=lambda i: (load[i], i))
+        owner[path], load[r] = r, load[r] + _nbytes(state, path)
+    mine: dict = {}
+    for path, value in leaves:
+        if owner.get(path, 0) == rank:
+            node = mine
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+    return mine
+
+
+def _nbytes(state: dict, path: tuple) -> int:
+    for key in path:
+        state = state[key]
+    return state.numel() * state.element_size()
+
+
 class _Job:
     """One checkpoint on its way from a temporary directory to a committed one."""
 
@@ -96,9 +136,12 @@ class _Job:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.tmp, self.final = root / f".tmp-{step_name(step)}", root / step_name(step)
         self.error: str | None = None
-        self.future: Future | None = None
         self.groups: list[dict] = []
         self.done = False
+        self.finished = threading.Event()  # written and (rank 0) committed or failed
+        self.staged: Future | None = None  # the copy of the state is complete
+        self.timings: dict[str, float] = {}  # seconds: stall, write, commit
+        self._t0 = time.perf_counter()
 
     def begin(self) -> None:
         if self.rank == 0:
@@ -113,14 +156,19 @@ class _Job:
     def write_failed(self, exc: BaseException) -> None:
         self.error = f"writing checkpoint {step_name(self.step)} failed: {_root_cause(exc)}"
 
-    def collect(self) -> None:
-        """Wait for this rank's background write (if any) and note its failure."""
-        if self.future is not None:
+    def complete(self, future: Future | None = None) -> None:
+        """After the write (in DCP's thread for a background save): note a failure, commit
+        on rank 0, and mark the job finished."""
+        if future is not None:
             try:
-                self.future.result()
+                future.result()
             except (Exception, CheckpointException) as exc:  # every rank's failures, gathered
                 self.write_failed(exc)
-            self.future = None
+        t_written = time.perf_counter()
+        self.timings["write"] = t_written - self._t0
+        self.commit()
+        self.timings["commit"] = time.perf_counter() - t_written
+        self.finished.set()
 
     def commit(self) -> None:
         """Rank 0: write the sidecar and manifest and rename into place (once)."""
@@ -160,60 +208,89 @@ class CheckpointSaver:
     def __init__(self) -> None:
         self._pending: _Job | None = None
         self._group: Any = None
+        self._staging: ReusedBufferStager | None = None
+        self.last_timings: dict[str, float] = {}  # of the newest save: stall, write, commit
 
     def save(self, root: Path, step: int, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer | None, meta: dict[str, Any], *, keep: int = 3,
-             config_hash: str = "", asynchronous: bool = False) -> Path:
-        """Write and commit checkpoint `step` under `root` (a collective)."""
+             config_hash: str = "", asynchronous: bool = False,
+             replicated: bool = True, overlap_staging: bool = False) -> Path:
+        """Write and commit checkpoint `step` under `root` (a collective). `replicated`:
+        every rank holds the same full state (DDP), so each writes only its share."""
         if keep < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got {keep}.")
         self.wait()
         job = _Job(Path(root), step, meta, keep, config_hash)
+        self.last_timings = job.timings
         job.begin()
-        state, osd = tensor_state(model, optimizer)
+        job.timings["begin"] = time.perf_counter() - job._t0
+        state, osd = tensor_state(model, optimizer, replicated)
+        if replicated and job.world > 1:
+            state = share_of_replicated(state, job.rank, job.world)
+        job.timings["state_dict"] = time.perf_counter() - job._t0 - job.timings["begin"]
         job.groups = [dict(g) for g in osd["param_groups"]]
         fault_point("checkpoint", step)
-        writer = FileSystemWriter(job.tmp, sync_files=True)
         try:
             if asynchronous:
-                response = dcp.async_save(state, storage_writer=writer,
-                                          process_group=self._background_group())
-                job.future = getattr(response, "upload_completion", response)
+                response = dcp.async_save(state, storage_writer=FileSystemWriter(
+                    job.tmp, sync_files=True), process_group=self._background_group(),
+                    **self._stager(model if overlap_staging else None))
+                job.staged = getattr(response, "staging_completion", None)
                 self._pending = job
+                # the commit (checksums, fsync, rename) runs in DCP's thread too
+                getattr(response, "upload_completion", response).add_done_callback(job.complete)
+                job.timings["stall"] = time.perf_counter() - job._t0
                 return job.final
-            dcp.save(state, storage_writer=writer)
+            dcp.save(state, storage_writer=FileSystemWriter(job.tmp, sync_files=True))
         except (Exception, CheckpointException) as exc:  # not an Exception subclass
             job.write_failed(exc)
-        job.commit()
+        job.complete()
+        job.timings["stall"] = time.perf_counter() - job._t0
         job.agree()
         return job.final
 
     def poll(self) -> bool:
-        """Commit a finished background save now (rank 0, no collective); True when
-        nothing is in flight any more on this rank."""
-        job = self._pending
-        if job is None:
-            return True
-        if job.future is not None and job.future.done():
-            job.collect()
-            job.commit()
-        return job.future is None
+        """True when no background save is in flight on this rank (no collective)."""
+        return self._pending is None or self._pending.finished.is_set()
 
     def wait(self) -> None:
-        """Finish the background save (a collective): commit it, or raise its error."""
+        """Finish the background save (a collective): it is committed, or all ranks raise
+        its error."""
         job, self._pending = self._pending, None
         if job is not None:
-            job.collect()
-            job.commit()
+            job.finished.wait()
             job.agree()
 
     def finish_local(self) -> None:
-        """At shutdown: let this rank's background write end and commit it if it can,
+        """At shutdown: let this rank's background write end (committed if it can be),
         without any collective (other ranks may be gone)."""
         job, self._pending = self._pending, None
         if job is not None:
-            job.collect()
-            job.commit()
+            job.finished.wait()
+
+    def staged(self) -> None:
+        """Wait until the background save's copy of the state is complete (no collective)."""
+        job = self._pending
+        if job is not None and job.staged is not None:
+            t0 = time.perf_counter()
+            job.staged.result()
+            job.staged = None
+            job.timings["staged_wait"] = time.perf_counter() - t0
+
+    def _stager(self, overlap_model: torch.nn.Module | None) -> dict:
+        """`async_stager=` for torch versions that take one (2.7+), with reused buffers;
+        with `overlap_model`, its parameters and the optimizer state are copied later."""
+        if "async_stager" not in inspect.signature(dcp.async_save).parameters:
+            return {}
+        if self._staging is None:
+            self._staging = ReusedBufferStager()
+        params = set()
+        if overlap_model is not None:
+            params = {n for n, _ in getattr(overlap_model, "module", overlap_model)
+                      .named_parameters()}
+        self._staging.deferred = lambda path: overlap_model is not None and (
+            path[0] == "optim" or (path[0] == "model" and ".".join(path[1:]) in params))
+        return {"async_stager": self._staging}
 
     def _background_group(self):
         if self._group is None and dist.is_initialized():

@@ -64,12 +64,38 @@ def write_synced(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
-    """What DCP writes/reads: {"model": ..., "optim": ...}, and the optimizer state dict."""
+def tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 replicated: bool = False):
+    """What DCP writes/reads: {"model": ..., "optim": ...}, and the optimizer state dict.
+
+    `replicated` (every rank holds plain, whole tensors: DDP, single) takes a direct
+    path that builds what `get_state_dict` would — the same keys, the same tensors
+    (tested) — in a tenth of the time, which is most of an async save's stall.
+    """
+    if replicated and _plain(model):
+        return _direct_state(model, optimizer)
     if optimizer is None:
         return {"model": get_model_state_dict(model)}, {"state": {}, "param_groups": []}
     msd, osd = get_state_dict(model, optimizer)
     return {"model": msd, "optim": osd["state"]}, osd
+
+
+def _plain(model: torch.nn.Module) -> bool:
+    inner = getattr(model, "module", model)
+    return not hasattr(inner, "_orig_mod") and all(
+        type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in inner.parameters())
+
+
+def _direct_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    inner = getattr(model, "module", model)
+    msd = inner.state_dict()
+    if optimizer is None:
+        return {"model": msd}, {"state": {}, "param_groups": []}
+    names = {id(p): n for n, p in inner.named_parameters()}
+    state = {names[id(p)]: dict(s) for p, s in optimizer.state.items()}
+    groups = [{**{k: v for k, v in g.items() if k != "params"},
+               "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    return {"model": msd, "optim": state}, {"state": state, "param_groups": groups}
 
 
 def committed(root: Path) -> list[Path]:

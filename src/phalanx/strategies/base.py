@@ -27,6 +27,9 @@ class Strategy(ABC):
     """
 
     name: str = ""
+    # every rank holds the whole model and optimizer state (DDP, single): checkpoints
+    # then split the writing between ranks instead of each rank writing all of it
+    replicated_state: bool = True
 
     def __init__(self, run: Run, **options: Any) -> None:
         self.run = run
@@ -46,6 +49,9 @@ class Strategy(ABC):
         Args:
             model: the user's module, moved and prepared.
         """
+
+    def release(self) -> None:
+        """Before the process group is destroyed: drop references to it. Default: none."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `wrap` returned."""

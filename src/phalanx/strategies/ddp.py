@@ -8,6 +8,7 @@ Gradients are averaged in buckets (`bucket_cap_mb`) overlapped with backward.
 from __future__ import annotations
 
 import re
+import weakref
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -50,6 +51,10 @@ def unused_message(module: nn.Module, found: re.Match) -> str:
 class DDPStrategy(Strategy, BackwardSyncControl):
     name = "ddp"
 
+    def __init__(self, run, **options) -> None:
+        super().__init__(run, **options)
+        self._wrapped: weakref.WeakSet = weakref.WeakSet()
+
     def prepare(self, model: nn.Module) -> nn.Module:
         if not self.options.get("sync_batchnorm"):
             return model
@@ -62,7 +67,7 @@ class DDPStrategy(Strategy, BackwardSyncControl):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device = self.run.device
-        return PhalanxDDP(
+        wrapped = PhalanxDDP(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=self.options.get("bucket_cap_mb", 25.0),
@@ -70,6 +75,17 @@ class DDPStrategy(Strategy, BackwardSyncControl):
             static_graph=self.options.get("static_graph", False),
             find_unused_parameters=self.options.get("find_unused_parameters", False),
         )
+        self._wrapped.add(wrapped)
+        return wrapped
+
+    def release(self) -> None:
+        """Drop each DDP wrapper's reducer, logger and group, so that the process group
+        is destroyed by `destroy_process_group` rather than whenever the wrapper is
+        freed (see Run._quiesce). The wrappers' inner modules stay usable."""
+        for wrapped in list(self._wrapped):
+            for name in ("reducer", "logger", "process_group"):
+                wrapped.__dict__.pop(name, None)
+        self._wrapped.clear()
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager:
         if not isinstance(model, DistributedDataParallel):

@@ -61,7 +61,7 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
             "world_size": run.world_size}
     run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
              keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg),
-             asynchronous=cfg.train.async_checkpoint)
+             asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
 
 
 def precheck(cfg: Config, out_dir: Path) -> None:

@@ -208,6 +208,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             for group in opt.param_groups:
                 group["lr"] = lr
             log.step_done(micro_steps(step_model, acc, batches, precision))
+            run.checkpoint_staged()  # a background save's copy must be done before the step
             optimizer_step(model, opt, precision, t.grad_clip)
             state.step, state.position = step + 1, state.position + global_batch
             state.tokens_seen += global_batch * cfg.model.block_size
@@ -215,7 +216,6 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             _report(run, cfg, log, result, inner, val_ds, precision, lr)
             if out_dir is not None and ckpt.should_save(cfg, state.step):
                 ckpt.save(run, cfg, out_dir, state, model, opt, precision)
-            run.poll_checkpoint()
         run.wait_checkpoint()
     finally:
         log.close()

@@ -1,0 +1,165 @@
+"""Checkpoint cost: async save's training stall vs a synchronous save, and the
+synchronous save's throughput vs the disk's raw sequential write speed — one run.
+
+Per repeat (alternating which goes first): a synchronous `run.save` of MiniGPT + AdamW
+state (the slowest rank's wall time is the stall), and an asynchronous one (the stall is
+the time until `run.save` returns; the write and commit then go on in a thread while
+training steps run, and the benchmark also reports how much slower those steps were).
+The raw disk figure writes the same number of bytes in 4 MiB blocks to one file and
+fsyncs, on the same filesystem, in the same run. Medians over repeats.
+
+    python benchmarks/checkpoint_async.py [--preset small] [--nproc 2] [--repeats 5] [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def slowest(run, seconds: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def raw_write(directory: Path, n_bytes: int) -> float:
+    """Seconds to write n_bytes sequentially (4 MiB blocks) and fsync."""
+    block = os.urandom(4 << 20)
+    path = directory / "raw-write.bin"
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        for _ in range(max(1, n_bytes // len(block))):
+            fh.write(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
+def steps_timed(step, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t0) / n
+
+
+MODES = {"sync": {}, "async": {"asynchronous": True, "overlap_staging": True},
+         "async_copy_first": {"asynchronous": True}}
+
+
+def one_repeat(run, model, opt, step, root: Path, r: int, args) -> dict:
+    """Each mode once, in an order rotated per repeat; then the steps alone."""
+    out, names = {}, list(MODES)
+    for i, mode in enumerate(names[r % 3:] + names[:r % 3]):
+        run.barrier()
+        t0 = time.perf_counter()
+        run.save(root, 3 * r + i, model, opt, keep=2, **MODES[mode])
+        out[f"{mode}_stall"] = slowest(run, time.perf_counter() - t0)
+        timings = run._saver.last_timings
+        if mode != "sync":  # training goes on while the write runs
+            out[f"{mode}_steps"] = slowest(run, steps_timed(step, args.steps))
+            # the stall also counts the wait for the copy before the next optimizer step
+            out[f"{mode}_staged_wait"] = slowest(run, timings.get("staged_wait", 0.0))
+            out[f"{mode}_stall"] += out[f"{mode}_staged_wait"]
+            run.wait_checkpoint()
+            out[f"{mode}_write"] = slowest(run, timings["write"])
+        out[f"{mode}_begin"] = slowest(run, timings["begin"])
+        out[f"{mode}_state_dict"] = slowest(run, timings["state_dict"])
+        out[f"{mode}_commit"] = timings.get("commit", 0.0)
+    out["steps_alone"] = slowest(run, steps_timed(step, args.steps))
+    return out
+
+
+def worker(args) -> None:
+    import phalanx
+    from phalanx.config import build_config
+    from phalanx.data.corpus import prepare
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step_vs_plain_ddp import phalanx_setup
+
+    cfg = build_config({"model": {"preset": args.preset}, "train": {"micro_batch_size": 2}})
+    splits = prepare(None, None, cfg.data.val_fraction)
+    root = Path(args.dir) / "checkpoints"
+    with phalanx.init(cfg.train.seed) as run:
+        step, model, opt = phalanx_setup(cfg, splits.load("train"), run, expose=True)
+        step()  # optimizer state exists from here on
+        results = [one_repeat(run, model, opt, step, root, r, args) for r in range(args.repeats)]
+        if run.is_main:
+            newest = sorted(root.glob("step-*"))[-1]
+            size = sum(p.stat().st_size for p in newest.iterdir())
+            raws = [raw_write(Path(args.dir), size) for _ in range(args.repeats)]
+            params = sum(p.numel() for p in model.parameters())
+            Path(args.result).write_text(json.dumps(
+                {"repeats": results, "raw_write_s": raws, "bytes": size, "params": params,
+                 "world_size": run.world_size}))
+        run.barrier()
+
+
+def report(data: dict, args) -> None:
+    med = {k: statistics.median(r[k] for r in data["repeats"]) for k in data["repeats"][0]}
+    mb = data["bytes"] / 1e6
+    raw = statistics.median(data["raw_write_s"])
+    sync = med["sync_stall"]
+    print(f"state: MiniGPT `{args.preset}` {data['params'] / 1e6:.1f}M params + AdamW = "
+          f"{mb:.0f} MB on disk, {data['world_size']} rank(s), {args.repeats} repeats (medians)")
+    print(f"sync save                {sync * 1e3:8.1f} ms  (of which commit: checksums + fsync "
+          f"+ rename {med['sync_commit'] * 1e3:.1f} ms)")
+    for mode, what in (("async", "the trainer's --async-checkpoint: copy overlapped"),
+                       ("async_copy_first", "run.save(asynchronous=True): copy, then return")):
+        print(f"{mode:16s} stall {med[f'{mode}_stall'] * 1e3:8.1f} ms  ({what}; begin "
+              f"{med[f'{mode}_begin'] * 1e3:.1f}, state dict {med[f'{mode}_state_dict'] * 1e3:.1f}, "
+              f"wait for the copy {med[f'{mode}_staged_wait'] * 1e3:.1f} ms; written after {med[f'{mode}_write'] * 1e3:.0f} ms)")
+        print(f"    stall ratio {mode} / sync = {med[f'{mode}_stall'] / sync:.3f} (goal <= 0.05); "
+              f"steps during the write {med[f'{mode}_steps'] * 1e3:.0f} ms vs "
+              f"{med['steps_alone'] * 1e3:.0f} alone "
+              f"({med[f'{mode}_steps'] / med['steps_alone']:.2f}×)")
+    print(f"sync save throughput {mb / sync:8.1f} MB/s vs raw sequential write "
+          f"{mb / raw:.1f} MB/s (ratio {raw / sync:.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small", help="MiniGPT preset (tiny, small, "
+                                                          "gpt2-124m)")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="training steps per measurement")
+    parser.add_argument("--dir", default="", help="where to write (default: a temporary "
+                                                  "directory under the current one)")
+    parser.add_argument("--result", default="")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    from phalanx.launch import launch_workers, threads_per_rank
+
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir="."))
+    result = Path(args.result or directory / "result.json")
+    argv = [__file__, "--worker", "--result", str(result), "--repeats", str(args.repeats),
+            "--steps", str(args.steps), "--preset", args.preset, "--dir", str(directory)]
+    try:
+        launch_workers(argv, args.nproc, threads=threads_per_rank(args.nproc, None))
+        report(json.loads(result.read_text()), args)
+    finally:
+        if not args.dir:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "src"))
+    main()

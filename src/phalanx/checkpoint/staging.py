@@ -1,0 +1,78 @@
+"""Staging for background saves: a copy of the state, into buffers kept between saves.
+
+DCP's default stager allocates a fresh CPU copy of the whole state at every async save
+(its caching variant needs an accelerator); page-faulting that much new memory is most
+of the training stall on CPU. Here the buffers are allocated once (pinned when CUDA is
+there) and refilled with `copy_`.
+
+Tensors that only the optimizer step changes (parameters, optimizer state) can also be
+copied *later*, in a thread, while the next forward and backward run (`deferred`); the
+rest (buffers a forward may update, e.g. BatchNorm statistics) is copied before `stage`
+returns. The caller must then wait for the returned future before the next optimizer
+step (`Run.checkpoint_staged`). Buffers are reused only after the save that read them
+has finished: the saver finishes one save before starting the next.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint.staging import AsyncStager
+
+
+class ReusedBufferStager(AsyncStager):
+    """An `AsyncStager` whose copies live in reused buffers, optionally filled later."""
+
+    _synchronize_after_execute = False  # nothing to synchronise: see `stage`
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.deferred: Callable[[tuple], bool] = lambda path: False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
+        later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        staged = self._copy(state_dict, (), later)
+        if not later:
+            _synchronize()
+            return staged
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="phalanx-staging")
+
+        def finish() -> dict[str, Any]:
+            for buffer, source in later:
+                buffer.copy_(source, non_blocking=source.is_cuda)
+            _synchronize()
+            return staged
+        return self._pool.submit(finish)
+
+    def _copy(self, value: Any, path: tuple, later: list) -> Any:
+        if isinstance(value, dict):
+            return {k: self._copy(v, path + (k,), later) for k, v in value.items()}
+        if not isinstance(value, torch.Tensor):
+            return value
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+            buffer = torch.empty(value.shape, dtype=value.dtype, device="cpu",
+                                 pin_memory=value.is_cuda)
+            self._buffers[path] = buffer
+        if self.deferred(path):
+            later.append((buffer, value.detach()))
+            return buffer
+        return buffer.copy_(value.detach(), non_blocking=value.is_cuda)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: callers wait for the future `stage` returned."""
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._buffers.clear()
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
