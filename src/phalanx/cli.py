@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from phalanx import __version__
-from phalanx.errors import DistributedError, UserError
+from phalanx.errors import DistributedError, UserError, record_for_agent
 from phalanx.checkpoint import export_command
 from phalanx.train import command as train_command
 from phalanx.train import verify_resume
@@ -40,35 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _record_for_agent(exc: BaseException) -> bool:
-    """Under torch's elastic agent, leave the error where the agent reports it from.
-    True when Phalanx's own launcher will print it (so the worker need not)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        return False
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-    handler = get_error_handler()
-    handler.initialize()
-    handler.record_exception(exc)
-    return os.environ.get("PHALANX_LAUNCHED") == "1"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:
-        if not _record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
+        if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except DistributedError as exc:
         print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
-        _record_for_agent(exc)
+        record_for_agent(exc)
         return 1
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)
         return 130
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
-        _record_for_agent(exc)
+        record_for_agent(exc)
         raise

@@ -7,6 +7,8 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+
 
 class PhalanxError(Exception):
     """Base class of every error Phalanx raises deliberately."""
@@ -25,3 +27,16 @@ class DistributedError(PhalanxError):
         self.ranks = list(ranks or [])
         prefix = f"[rank {', '.join(map(str, self.ranks))}] " if self.ranks else ""
         super().__init__(prefix + message)
+
+
+def record_for_agent(exc: BaseException) -> bool:
+    """Under torch's elastic agent, leave the error where the agent reports it from.
+    True when Phalanx's own launcher will print it (so the worker need not)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+        return False
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    handler = get_error_handler()
+    handler.initialize()
+    handler.record_exception(exc)
+    return os.environ.get("PHALANX_LAUNCHED") == "1"

@@ -63,14 +63,17 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         elastic_launch(config, sys.executable)(*python_args)
     except ChildFailedError as exc:
         failures = exc.failures
-        codes = {rank: f.exitcode for rank, f in failures.items()}
-        culprits = [r for r in sorted(failures) if codes[r] != -signal.SIGTERM] or sorted(codes)
-        stopped = [r for r in sorted(failures) if r not in culprits]
-        if all(codes[r] == 2 for r in culprits):  # a user error, already explained
-            message = _message(failures[culprits[0]]).split(": ", 1)[-1]
-            raise UserError(f"[rank {culprits[0]}] {message}" if message else
+        culprits, victims, stopped = _blame(failures)
+        user = [r for r in culprits if failures[r].exitcode == 2]
+        if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
+            first = min(culprits)  # a user error (a rank stopped while exiting with it too)
+            message = _message(failures[first]).split(": ", 1)[-1]
+            raise UserError(f"[rank {first}] {message}" if message else
                             f"ranks {culprits} stopped with a usage error.") from None
         detail = "; ".join(_describe(r, failures[r]) for r in culprits)
+        if victims:
+            detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
+                       f"to it")
         if stopped:
             detail += (f"; then the agent stopped rank(s) {', '.join(map(str, stopped))} "
                        f"(SIGTERM)")
@@ -78,13 +81,39 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         raise DistributedError(f"the job failed{restarts}: {detail}.", culprits) from None
 
 
+# errors a rank gets because another one died: they describe the effect, not the cause
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "remote worker", "connectFullMesh")
+
+
+def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
+    """(culprits, victims, stopped) among the failed ranks.
+
+    A culprit recorded an error of its own (even if the agent then stopped it), or, when
+    none did, exited by itself; a victim's error says it lost a peer; the rest were
+    stopped by the agent (SIGTERM) without an error of their own.
+    """
+    ranks = sorted(failures)
+    messages = {r: _message(failures[r]) for r in ranks}
+    victims = [r for r in ranks if any(m in messages[r] for m in _PEER_LOST)]
+    culprits = [r for r in ranks if messages[r] and r not in victims]
+    if not culprits:
+        culprits = [r for r in ranks if failures[r].exitcode != -signal.SIGTERM
+                    and r not in victims] or victims or ranks
+        victims = [r for r in victims if r not in culprits]
+    stopped = [r for r in ranks if r not in culprits and r not in victims]
+    return culprits, victims, stopped
+
+
 def _describe(rank: int, failure) -> str:
     """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
-    code = failure.exitcode
-    text = f"rank {rank} exited with code {code}"
-    if code is not None and code < 0:
-        text += f" (killed by signal {-code})"
-    message = _message(failure)
+    code, message = failure.exitcode, _message(failure)
+    if message and code == -signal.SIGTERM:
+        text = f"rank {rank} failed (then the agent stopped it)"
+    else:
+        text = f"rank {rank} exited with code {code}"
+        if code is not None and code < 0:
+            text += f" (killed by signal {-code})"
     return f"{text}: {message[:300]}" if message else text
 
 

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
-from phalanx.errors import DistributedError, UserError
+from phalanx.errors import DistributedError, UserError, record_for_agent
 from phalanx.strategies import BackwardSyncControl, Strategy, strategy_class
 
 
@@ -256,7 +256,9 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None:  # before the group goes: peers may then die of a lost connection
+            record_for_agent(exc)
         self.close(failed=exc_type is not None)
 
 

@@ -69,8 +69,10 @@ def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _root_cause(exc: BaseException) -> str:
-    """The reason behind a failed write; DCP's CheckpointException wraps every rank's."""
+def _root_cause(exc: BaseException, where: Path) -> str:
+    """The reason behind a failed write; DCP's CheckpointException wraps every rank's.
+    A full disk can surface as a serialiser error ("enforce fail … unexpected pos"), so
+    the free space is looked at too."""
     causes = [exc]
     if isinstance(exc, CheckpointException):
         causes = [(f[0] if isinstance(f, tuple) else f) for f in exc.failures.values()] or causes
@@ -79,8 +81,14 @@ def _root_cause(exc: BaseException) -> str:
         if any(marker in str(c) for c in causes):
             return marker
     first = causes[0]
-    text = str(first).splitlines()[0] if str(first) else ""
-    return f"{type(first).__name__}: {text}"
+    text = f"{type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}"
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return text
+    if free < 1 << 20:
+        return f"No space left on device ({free:,} bytes free; torch said {text[:120]})"
+    return text
 
 
 def _jsonable(value: Any) -> Any:
@@ -154,7 +162,8 @@ class _Job:
         _agree(self.error)
 
     def write_failed(self, exc: BaseException) -> None:
-        self.error = f"writing checkpoint {step_name(self.step)} failed: {_root_cause(exc)}"
+        self.error = (f"writing checkpoint {step_name(self.step)} failed: "
+                      f"{_root_cause(exc, self.root)}")
 
     def complete(self, future: Future | None = None) -> None:
         """After the write (in DCP's thread for a background save): note a failure, commit
