@@ -145,7 +145,6 @@ class _Job:
         self.tmp, self.final = root / f".tmp-{step_name(step)}", root / step_name(step)
         self.error: str | None = None
         self.groups: list[dict] = []
-        self.done = False
         self.finished = threading.Event()  # written and (rank 0) committed or failed
         self.staged: Future | None = None  # the copy of the state is complete
         self.timings: dict[str, float] = {}  # seconds: stall, write, commit
@@ -180,10 +179,9 @@ class _Job:
         self.finished.set()
 
     def commit(self) -> None:
-        """Rank 0: write the sidecar and manifest and rename into place (once)."""
-        if self.rank != 0 or self.done:
+        """Rank 0: write the sidecar and manifest and rename into place."""
+        if self.rank != 0:
             return
-        self.done = True
         if self.error is None:
             try:
                 sidecar = {"step": self.step, "meta": self.meta,

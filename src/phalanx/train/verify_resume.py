@@ -8,9 +8,10 @@ every rank: the per-step losses, the training samples read and their order, the 
 weights and the optimizer state — bit for bit — and prints a verdict with the first
 difference. Exit 0 when everything is identical, 1 otherwise.
 
-What it does not cover: a process restart (use `--max-restarts` with PHALANX_FAULT, as
-the test suite does) — within one process, state that lives outside the model,
-optimizer and data cursor would go unnoticed here only if it also survived a restart.
+The resume happens in the same processes, so it does not exercise a process restart
+(the test suite does that with `--max-restarts` and PHALANX_FAULT): state kept outside
+the model, optimizer, checkpoint and config — a global a script sets once — would be
+carried over here and lost in a real restart.
 """
 
 from __future__ import annotations
