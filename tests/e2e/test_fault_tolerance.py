@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,13 +45,17 @@ def straight(tmp_path_factory, small_corpus_file, cache_dir):
 
 
 def test_killed_ranks_recover_bit_identically(straight, tmp_path, small_corpus_file, cache_dir):
-    # rank 1 dies after step 4; after the restart, rank 0 dies while writing checkpoint 9
+    # rank 1 dies after step 4; after the restart, rank 0 dies while writing checkpoint 9;
+    # after the next one, rank 1 dies after step 11
     fault = ("rank=1,step=4,phase=step,attempts=0;"
-             "rank=0,step=9,phase=checkpoint,attempts=1")
-    proc = train(tmp_path, small_corpus_file, cache_dir, fault, "--max-restarts", "2")
+             "rank=0,step=9,phase=checkpoint,attempts=1;"
+             "rank=1,step=11,phase=step,attempts=2")
+    proc = train(tmp_path, small_corpus_file, cache_dir, fault, "--max-restarts", "3")
     assert proc.returncode == 0, proc.stderr
-    assert "resumed from" in proc.stdout and "step-00000003" in proc.stdout  # after step 4
-    assert "step-00000006" in proc.stdout  # after the kill during checkpoint 9
+    resumed = [line.split()[2] for line in proc.stdout.splitlines()
+               if line.startswith("resumed from")]
+    assert [Path(p).name for p in resumed] == ["step-00000003", "step-00000006",
+                                               "step-00000009"]
     expected, got = load_file(str(straight / "model.safetensors")), \
         load_file(str(tmp_path / "model.safetensors"))
     assert expected.keys() == got.keys()
