@@ -22,11 +22,14 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from phalanx.config import Config
 from phalanx.errors import UserError
 from phalanx.options import add_config_flags, resolve
+
+if TYPE_CHECKING:
+    import torch
 
 VERDICT = "verdict.txt"
 SUMMARY = "Check that resuming is bit-exact for this configuration (N straight vs N/2 + resume)."
@@ -45,6 +48,8 @@ def phase_config(cfg: Config, out: Path, steps: int, resume: str) -> Config:
 
 def first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str | None:
     """Where two flat tensor dicts first differ (name, and how), or None if bitwise equal."""
+    import torch
+
     if a.keys() != b.keys():
         return f"different entries: {sorted(set(a) ^ set(b))[:3]}"
     for name in a:
@@ -58,6 +63,8 @@ def first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    import torch
+
     names = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
     flat = {}
     for p, state in opt.state.items():

@@ -1,0 +1,1 @@
+"""`phalanx lint`: static analysis of training scripts for DDP pitfalls (ast only)."""

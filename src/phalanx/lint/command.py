@@ -1,0 +1,76 @@
+"""`phalanx lint PATH... [--format text|json|sarif] [--select/--ignore CODES] [--explain CODE]`.
+
+Exit codes: 1 when an error-level finding remains, 0 otherwise, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from phalanx.errors import UserError
+
+SUMMARY = "Find DDP mistakes in training scripts without running them (ast only)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files or directories")
+    parser.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                        help="output format (default: text)")
+    parser.add_argument("--select", default="", metavar="CODES",
+                        help="only these rule codes or prefixes, comma-separated (e.g. PX3,PX101)")
+    parser.add_argument("--ignore", default="", metavar="CODES",
+                        help="skip these rule codes or prefixes, comma-separated")
+    parser.add_argument("--explain", metavar="CODE", help="print a rule's documentation")
+
+
+def _codes(raw: str, flag: str) -> list[str]:
+    from phalanx.lint.rules import ALL
+
+    codes = [c.strip().upper() for c in raw.split(",") if c.strip()]
+    for code in codes:
+        if not any(rule.code.startswith(code) for rule in ALL):
+            raise UserError(f"`{flag}` {code} matches no rule; rules are "
+                            f"{ALL[0].code}…{ALL[-1].code} (see `phalanx lint --explain CODE`).")
+    return codes
+
+
+def chosen_rules(select: str, ignore: str):
+    from phalanx.lint.rules import ALL
+
+    chosen = _codes(select, "--select")
+    skipped = _codes(ignore, "--ignore")
+    return [r for r in ALL if (not chosen or any(r.code.startswith(c) for c in chosen))
+            and not any(r.code.startswith(c) for c in skipped)]
+
+
+def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.lint import report
+    from phalanx.lint.engine import lint_source, python_files
+    from phalanx.lint.rules import BY_CODE
+
+    if ns.explain:
+        rule = BY_CODE.get(ns.explain.upper())
+        if rule is None:
+            raise UserError(f"no rule `{ns.explain}`; codes: {', '.join(BY_CODE)}.")
+        print(report.explain(rule))
+        return 0
+    if not ns.paths:
+        raise UserError("give at least one file or directory to lint.")
+    rules = chosen_rules(ns.select, ns.ignore)
+    findings, files = [], 0
+    for path in python_files(ns.paths):
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read `{path}`: {getattr(exc, 'strerror', None) or exc}.") \
+                from None
+        try:
+            findings += lint_source(str(path), source, rules)
+        except SyntaxError as exc:
+            raise UserError(f"`{path}` line {exc.lineno}: not valid Python ({exc.msg}).") from None
+        files += 1
+    output = {"text": lambda: report.text(findings, files),
+              "json": lambda: report.as_json(findings, files),
+              "sarif": lambda: report.sarif(findings, rules)}[ns.format]()
+    print(output)
+    return 1 if any(f.severity == "error" for f in findings) else 0

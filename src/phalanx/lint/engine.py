@@ -1,0 +1,168 @@
+"""The rule engine of `phalanx lint`: parse a file with `ast` (never import or run it),
+give every rule the same `Context`, and collect findings minus inline suppressions.
+
+A rule is a `Rule` (code, severity, message, fix, a wrong and a right example) plus a
+function `check(ctx) -> iterable of (node, detail)`. The examples are documentation
+(`phalanx lint --explain CODE`) and the tests' fixtures: the rule must fire on `wrong`
+at the line marked `# <-`, and stay silent on `right`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SEVERITIES = ("error", "warning", "info")
+SUPPRESS = re.compile(r"#\s*phalanx:\s*ignore\[([A-Z0-9, ]+)\]")
+RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process", "is_master",
+              "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process"}
+RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
+DISTRIBUTED_MARKERS = {"init_process_group", "DistributedDataParallel", "DDP",
+                       "DistributedSampler", "all_reduce", "LOCAL_RANK", "barrier"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    severity: str
+    message: str  # one line: what is wrong
+    fix: str  # one line: how to fix it
+    wrong: str  # a short example the rule finds (the line marked `# <-`)
+    right: str  # the corrected example, which it must not find
+    check: Callable[[Context], Iterable[tuple[ast.AST, str]]] = field(compare=False)
+    family: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    col: int
+    code: str
+    severity: str
+    message: str
+    fix: str
+
+
+def dotted(node: ast.AST) -> str:
+    """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Call):
+        return dotted(node.func)
+    return ""
+
+
+def last(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def is_true(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+class Context:
+    """One parsed file and the questions rules ask about it."""
+
+    def __init__(self, path: str, source: str) -> None:
+        self.path, self.source = path, source
+        self.tree = ast.parse(source, filename=path)
+        self.lines = source.splitlines()
+        self.nodes = list(ast.walk(self.tree))  # every node, walked once
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for parent in self.nodes:
+            for child in ast.iter_child_nodes(parent):
+                self.parents[child] = parent
+        self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self._by_name: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            self._by_name.setdefault(last(dotted(call)), []).append(call)
+        names = set(self._by_name) | {
+            n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
+            for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute))}
+        strings = {n.value for n in self.nodes
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        self.distributed = bool((names | strings) & DISTRIBUTED_MARKERS)
+        self.uses_cuda = "cuda" in source
+
+    def calls_named(self, *names: str) -> Iterator[ast.Call]:
+        """Calls whose callable's last name is one of `names` (`x.all_reduce`, `DDP`), in
+        source order."""
+        found = [c for name in names for c in self._by_name.get(name, ())]
+        yield from sorted(found, key=lambda c: (c.lineno, c.col_offset))
+
+    def mentions(self, *names: str) -> bool:
+        return any(True for _ in self.calls_named(*names))
+
+    def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
+        while node in self.parents:
+            node = self.parents[node]
+            yield node
+
+    def function_of(self, node: ast.AST) -> ast.AST:
+        return next((a for a in self.ancestors(node)
+                     if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), self.tree)
+
+    def rank_condition(self, node: ast.AST) -> ast.If | None:
+        """The nearest enclosing `if` whose test depends on the rank, if any."""
+        child = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test \
+                    and rank_dependent(parent.test):
+                return parent  # type: ignore[return-value]
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return None
+            child = parent
+        return None
+
+
+def rank_dependent(test: ast.AST) -> bool:
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and node.id.lower() in RANK_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr.lower() in RANK_NAMES:
+            return True
+        if isinstance(node, ast.Call) and last(dotted(node)) in RANK_CALLS:
+            return True
+        if isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK"):
+            return True
+    return False
+
+
+def suppressed(ctx: Context, line: int, code: str) -> bool:
+    text = ctx.lines[line - 1] if 0 < line <= len(ctx.lines) else ""
+    found = SUPPRESS.search(text)
+    return bool(found) and code in {c.strip() for c in found[1].split(",")}
+
+
+def lint_source(path: str, source: str, rules: Iterable[Rule]) -> list[Finding]:
+    ctx = Context(path, source)
+    findings = []
+    for rule in rules:
+        for node, detail in rule.check(ctx):
+            line, col = getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1
+            if not suppressed(ctx, line, rule.code):
+                message = f"{rule.message} {detail}".strip()
+                findings.append(Finding(path, line, col, rule.code, rule.severity, message,
+                                        rule.fix))
+    return sorted(set(findings), key=lambda f: (f.path, f.line, f.col, f.code))
+
+
+def python_files(paths: Iterable[str]) -> Iterator[Path]:
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*.py")
+                              if not any(part.startswith(".") for part in p.parts))
+        else:
+            yield path

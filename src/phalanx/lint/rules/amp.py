@@ -1,0 +1,53 @@
+"""Mixed precision: GradScaler order, GradScaler with bf16, the deprecated API."""
+
+from __future__ import annotations
+
+import ast
+
+from phalanx.lint.engine import Context, Rule, dotted
+
+
+def _clip_before_unscale(ctx: Context):
+    if not ctx.mentions("GradScaler"):
+        return
+    for clip in ctx.calls_named("clip_grad_norm_", "clip_grad_value_"):
+        scope = ctx.function_of(clip)
+        unscales = [c.lineno for c in ast.walk(scope) if isinstance(c, ast.Call)
+                    and dotted(c).endswith("unscale_")]
+        if not any(line < clip.lineno for line in unscales):
+            yield clip, "(the gradients it clips are still multiplied by the loss scale)"
+
+
+def _scaler_with_bf16(ctx: Context):
+    if "bfloat16" not in ctx.source or "float16" in ctx.source.replace("bfloat16", ""):
+        return
+    for call in ctx.calls_named("GradScaler"):
+        yield call, ""
+
+
+def _deprecated_amp(ctx: Context):
+    for node in ctx.nodes:
+        if isinstance(node, ast.Attribute) and dotted(node) in (
+                "torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"):
+            yield node, f"(`{dotted(node)}`)"
+
+
+RULES = [
+    Rule("PX601", "error", "Gradient clipping before `scaler.unscale_(optimizer)`.",
+         "Call `scaler.unscale_(opt)` first, then clip, then `scaler.step(opt)`.",
+         "scaler = torch.amp.GradScaler()\nscaler.scale(loss).backward()\n"
+         "clip_grad_norm_(model.parameters(), 1.0)  # <-\nscaler.step(opt)",
+         "scaler = torch.amp.GradScaler()\nscaler.scale(loss).backward()\n"
+         "scaler.unscale_(opt)\nclip_grad_norm_(model.parameters(), 1.0)\nscaler.step(opt)",
+         _clip_before_unscale),
+    Rule("PX602", "warning", "A GradScaler with bf16: bf16 has fp32's range, loss scaling only "
+         "costs time.", "Drop the GradScaler with `dtype=torch.bfloat16` (keep it for fp16).",
+         "scaler = torch.amp.GradScaler()  # <-\n"
+         "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)",
+         "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)",
+         _scaler_with_bf16),
+    Rule("PX603", "warning", "The deprecated `torch.cuda.amp` API.",
+         "Use `torch.autocast('cuda', ...)` and `torch.amp.GradScaler('cuda')`.",
+         "scaler = torch.cuda.amp.GradScaler()  # <-",
+         "scaler = torch.amp.GradScaler('cuda')", _deprecated_amp),
+]

@@ -1,0 +1,69 @@
+"""Collectives that only some ranks reach: the others wait forever (a deadlock)."""
+
+from __future__ import annotations
+
+import ast
+
+from phalanx.lint.engine import Context, Rule, dotted, last
+
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+               "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+               "broadcast_object_list", "barrier", "gather", "gather_object", "scatter",
+               "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier"}
+
+
+def _collective_functions(ctx: Context) -> dict[str, str]:
+    """Functions of this file that (transitively) run a collective → the collective."""
+    calls = {n.name: [c for c in ast.walk(n) if isinstance(c, ast.Call)] for n in ctx.nodes
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, inside in calls.items():
+            if name in found:
+                continue
+            for call in inside:
+                callee = last(dotted(call))
+                if callee in COLLECTIVES and _is_dist_call(call):
+                    found[name] = callee
+                elif callee in found and callee != name:
+                    found[name] = f"{found[callee]} (via `{callee}()`)"
+                if name in found:
+                    changed = True
+                    break
+    return found
+
+
+def _is_dist_call(call: ast.Call) -> bool:
+    """`dist.all_reduce(...)`, `torch.distributed.barrier()`, or a bare imported name —
+    not `some_list.reduce` of another library (the argument count tells little)."""
+    name = dotted(call)
+    return "." not in name or name.split(".")[-2] in ("dist", "distributed", "run", "accelerator")
+
+
+def _rank_only_collective(ctx: Context):
+    if not any(True for _ in ctx.calls_named(*COLLECTIVES)):
+        return
+    helpers = _collective_functions(ctx)
+    for call in ctx.calls:
+        callee = last(dotted(call))
+        what = callee if callee in COLLECTIVES and _is_dist_call(call) else helpers.get(callee)
+        if what is None:
+            continue
+        cond = ctx.rank_condition(call)
+        if cond is not None:
+            test = ast.unparse(cond.test)
+            yield call, (f"(`{what}` under `if {test}:` at line {cond.lineno}: the other "
+                         f"ranks never join it)")
+
+
+RULES = [
+    Rule("PX301", "error", "A collective reachable only on some ranks: a deadlock.",
+         "Run the collective on every rank; keep only the printing/saving under the rank "
+         "condition.",
+         "def log_metrics(loss):\n    dist.all_reduce(loss)\n    print(loss.item())\n\n"
+         "if rank == 0:\n    log_metrics(loss)  # <-",
+         "def log_metrics(loss):\n    dist.all_reduce(loss)\n    return loss.item()\n\n"
+         "value = log_metrics(loss)\nif rank == 0:\n    print(value)", _rank_only_collective),
+]

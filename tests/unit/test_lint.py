@@ -1,0 +1,101 @@
+"""`phalanx lint`: every rule on its own wrong/right examples, a corpus of correct
+scripts, suppression, selection, output formats and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.lint.engine import SEVERITIES, lint_source
+from phalanx.lint.rules import ALL
+
+CORPUS = Path(__file__).parents[1] / "lint_corpus"
+
+
+@pytest.mark.parametrize("rule", ALL, ids=[r.code for r in ALL])
+def test_rule_finds_its_wrong_example_at_the_marked_line(rule):
+    marked = next(i for i, line in enumerate(rule.wrong.splitlines(), 1) if "# <-" in line)
+    found = lint_source("wrong.py", rule.wrong, [rule])
+    assert [f.line for f in found] == [marked], found
+
+
+@pytest.mark.parametrize("rule", ALL, ids=[r.code for r in ALL])
+def test_rule_is_silent_on_its_right_example(rule):
+    assert lint_source("right.py", rule.right, [rule]) == []
+
+
+def test_rules_are_documented_and_unique():
+    assert len({r.code for r in ALL}) == len(ALL) >= 20
+    for rule in ALL:
+        assert rule.severity in SEVERITIES and rule.message and rule.fix
+
+
+@pytest.mark.parametrize("script", sorted(CORPUS.glob("*.py")), ids=lambda p: p.name)
+def test_correct_scripts_have_no_error_level_finding(script):
+    found = lint_source(str(script), script.read_text(), ALL)
+    assert [f for f in found if f.severity == "error"] == []
+    if script.name in ("single_process.py", "phalanx_api.py", "torchrun_ddp.py"):
+        assert found == [], found
+
+
+def test_inline_suppression():
+    source = "model = nn.DataParallel(model)  # phalanx: ignore[PX101]\n"
+    assert lint_source("s.py", source, ALL) == []
+    assert [f.code for f in lint_source("s.py", source.replace("PX101", "PX999"), ALL)] == \
+        ["PX101"]
+
+
+def lint(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phalanx", "lint", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=60)
+
+
+def test_cli_exit_codes_and_formats(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                   "if dist.get_rank() == 0:\n    dist.barrier()\n")
+    proc = lint(str(bad))
+    assert proc.returncode == 1
+    assert f"{bad}:4:5: PX301 [error]" in proc.stdout and "fix:" in proc.stdout
+    assert lint(str(bad), "--ignore", "PX3").returncode == 0
+    assert lint(str(bad), "--select", "PX702").returncode == 0  # a warning only
+    data = json.loads(lint(str(bad), "--format", "json").stdout)
+    assert {f["code"] for f in data["findings"]} == {"PX301", "PX702"}
+    sarif = json.loads(lint(str(bad), "--format", "sarif").stdout)
+    assert sarif["version"] == "2.1.0"
+    result = next(r for r in sarif["runs"][0]["results"] if r["ruleId"] == "PX301")
+    assert result["level"] == "error"
+    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 4
+    assert lint(str(CORPUS)).returncode == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "give at least one file"),
+    (["--select", "PX9", "x.py"], "`--select` PX9 matches no rule"),
+    (["--explain", "PX000"], "no rule `PX000`"),
+    (["{tmp}/broken.py"], "not valid Python"),
+])
+def test_cli_usage_errors_exit_2(tmp_path, args, needle):
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    proc = lint(*[a.format(tmp=tmp_path) for a in args])
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_explain_shows_both_examples():
+    proc = lint("--explain", "px301")
+    assert proc.returncode == 0 and "Wrong:" in proc.stdout and "Right:" in proc.stdout
+
+
+def test_the_rules_page_is_generated_from_the_rules():
+    from phalanx.lint.report import rules_markdown
+
+    page = Path(__file__).parents[2] / "docs" / "lint-rules.md"
+    assert page.read_text() == rules_markdown(ALL), (
+        "docs/lint-rules.md is stale: regenerate it with "
+        "python -c 'from phalanx.lint.report import rules_markdown; "
+        "from phalanx.lint.rules import ALL; print(rules_markdown(ALL), end=\"\")' "
+        "> docs/lint-rules.md")
