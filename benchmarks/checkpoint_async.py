@@ -69,13 +69,14 @@ def one_repeat(run, model, opt, step, root: Path, r: int, args) -> dict:
         t0 = time.perf_counter()
         run.save(root, 3 * r + i, model, opt, keep=2, **MODES[mode])
         out[f"{mode}_stall"] = slowest(run, time.perf_counter() - t0)
-        timings = run._saver.last_timings
         if mode != "sync":  # training goes on while the write runs
             out[f"{mode}_steps"] = slowest(run, steps_timed(step, args.steps))
+            run.wait_checkpoint()
+        timings = run.checkpoint_timings  # complete now that the save has finished
+        if mode != "sync":
             # the stall also counts the wait for the copy before the next optimizer step
             out[f"{mode}_staged_wait"] = slowest(run, timings.get("staged_wait", 0.0))
             out[f"{mode}_stall"] += out[f"{mode}_staged_wait"]
-            run.wait_checkpoint()
             out[f"{mode}_write"] = slowest(run, timings["write"])
         out[f"{mode}_begin"] = slowest(run, timings["begin"])
         out[f"{mode}_state_dict"] = slowest(run, timings["state_dict"])

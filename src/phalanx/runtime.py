@@ -179,6 +179,11 @@ class Run:
                                         replicated=self.strategy.replicated_state,
                                         overlap_staging=overlap_staging)
 
+    @property
+    def checkpoint_timings(self) -> dict[str, float]:
+        """Seconds spent by the newest save: begin, state_dict, stall, write, commit, ..."""
+        return {} if self._saver is None else dict(self._saver.last_timings)
+
     def checkpoint_staged(self) -> None:
         """Block until a background save's copy of the state is complete (no collective):
         after it, the model and optimizer may change. Cheap when nothing is pending."""
@@ -244,10 +249,7 @@ class Run:
         DDP's references so the group is destroyed here, not at interpreter exit.
         """
         try:
-            if self.backend == "gloo":
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
-            else:
-                dist.barrier()
+            dist.barrier()  # the group's own timeout: rank 0 may still be writing results
         except RuntimeError as exc:  # a rank is gone: nothing to wait for
             print(f"[rank {self.rank}] warning: at shutdown, {str(exc).splitlines()[0]}",
                   file=sys.stderr, flush=True)

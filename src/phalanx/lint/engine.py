@@ -102,7 +102,8 @@ class Context:
         yield from sorted(found, key=lambda c: (c.lineno, c.col_offset))
 
     def mentions(self, *names: str) -> bool:
-        return any(True for _ in self.calls_named(*names))
+        """Whether any call's callable has one of these last names."""
+        return any(name in self._by_name for name in names)
 
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         while node in self.parents:

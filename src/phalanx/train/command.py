@@ -123,5 +123,4 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
         result = train(cfg, run, splits, out)
         if run.is_main:
             finish(cfg, run, result, out)
-        run.barrier()
-    return 0
+    return 0  # closing the run waits for rank 0's writing (a barrier)

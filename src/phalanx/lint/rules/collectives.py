@@ -43,7 +43,7 @@ def _is_dist_call(call: ast.Call) -> bool:
 
 
 def _rank_only_collective(ctx: Context):
-    if not any(True for _ in ctx.calls_named(*COLLECTIVES)):
+    if not ctx.mentions(*COLLECTIVES):
         return
     helpers = _collective_functions(ctx)
     for call in ctx.calls:
