@@ -6,6 +6,8 @@ Exit codes: 1 when an error-level finding remains, 0 otherwise, 2 for usage erro
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from phalanx.errors import UserError
 
@@ -43,9 +45,31 @@ def chosen_rules(select: str, ignore: str):
             and not any(r.code.startswith(c) for c in skipped)]
 
 
+def _lint_file(path: Path, rules, named: bool):
+    """The file's findings; a file that is not Python is a usage error when it was named,
+    and reported (stderr) and skipped when it was found in a directory."""
+    from phalanx.lint.engine import lint_source
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read `{path}`: {getattr(exc, 'strerror', None) or exc}.") \
+            from None
+    try:
+        return lint_source(str(path), source, rules)
+    except (SyntaxError, ValueError, RecursionError) as exc:
+        where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
+        why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
+        if named:
+            raise UserError(f"`{path}`{where}: not valid Python ({why}).") from None
+        print(f"phalanx lint: skipped `{path}`{where}: not valid Python for this interpreter "
+              f"({why}).", file=sys.stderr)
+        return None
+
+
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
-    from phalanx.lint.engine import lint_source, python_files
+    from phalanx.lint.engine import python_files
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:
@@ -57,20 +81,17 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     if not ns.paths:
         raise UserError("give at least one file or directory to lint.")
     rules = chosen_rules(ns.select, ns.ignore)
-    findings, files = [], 0
+    named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
+    findings, files, skipped = [], 0, 0
     for path in python_files(ns.paths):
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read `{path}`: {getattr(exc, 'strerror', None) or exc}.") \
-                from None
-        try:
-            findings += lint_source(str(path), source, rules)
-        except SyntaxError as exc:
-            raise UserError(f"`{path}` line {exc.lineno}: not valid Python ({exc.msg}).") from None
+        found = _lint_file(path, rules, path in named)
+        if found is None:
+            skipped += 1
+            continue
+        findings += found
         files += 1
-    output = {"text": lambda: report.text(findings, files),
-              "json": lambda: report.as_json(findings, files),
+    output = {"text": lambda: report.text(findings, files, skipped),
+              "json": lambda: report.as_json(findings, files, skipped),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()
     print(output)
     return 1 if any(f.severity == "error" for f in findings) else 0

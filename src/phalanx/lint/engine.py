@@ -21,7 +21,8 @@ RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process",
               "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process"}
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
 DISTRIBUTED_MARKERS = {"init_process_group", "DistributedDataParallel", "DDP",
-                       "DistributedSampler", "all_reduce", "LOCAL_RANK", "barrier"}
+                       "DistributedSampler", "all_reduce", "LOCAL_RANK", "barrier",
+                       "get_rank", "get_world_size"}
 
 
 @dataclass(frozen=True)

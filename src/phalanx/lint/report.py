@@ -10,17 +10,19 @@ from phalanx.lint.engine import Finding, Rule
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
-def text(findings: list[Finding], files: int) -> str:
+def text(findings: list[Finding], files: int, skipped: int = 0) -> str:
     lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}\n"
              f"    fix: {f.fix}" for f in findings]
     counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
     summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-    lines.append(f"{files} file(s) checked: {summary or 'no findings'}.")
+    not_python = f" ({skipped} skipped: not valid Python)" if skipped else ""
+    lines.append(f"{files} file(s) checked{not_python}: {summary or 'no findings'}.")
     return "\n".join(lines)
 
 
-def as_json(findings: list[Finding], files: int) -> str:
-    return json.dumps({"files": files, "findings": [asdict(f) for f in findings]}, indent=2)
+def as_json(findings: list[Finding], files: int, skipped: int = 0) -> str:
+    return json.dumps({"files": files, "skipped": skipped,
+                       "findings": [asdict(f) for f in findings]}, indent=2)
 
 
 def sarif(findings: list[Finding], rules: list[Rule]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 
 
 def _accumulates(ctx: Context) -> ast.If | None:
@@ -37,6 +37,54 @@ def _private_sync_flag(ctx: Context):
                 yield node, ""
 
 
+def _zero_based_counters(ctx: Context) -> dict[str, ast.For]:
+    """Loop variables that start at 0: `for i, b in enumerate(x)`, `for i in range(n)`."""
+    found = {}
+    for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
+        it, target = loop.iter, loop.target
+        if not isinstance(it, ast.Call) or keyword(it, "start") is not None:
+            continue
+        name = last(dotted(it))
+        if name == "enumerate" and len(it.args) == 1 and isinstance(target, ast.Tuple) \
+                and isinstance(target.elts[0], ast.Name):
+            found[target.elts[0].id] = loop
+        elif name == "range" and isinstance(target, ast.Name) and (
+                len(it.args) == 1 or (isinstance(it.args[0], ast.Constant)
+                                      and it.args[0].value == 0)):
+            found[target.id] = loop
+    return found
+
+
+def _off_by_one(ctx: Context):
+    """`if i % K == 0: optimizer.step()` with i counting from 0 steps after the first
+    micro-batch, then every K: the first window is one micro-batch, and (when the
+    length is a multiple of K) the last K-1 micro-batches are never applied."""
+    counters = _zero_based_counters(ctx)
+    if not counters:
+        return
+    for call in ctx.calls_named("step"):
+        guard = next((a for a in ctx.ancestors(call) if isinstance(a, ast.If)), None)
+        test = guard.test if guard is not None else None
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+                isinstance(test.ops[0], ast.Eq) and isinstance(test.left, ast.BinOp) and \
+                isinstance(test.left.op, ast.Mod) and isinstance(test.left.left, ast.Name) \
+                and test.left.left.id in counters and \
+                isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0:
+            counter = test.left.left.id
+            if not _backward_outside(ctx, counters[counter], guard) or \
+                    "opt" not in dotted(call).lower() and "scaler" not in dotted(call).lower():
+                continue
+            yield guard, (f"(`{ast.unparse(test)}` holds at {counter} = 0, which counts from 0 "
+                          f"at line {counters[counter].lineno}: the first step comes after one "
+                          f"micro-batch)")
+
+
+def _backward_outside(ctx: Context, loop: ast.For, guard: ast.If) -> bool:
+    """A backward in the loop on every iteration, not only under the step's guard."""
+    return any(guard not in ctx.ancestors(c) and loop in ctx.ancestors(c)
+               for c in ctx.calls_named("backward"))
+
+
 RULES = [
     Rule("PX401", "warning", "Gradient accumulation with DDP but no `no_sync()`: gradients "
          "are all-reduced on every micro-step.",
@@ -52,4 +100,11 @@ RULES = [
          "and easy to leave off.", "Use the `model.no_sync()` context manager.",
          "model.require_backward_grad_sync = False  # <-",
          "with model.no_sync():\n    loss.backward()", _private_sync_flag),
+    Rule("PX403", "warning", "Off-by-one gradient accumulation: the optimizer steps when a "
+         "0-based counter is a multiple of K, so the first window is a single micro-batch.",
+         "Step when `(i + 1) % K == 0` (and use the same test for `no_sync`).",
+         "for i, (x, y) in enumerate(loader):\n    loss_fn(model(x), y).backward()\n"
+         "    if i % 4 == 0:  # <-\n        opt.step()\n        opt.zero_grad()",
+         "for i, (x, y) in enumerate(loader):\n    loss_fn(model(x), y).backward()\n"
+         "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()", _off_by_one),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted, last
+from phalanx.lint.engine import Context, Rule, dotted, last, rank_dependent
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
@@ -12,7 +12,7 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into
                "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier"}
 
 
-def _collective_functions(ctx: Context) -> dict[str, str]:
+def collective_functions(ctx: Context) -> dict[str, str]:
     """Functions of this file that (transitively) run a collective → the collective."""
     calls = {n.name: [c for c in ast.walk(n) if isinstance(c, ast.Call)] for n in ctx.nodes
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -45,17 +45,34 @@ def _is_dist_call(call: ast.Call) -> bool:
 def _rank_only_collective(ctx: Context):
     if not ctx.mentions(*COLLECTIVES):
         return
-    helpers = _collective_functions(ctx)
+    helpers = collective_functions(ctx)
     for call in ctx.calls:
         callee = last(dotted(call))
         what = callee if callee in COLLECTIVES and _is_dist_call(call) else helpers.get(callee)
         if what is None:
             continue
         cond = ctx.rank_condition(call)
-        if cond is not None:
+        if cond is not None and not _other_branch_joins(ctx, call, callee):
             test = ast.unparse(cond.test)
             yield call, (f"(`{what}` under `if {test}:` at line {cond.lineno}: the other "
                          f"ranks never join it)")
+
+
+def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
+    """`if rank == src: broadcast(x, src) else: broadcast(y, src)` — every rank joins: at
+    some enclosing rank condition, the other branch calls the same collective (or helper)."""
+    child: ast.AST = call
+    for parent in ctx.ancestors(call):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        if isinstance(parent, ast.If) and child is not parent.test and \
+                rank_dependent(parent.test):
+            other = parent.orelse if child in parent.body else parent.body
+            if any(isinstance(n, ast.Call) and last(dotted(n)) == callee
+                   for s in other for n in ast.walk(s)):
+                return True
+        child = parent
+    return False
 
 
 RULES = [

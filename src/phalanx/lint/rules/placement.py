@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted, last
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 
 
 def _data_parallel(ctx: Context):
@@ -31,17 +31,41 @@ def _moved_before(ctx: Context, name: str, line: int, scope: ast.AST) -> bool:
 
 
 def _wrap_before_move(ctx: Context):
+    """DDP(model) where `model` is moved only after the wrap, or is wrapped with
+    `device_ids` (a GPU is meant) straight from a constructor (`MyModel()` builds on the
+    CPU) with no move in between. A model from a factory function may already be placed,
+    and an argument that is itself a call (`DDP(copy.deepcopy(m))`) cannot be judged."""
     if not ctx.uses_cuda:
         return
     for call in ctx.calls_named("DistributedDataParallel", "DDP"):
-        if not call.args:
+        if not call.args or isinstance(call.args[0], ast.Call):
             continue
-        arg = call.args[0]
-        if isinstance(arg, ast.Call) and last(dotted(arg)) in ("to", "cuda"):
+        name, scope = dotted(call.args[0]), ctx.function_of(call)
+        if not name or _moved_before(ctx, name, call.lineno, scope):
             continue
-        name = dotted(arg)
-        if name and not _moved_before(ctx, name, call.lineno, ctx.function_of(call)):
+        ids = keyword(call, "device_ids")
+        gpu_meant = ids is not None and not (isinstance(ids, ast.Constant) and ids.value is None)
+        if _moved_after(name, call.lineno, scope) or \
+                gpu_meant and _built_by_constructor(name, call.lineno, scope):
             yield call, f"(`{name}` is not moved to a device before)"
+
+
+def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
+    """The last assignment to `name` before `line` calls a class (`Net(...)`) that is not
+    told a device (`Net(device)`, `Net(rank)` may place itself)."""
+    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+               and any(dotted(t) == name for t in n.targets)]
+    if not assigns:
+        return False
+    value = max(assigns, key=lambda n: n.lineno).value
+    told = any(w in ast.unparse(a).lower() for a in [*value.args, *value.keywords]
+               for w in ("device", "cuda", "rank")) if isinstance(value, ast.Call) else True
+    return isinstance(value, ast.Call) and last(dotted(value))[:1].isupper() and not told
+
+
+def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
+    return any(_moves(n) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) == name
+               and n.lineno > line for n in ast.walk(scope))
 
 
 def _hard_coded_device(ctx: Context):
@@ -65,6 +89,51 @@ def _missing_set_device(ctx: Context):
         yield call, ""
 
 
+def _batch_names(loop: ast.For) -> list[str]:
+    """`x, y` of `for x, y in loader` / `for i, (x, y) in enumerate(loader)`."""
+    target, source = loop.target, loop.iter
+    if isinstance(source, ast.Call) and last(dotted(source)) == "enumerate" and source.args:
+        source = source.args[0]
+    if not any(word in ast.unparse(source).lower() for word in ("loader", "data", "batch")):
+        return []  # not a data loop: `for name, p in model.named_parameters()`
+    if isinstance(loop.iter, ast.Call) and last(dotted(loop.iter)) == "enumerate" \
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+        target = target.elts[1]
+    if not isinstance(target, ast.Tuple):
+        return []
+    return [e.id for e in target.elts if isinstance(e, ast.Name) and e.id != "_"]
+
+
+def _partly_moved_batch(ctx: Context):
+    """A loop that moves some of the batch's tensors to the device but not the others."""
+    for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
+        names = _batch_names(loop)
+        if len(names) < 2:
+            continue
+        body = [n for stmt in loop.body for n in ast.walk(stmt)]
+        moved = {dotted(n.func.value) for n in body if _moves(n)
+                 and isinstance(n.func, ast.Attribute)}
+        if not moved & set(names):
+            continue
+        for name in names:
+            if name in moved:
+                continue
+            use = next((n for n in body if isinstance(n, ast.Name) and n.id == name
+                        and _used_as_tensor(ctx, n)), None)
+            if use is not None:
+                yield use, (f"(`{', '.join(sorted(moved & set(names)))}` moved to the device, "
+                            f"`{name}` not)")
+
+
+def _used_as_tensor(ctx: Context, name: ast.Name) -> bool:
+    """Passed to a call other than len()/print(), and not just asked for its shape."""
+    parent = ctx.parents.get(name)
+    if isinstance(parent, ast.Attribute):
+        return False  # y.shape, y.size(0), y.to(...) elsewhere
+    return isinstance(parent, ast.Call) and name in parent.args and \
+        last(dotted(parent)) not in ("len", "print", "isinstance", "type")
+
+
 RULES = [
     Rule("PX101", "error", "nn.DataParallel: single-process, slower than DDP and not "
          "multi-node.", "Use DistributedDataParallel with one process per GPU (torchrun).",
@@ -85,4 +154,10 @@ RULES = [
          "model.cuda(local_rank)",
          "import torch.distributed as dist\ntorch.cuda.set_device(local_rank)\n"
          "dist.init_process_group('nccl')", _missing_set_device),
+    Rule("PX105", "warning", "Only part of the batch is moved to the device: the loss mixes "
+         "devices (\"Expected all tensors to be on the same device\").",
+         "Move every tensor of the batch: `x, y = x.to(device), y.to(device)`.",
+         "for x, y in loader:\n    out = model(x.to(device))\n    loss = loss_fn(out, y)  # <-",
+         "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n"
+         "    loss = loss_fn(model(x), y)", _partly_moved_batch),
 ]
