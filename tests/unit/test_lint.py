@@ -169,3 +169,9 @@ def test_a_constructed_model_wrapped_with_device_ids_is_found():
               "model = DDP(model, device_ids=[local_rank])\n")
     assert [(f.code, f.line) for f in lint_source("w.py", source, [BY_CODE["PX102"]])] == \
         [("PX102", 3)]
+
+
+def test_phalanx_own_examples_and_sources_have_no_findings():
+    root = Path(__file__).parents[2]
+    for path in [*(root / "examples").glob("*.py"), *(root / "src" / "phalanx").rglob("*.py")]:
+        assert lint_source(str(path), path.read_text(), ALL) == [], path
