@@ -1,0 +1,1 @@
+"""Hang diagnosis: heartbeats, stacks, one report (see watchdog.py)."""

@@ -1,0 +1,61 @@
+"""`python -m phalanx.hang SCRIPT [ARGS...]`: run an unmodified training script with the
+hang watchdog, e.g. `torchrun --nproc-per-node 2 -m phalanx.hang train.py`.
+
+The watchdog starts as soon as the script's `init_process_group` returns. Settings come
+from the environment: PHALANX_HANG_TIMEOUT (seconds, default 300) and
+PHALANX_HANG_REPORT_DIR (default: the current directory).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def _watch_after_init() -> None:
+    import torch.distributed as dist
+
+    from phalanx.hang.watchdog import start_watchdog
+
+    original = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
+                       os.environ.get("PHALANX_HANG_REPORT_DIR"))
+        return result
+
+    dist.init_process_group = init_process_group
+
+
+def hang_timeout() -> float:
+    raw = os.environ.get("PHALANX_HANG_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        print(f"phalanx: error: PHALANX_HANG_TIMEOUT is `{raw}`; expected seconds > 0.",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return value
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        print("usage: python -m phalanx.hang SCRIPT [ARGS...]", file=sys.stderr)
+        raise SystemExit(2)
+    script = sys.argv[1]
+    if not os.path.isfile(script):
+        print(f"phalanx: error: `{script}` is not a file.", file=sys.stderr)
+        raise SystemExit(2)
+    hang_timeout()
+    _watch_after_init()
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

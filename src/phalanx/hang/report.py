@@ -1,0 +1,84 @@
+"""One report for a hung job: where each rank is, which ranks are missing from the
+collective the others wait in, and the most likely cause."""
+
+from __future__ import annotations
+
+from phalanx.hang.stacks import Activity, Frame, describe, short
+
+FIX_RANK_ONLY = ("Run the collective on every rank and keep only the printing/saving "
+                 "under the rank condition (see `phalanx lint`, PX301).")
+
+
+def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
+                 timeout: float, world_size: int) -> tuple[str, str]:
+    """(the full report, a one-line summary) from every rank's main-thread stack."""
+    acts = {r: describe(s) for r, s in stacks.items() if s is not None}
+    silent = sorted(r for r, s in stacks.items() if s is None)
+    lines = [f"phalanx: the job is hung: no rank made progress for {timeout:g} s "
+             f"({world_size} ranks).", ""]
+    for r in range(world_size):
+        lines.append(_rank_line(r, acts.get(r), beats.get(r)))
+    cause = likely_cause(acts, silent, world_size)
+    lines += ["", f"Most likely cause: {cause}"]
+    lines += ["", "Stacks (user code, outermost first):"]
+    for r, act in sorted(acts.items()):
+        user = [f for f in stacks[r] or [] if f in _user_frames(stacks[r])]
+        lines.append(f"  rank {r}:")
+        lines += [f"    {short(f.file)}:{f.line} in {f.function}: {f.code}" for f in user] or \
+            ["    (no user frames)"]
+    return "\n".join(lines), cause
+
+
+def _user_frames(stack: list[Frame] | None) -> list[Frame]:
+    from phalanx.hang.stacks import is_user
+
+    return [f for f in stack or [] if is_user(f)]
+
+
+def _rank_line(rank: int, act: Activity | None, beat: dict | None) -> str:
+    hb = ""
+    if beat is not None:
+        step = f"step {beat['step']}, " if beat.get("step", -1) >= 0 else ""
+        phase = f"{beat['phase']}, " if beat.get("phase", "start") != "start" else ""
+        hb = f" [{step}{phase}idle {beat['idle']:.0f} s, pid {beat['pid']} on {beat['host']}]"
+    if act is None:
+        return f"  rank {rank}: did not answer (dead, or stuck in C code holding the GIL){hb}"
+    what = f"in {act.collective} at {act.where()}" if act.collective else \
+        f"not in a collective: at {act.where()}"
+    via = f" (called from {' → '.join(act.chain[:-1])})" if len(act.chain) > 1 else ""
+    under = f", under {act.condition}" if act.condition else ""
+    return f"  rank {rank}: {what}{via}{under}{hb}"
+
+
+def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int) -> str:
+    if silent:
+        return (f"rank(s) {', '.join(map(str, silent))} did not answer: a process that died "
+                f"or is stuck outside Python; the others wait for it.")
+    groups: dict[tuple, list[int]] = {}
+    for r, act in sorted(acts.items()):
+        groups.setdefault((act.collective, act.where()), []).append(r)
+    if len(groups) == 1:
+        (coll, where), ranks = next(iter(groups.items()))
+        if coll is None:
+            return f"no rank is in a collective (all at {where}): the job is stuck outside " \
+                   f"torch.distributed (data loading, I/O, a lock)."
+        return (f"every rank is in {coll} at {where} and it does not complete: a rank of "
+                f"another job/group, or the network (check `phalanx doctor`).")
+    conditioned = [(r, a) for r, a in sorted(acts.items()) if a.condition and a.collective]
+    if conditioned:
+        r, act = conditioned[0]
+        same = groups[(act.collective, act.where())]
+        others = [q for q in range(world_size) if q not in same]
+        elsewhere = "; ".join(f"rank {q} is {_where(acts[q])}" for q in others)
+        return (f"rank(s) {', '.join(map(str, same))} are in {act.collective} at "
+                f"{act.where()}, reached only under {act.condition}; {elsewhere} — they never "
+                f"join it. {FIX_RANK_ONLY}")
+    parts = "; ".join(f"rank(s) {', '.join(map(str, ranks))} {_where(acts[ranks[0]])}"
+                      for ranks in groups.values())
+    return (f"the ranks are in different places: {parts}. Every rank must call the same "
+            f"collectives in the same order.")
+
+
+def _where(act: Activity) -> str:
+    return f"in {act.collective} at {act.where()}" if act.collective else \
+        f"outside any collective at {act.where()}"

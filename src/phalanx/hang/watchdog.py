@@ -1,0 +1,202 @@
+"""The hang watchdog: every rank keeps a heartbeat; when no rank has progressed for
+`timeout` seconds, one report says where each rank is and why the job is stuck, and the
+job exits (code 3) so an elastic restart can take over.
+
+Progress is a `beat()` (the trainer's steps, `run.loader` batches) or any change of the
+main thread's Python stack — so an unmodified script is watched too: a rank blocked in a
+collective has the same stack for as long as it waits.
+
+Every rank runs one daemon thread, talking through torch's own store (a client of the
+job's TCPStore, under a key prefix of its own): it publishes `hb/<rank>` (step, phase,
+seconds idle), answers a stack request with its main thread's stack, and — on the
+reporting rank (the lowest rank still publishing) — decides that the job hangs, asks
+every rank for its stack, writes the report and stops the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.hang.stacks import Frame, main_thread_stack
+
+HANG_EXIT_CODE = 3
+REPORT_NAME = "hang-report.txt"
+
+
+@dataclass
+class Beat:
+    step: int = -1
+    phase: str = "start"
+    at: float = 0.0  # time.monotonic() of the last progress
+
+
+class Watchdog:
+    def __init__(self, store, rank: int, world_size: int, timeout: float,
+                 report_dir: str | Path | None = None, *, poll: float | None = None) -> None:
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.report_dir = Path(report_dir) if report_dir is not None else Path.cwd()
+        self.poll = poll or min(2.0, max(0.2, timeout / 10))
+        self.beat_state = Beat(at=time.monotonic())
+        self._last_stack: tuple | None = None
+        self._seq = 0
+        self._seen: dict[int, tuple[int, float]] = {}  # rank → (seq, when it changed)
+        self._answered = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="phalanx-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self, step: int | None = None, phase: str | None = None) -> None:
+        """Record progress (cheap: no I/O; the thread publishes it)."""
+        b = self.beat_state
+        if step is not None:
+            b.step = step
+        if phase is not None:
+            b.phase = phase
+        b.at = time.monotonic()
+
+    # -- the thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self._tick()
+            except Exception as exc:  # the store is gone: the job is ending
+                if not self._stop.is_set():
+                    print(f"[rank {self.rank}] hang watchdog stopped: {exc}", file=sys.stderr)
+                return
+
+    def _tick(self) -> None:
+        self._sample_stack()
+        b = self.beat_state
+        self._seq += 1
+        self.store.set(f"hb/{self.rank}", json.dumps({
+            "step": b.step, "phase": b.phase, "idle": time.monotonic() - b.at,
+            "seq": self._seq, "pid": os.getpid(), "host": socket.gethostname()}))
+        if not self._answered and self.store.check(["dump"]):
+            self._answered = True
+            stack = [f.__dict__ for f in main_thread_stack()]
+            self.store.set(f"stack/{self.rank}", json.dumps(stack))
+        if self.store.check(["abort"]):
+            self._exit(report=None)
+        if self._is_reporter() and self._hung():
+            self._report_and_exit()
+
+    def _sample_stack(self) -> None:
+        """A changed main-thread stack is progress."""
+        import threading as _t
+
+        frame = sys._current_frames().get(_t.main_thread().ident)
+        key = None if frame is None else (id(frame), frame.f_lineno)
+        if key != self._last_stack:
+            self._last_stack = key
+            self.beat_state.at = time.monotonic()
+
+    def _heartbeats(self) -> dict[int, dict]:
+        keys = [f"hb/{r}" for r in range(self.world_size)]
+        present = {r for r, k in enumerate(keys) if self.store.check([k])}
+        values = self.store.multi_get([keys[r] for r in sorted(present)]) if present else []
+        return {r: json.loads(v) for r, v in zip(sorted(present), values)}
+
+    def _idle(self, beats: dict[int, dict]) -> dict[int, float]:
+        """Each rank's idle seconds, counting the time since its last publication too (a
+        rank that stopped publishing is not progressing either)."""
+        now, idle = time.monotonic(), {}
+        for r in range(self.world_size):
+            hb = beats.get(r)
+            if hb is None:
+                idle[r] = now - self._seen.setdefault(r, (-1, now))[1]
+                continue
+            seq, since = self._seen.get(r, (None, now))
+            if seq != hb["seq"]:
+                self._seen[r] = (hb["seq"], now)
+                since = now
+            idle[r] = hb["idle"] + (now - since)
+        return idle
+
+    def _is_reporter(self) -> bool:
+        """Rank 0, or the lowest rank whose lower peers stopped publishing."""
+        if self.rank == 0:
+            return True
+        self._idle(self._heartbeats())  # notes when each rank last published
+        now, gone = time.monotonic(), self.timeout + 5 * self.poll
+        return all(now - self._seen.get(r, (None, now))[1] > gone for r in range(self.rank))
+
+    def _hung(self) -> bool:
+        beats = self._heartbeats()
+        self.beats = beats
+        return min(self._idle(beats).values()) >= self.timeout
+
+    def _report_and_exit(self) -> None:
+        from phalanx.hang.report import build_report
+
+        self.store.set("dump", "1")
+        stacks = self._collect_stacks(deadline=time.monotonic() + max(5.0, 3 * self.poll))
+        text, summary = build_report(stacks, self.beats, self.timeout, self.world_size)
+        path = self.report_dir / REPORT_NAME
+        try:
+            self.report_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+            text += f"\n(report written to {path})"
+        except OSError as exc:
+            text += f"\n(could not write {path}: {exc.strerror})"
+        print(text, file=sys.stderr, flush=True)
+        self.store.set("abort", "1")
+        self._exit(report=summary)
+
+    def _collect_stacks(self, deadline: float) -> dict[int, list[Frame] | None]:
+        if not self._answered:  # our own, directly
+            self._answered = True
+            self.store.set(f"stack/{self.rank}", json.dumps(
+                [f.__dict__ for f in main_thread_stack()]))
+        stacks: dict[int, list[Frame] | None] = {}
+        while time.monotonic() < deadline and len(stacks) < self.world_size:
+            for r in range(self.world_size):
+                if r not in stacks and self.store.check([f"stack/{r}"]):
+                    raw = json.loads(self.store.get(f"stack/{r}"))
+                    stacks[r] = [Frame(**f) for f in raw]
+            time.sleep(0.1)
+        return {r: stacks.get(r) for r in range(self.world_size)}
+
+    def _exit(self, report: str | None) -> None:
+        """Leave now: the main thread is blocked and will not return. The reporter records
+        the one-line summary for the elastic agent; the others follow it out."""
+        from phalanx.errors import DistributedError, record_for_agent
+
+        if report is not None:
+            record_for_agent(DistributedError(report, [self.rank]))
+        else:
+            time.sleep(1.0)  # let the reporter's exit be the one the agent sees first
+        sys.stderr.flush()
+        os._exit(HANG_EXIT_CODE)
+
+
+def store_for_watchdog(world_size: int):
+    """A client of the job's store (what torchrun/Phalanx's agent or rank 0 serves), under
+    a prefix of its own; an in-process store for a 1-process job."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1 or "MASTER_ADDR" not in os.environ:
+        return dist.HashStore()
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           world_size, is_master=False, wait_for_workers=False)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "job")
+    return dist.PrefixStore(f"/phalanx/watchdog/{run_id}/{attempt}", client)
+
+
+def start_watchdog(rank: int, world_size: int, timeout: float,
+                   report_dir: str | Path | None = None) -> Watchdog:
+    return Watchdog(store_for_watchdog(world_size), rank, world_size, timeout,
+                    report_dir).start()
