@@ -163,11 +163,26 @@ class DistConfig:
                                       "(CUDA only).")
     timeout_s: float = opt(600.0, "Collective timeout in seconds.")
     max_restarts: int = opt(0, "Times torch's elastic agent restarts failed workers.")
+    hang_timeout_s: float = opt(300.0, "Hang watchdog: when no rank progresses for this "
+                                       "many seconds, report where each rank waits and exit "
+                                       "(code 3). 0: off.")
+    debug_collectives: bool = opt(False, "Verify every collective's op, shapes and dtypes "
+                                         "across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+                                         "slower) and explain a mismatch.")
+    check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
+                                          "parameters and buffers are bitwise identical "
+                                          "(0: never).")
 
     def __post_init__(self) -> None:
         _positive(self, "nproc_per_node", "threads_per_rank", "bucket_cap_mb", "timeout_s")
-        if self.max_restarts < 0:
-            raise UserError(f"`--max-restarts` must be >= 0, got {self.max_restarts}.")
+        for name in ("max_restarts", "hang_timeout_s", "check_consistency_every"):
+            if getattr(self, name) < 0:
+                raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
+                                f"{getattr(self, name)}.")
+        if self.hang_timeout_s >= self.timeout_s:
+            raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
+                            f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "
+                            f"fire first and the watchdog never report. Lower it (or 0: off).")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "dist": DistConfig}

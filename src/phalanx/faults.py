@@ -3,6 +3,8 @@
 `PHALANX_FAULT="rank=1,step=7,phase=step,action=kill,attempts=first"` makes rank 1 die
 (SIGKILL) after optimizer step 7 — or, with `phase=checkpoint`, while writing the
 checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
+`action=hang` enters a barrier that no other rank joins (a planted deadlock);
+`action=perturb` adds 1e-3 to this replica's first parameter (a diverged replica);
 `attempts=always` fires on every elastic restart too (a rank that always fails),
 `attempts=first` (default) only before the first restart, `attempts=N` only on restart
 N. Several faults are separated by `;`. Unset: nothing happens.
@@ -37,12 +39,26 @@ def _this_attempt(attempts: str) -> bool:
     return attempts == "always" or attempt == {"first": "0"}.get(attempts, attempts)
 
 
-def fault_point(phase: str, step: int) -> None:
+def fault_point(phase: str, step: int, model=None) -> None:
     """Fire the configured fault if this rank, step, phase and attempt match."""
     for spec in _specs():
         if (spec["phase"] == phase and int(spec["step"]) == step
                 and int(spec["rank"]) == int(os.environ.get("RANK", "0"))
                 and _this_attempt(spec["attempts"])):
-            if spec["action"] == "raise":
-                raise InjectedFault(f"injected fault at step {step} ({phase})")
-            os.kill(os.getpid(), signal.SIGKILL)
+            _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX301] (planted)
+
+
+def _fire(action: str, phase: str, step: int, model) -> None:
+    if action == "raise":
+        raise InjectedFault(f"injected fault at step {step} ({phase})")
+    if action == "hang":
+        import torch.distributed as dist
+
+        dist.barrier()  # no other rank comes: the hang watchdog's test
+    elif action == "perturb":
+        import torch
+
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)

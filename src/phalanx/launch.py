@@ -9,6 +9,7 @@ finds the launcher's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and becomes
 from __future__ import annotations
 
 import logging
+import re
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import uuid
 
 from phalanx.envinfo import usable_cores
 from phalanx.errors import DistributedError, UserError
+from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
 def free_port() -> int:
@@ -75,8 +77,7 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
             detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
                        f"to it")
         if stopped:
-            detail += (f"; then the agent stopped rank(s) {', '.join(map(str, stopped))} "
-                       f"(SIGTERM)")
+            detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
         restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
         raise DistributedError(f"the job failed{restarts}: {detail}.", culprits) from None
 
@@ -84,6 +85,9 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
 # errors a rank gets because another one died: they describe the effect, not the cause
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
               "remote worker", "connectFullMesh")
+
+
+_SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")
 
 
 def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
@@ -108,6 +112,8 @@ def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
 def _describe(rank: int, failure) -> str:
     """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
     code, message = failure.exitcode, _message(failure)
+    if code == HANG_EXIT_CODE and message:
+        return f"the hang watchdog on rank {rank} stopped it: {message.split('] ', 1)[-1]}"
     if message and code == -signal.SIGTERM:
         text = f"rank {rank} failed (then the agent stopped it)"
     else:
@@ -122,6 +128,7 @@ def _message(failure) -> str:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
-    if isinstance(message, str) and message and not message.startswith("To enable traceback"):
+    if isinstance(message, str) and message and not message.startswith("To enable traceback") \
+            and not _SIGNALLED.match(message):  # a signal says it was stopped, not why
         return message.strip().splitlines()[0]
     return ""

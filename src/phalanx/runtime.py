@@ -20,7 +20,6 @@ import hashlib
 import os
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +33,8 @@ from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
 from phalanx.errors import DistributedError, UserError, record_for_agent
-from phalanx.strategies import BackwardSyncControl, Strategy, strategy_class
+from phalanx.accumulate import Accumulator
+from phalanx.strategies import Strategy, strategy_class
 
 
 def derive_seed(*parts: int) -> int:
@@ -81,6 +81,7 @@ class Run:
     threads: int
     strategy: Strategy
     _saver: Any = field(default=None, repr=False)
+    _watchdog: Any = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -159,6 +160,36 @@ class Run:
         dist.all_gather_object(out, obj)
         return out
 
+    # -- guards -----------------------------------------------------------------------
+    def check_consistency(self, model: nn.Module) -> None:
+        """Compare every parameter and buffer across ranks, bit for bit (one all_gather of
+        two int64s per tensor); raise naming the first that differs and the ranks that
+        disagree. A collective: call it on every rank."""
+        from phalanx.guards import check_consistency
+
+        check_consistency(self.unwrap(model), self.device, self.world_size)
+
+    def diagnose_devices(self, model: nn.Module, batch: Any = None) -> list[str]:
+        """Every parameter, buffer and batch tensor that is not on `run.device`, one line
+        each (empty when all are in place): for "Expected all tensors to be on the same
+        device" errors. Local, no collective."""
+        from phalanx.guards import diagnose_devices
+
+        return diagnose_devices(self.unwrap(model), self.device, batch)
+
+    def watch(self, timeout_s: float, report_dir: str | Path | None = None) -> None:
+        """Start the hang watchdog (see phalanx.hang.watchdog): when no rank progresses
+        for `timeout_s`, one report names where each rank waits, and the job exits (3)."""
+        from phalanx.hang.watchdog import start_watchdog
+
+        if self._watchdog is None:
+            self._watchdog = start_watchdog(self.rank, self.world_size, timeout_s, report_dir)
+
+    def beat(self, step: int | None = None, phase: str | None = None) -> None:
+        """Tell the hang watchdog this rank progressed (cheap; a no-op without one)."""
+        if self._watchdog is not None:
+            self._watchdog.beat(step, phase)
+
     # -- checkpoints ----------------------------------------------------------------
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
@@ -228,6 +259,9 @@ class Run:
     def close(self, failed: bool = False) -> None:
         """Finish a background checkpoint (unless failing), destroy the process group
         (idempotent; also runs at exit)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if self._saver is not None and not failed:
             self._saver.finish_local()
         self._saver = None
@@ -259,9 +293,14 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from phalanx.hang.mismatch import explain
+
+        plain = explain(exc) if exc is not None else None
         if exc is not None:  # before the group goes: peers may then die of a lost connection
-            record_for_agent(exc)
+            record_for_agent(plain or exc)
         self.close(failed=exc_type is not None)
+        if plain is not None:
+            raise plain from exc
 
 
 def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -273,37 +312,6 @@ def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) 
                     "the optimizer holds a tensor that is not a parameter of the model given "
                     "to run.setup(). Build it on `model.parameters()` of that model, or pass "
                     "a factory: run.setup(model, lambda params: AdamW(params)).")
-
-
-class Accumulator:
-    """Counts micro-steps; gradients sync only on the last of every `steps`."""
-
-    def __init__(self, strategy: Strategy, model: nn.Module, steps: int) -> None:
-        if steps < 1:
-            raise UserError(f"accumulation steps must be >= 1, got {steps} (`--grad-accum`).")
-        self.strategy, self.model, self.steps, self.count = strategy, model, steps, 0
-
-    @property
-    def is_last(self) -> bool:
-        """Whether the micro-step about to run closes the window (and syncs)."""
-        return self.count % self.steps == self.steps - 1
-
-    def micro_step(self) -> AbstractContextManager:
-        skip = not self.is_last
-        self.count += 1
-        if isinstance(self.strategy, BackwardSyncControl):
-            return self.strategy.no_backward_sync(self.model, enabled=skip)
-        return nullcontext()
-
-    def backward(self, loss: torch.Tensor, scaler: Any = None) -> None:
-        """Backward of `loss / steps` (through `scaler` when given)."""
-        loss = loss / self.steps
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-
-    @property
-    def boundary(self) -> bool:
-        """True right after the micro-step that closed a window: time to step."""
-        return self.count % self.steps == 0
 
 
 def _attempt_store(env: LaunchEnv, timeout: datetime.timedelta):
@@ -323,8 +331,18 @@ def _attempt_store(env: LaunchEnv, timeout: datetime.timedelta):
 
 
 def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
-         timeout_s: float = 600.0, threads: int | None = None, **strategy_options: Any) -> Run:
-    """Join the job this process was launched into (or a 1-process job) and return a `Run`."""
+         timeout_s: float = 600.0, threads: int | None = None,
+         hang_timeout_s: float | None = None, hang_report_dir: str | Path | None = None,
+         debug_collectives: bool = False, **strategy_options: Any) -> Run:
+    """Join the job this process was launched into (or a 1-process job) and return a `Run`.
+
+    `hang_timeout_s` (or PHALANX_HANG_TIMEOUT) starts the hang watchdog (`Run.watch`).
+    `debug_collectives` has torch verify every collective across ranks
+    (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
+    """
+    if debug_collectives:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
     env = detect_launch_env()
     backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
     if backend == "nccl" and not torch.cuda.is_available():
@@ -348,4 +366,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     run.strategy = strategy_class(name)(run, **strategy_options)
     run.strategy.check()
     torch.manual_seed(derive_seed(seed, env.rank))
+    hang = hang_timeout_s or float(os.environ.get("PHALANX_HANG_TIMEOUT", "0") or 0)
+    if hang > 0:
+        run.watch(hang, hang_report_dir or os.environ.get("PHALANX_HANG_REPORT_DIR"))
     return run

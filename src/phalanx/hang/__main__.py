@@ -54,7 +54,18 @@ def main() -> None:
     _watch_after_init()
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except RuntimeError as exc:
+        from phalanx.errors import record_for_agent
+        from phalanx.hang.mismatch import explain
+
+        plain = explain(exc)
+        if plain is None:
+            raise
+        if not record_for_agent(plain):
+            print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

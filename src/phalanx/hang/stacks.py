@@ -88,7 +88,8 @@ def describe(stack: list[Frame]) -> Activity:
     for frame in reversed(user):  # the innermost rank condition on the way
         cond = rank_condition_at(frame.file, frame.line)
         if cond:
-            activity.condition = f"`if {cond[0]}:` at {short(frame.file)}:{cond[1]}"
+            test = cond[0] if len(cond[0]) <= 60 else cond[0][:57] + "..."
+            activity.condition = f"`if {test}:` at {short(frame.file)}:{cond[1]}"
             break
     return activity
 

@@ -88,6 +88,7 @@ class Watchdog:
             self._answered = True
             stack = [f.__dict__ for f in main_thread_stack()]
             self.store.set(f"stack/{self.rank}", json.dumps(stack))
+            self._await_abort()
         if self.store.check(["abort"]):
             self._exit(report=None)
         if self._is_reporter() and self._hung():
@@ -152,8 +153,7 @@ class Watchdog:
         except OSError as exc:
             text += f"\n(could not write {path}: {exc.strerror})"
         print(text, file=sys.stderr, flush=True)
-        self.store.set("abort", "1")
-        self._exit(report=summary)
+        self._exit(report=f"{summary} Full report: {path}")
 
     def _collect_stacks(self, deadline: float) -> dict[int, list[Frame] | None]:
         if not self._answered:  # our own, directly
@@ -169,17 +169,34 @@ class Watchdog:
             time.sleep(0.1)
         return {r: stacks.get(r) for r in range(self.world_size)}
 
+    def _await_abort(self) -> None:
+        """A hang is being reported: the job is ending. Wait for the reporter to go first
+        (its account is the one the agent should see), then leave without a second one
+        (its exit surfaces here as a 'Connection closed by peer' traceback)."""
+        _silence_stderr()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not self.store.check(["abort"]):
+            time.sleep(0.05)
+        os._exit(HANG_EXIT_CODE)
+
     def _exit(self, report: str | None) -> None:
         """Leave now: the main thread is blocked and will not return. The reporter records
-        the one-line summary for the elastic agent; the others follow it out."""
+        the one-line summary for the elastic agent and goes first; the others follow."""
         from phalanx.errors import DistributedError, record_for_agent
 
         if report is not None:
             record_for_agent(DistributedError(report, [self.rank]))
+            _silence_stderr()
+            self.store.set("abort", "1")
         else:
-            time.sleep(1.0)  # let the reporter's exit be the one the agent sees first
-        sys.stderr.flush()
+            time.sleep(0.5)
         os._exit(HANG_EXIT_CODE)
+
+
+def _silence_stderr() -> None:
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
 
 
 def store_for_watchdog(world_size: int):

@@ -79,6 +79,8 @@ def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
     nproc = cfg.dist.nproc_per_node or default_nproc()
     check_world(cfg, nproc, torch.cuda.is_available())
     threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
+    if cfg.dist.debug_collectives:  # read when workers import torch.distributed
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if nproc == 1:
         return work(threads)
     launch_workers(["-m", "phalanx", verb, *argv], nproc, threads=threads,
@@ -86,14 +88,16 @@ def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
     return 0
 
 
-def init_run(cfg: Config, threads: int | None):
-    """`phalanx.init` with the config's backend, strategy and its options."""
+def init_run(cfg: Config, threads: int | None, out: Path | None = None):
+    """`phalanx.init` with the config's backend, strategy and its options; the hang
+    watchdog reports into `out`."""
     import phalanx
 
     d = cfg.dist
     return phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
                         timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
-                        **strategy_options(cfg))
+                        hang_timeout_s=d.hang_timeout_s or None, hang_report_dir=out,
+                        debug_collectives=d.debug_collectives, **strategy_options(cfg))
 
 
 def strategy_options(cfg: Config) -> dict:
@@ -116,7 +120,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.finish import finish, banner
     from phalanx.train.loop import train
 
-    with init_run(cfg, threads) as run:
+    with init_run(cfg, threads, out) as run:
         run.print(banner(cfg, run, splits))
         if run.is_main:
             (out / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))

@@ -165,10 +165,18 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
         record = log.flush(step, lr, result.losses)
     if step % t.eval_every == 0 or last:
         record = record or {"step": step}
+        run.beat(step, "eval")
         record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
         result.val_losses[step] = record["val_loss"]
     if record is not None:
         log.write(record)
+
+
+def _guard(run: Run, cfg: Config, model: nn.Module, step: int) -> None:
+    every = cfg.dist.check_consistency_every
+    if every and step % every == 0:
+        run.beat(step, "consistency check")
+        run.check_consistency(model)
 
 
 def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = None,
@@ -212,7 +220,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
             optimizer_step(model, opt, precision, t.grad_clip)
             state.step, state.position = step + 1, state.position + global_batch
             state.tokens_seen += global_batch * cfg.model.block_size
-            fault_point("step", state.step)
+            fault_point("step", state.step, inner)
+            run.beat(state.step, "train")
+            _guard(run, cfg, model, state.step)
             _report(run, cfg, log, result, inner, val_ds, precision, lr)
             if out_dir is not None and ckpt.should_save(cfg, state.step):
                 ckpt.save(run, cfg, out_dir, state, model, opt, precision)

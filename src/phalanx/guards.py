@@ -1,0 +1,117 @@
+"""Runtime guards: are the replicas identical, and is every tensor where it should be?
+
+`fingerprints` reduces each parameter/buffer to two int64 numbers computed from its
+bits (a plain sum and a position-weighted sum of the raw words, wrapping on overflow):
+equal tensors give equal fingerprints, and one flipped bit changes them. One
+all_gather of these numbers compares every tensor on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from phalanx.errors import DistributedError
+
+_WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def named_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Two int64s from the tensor's bits (exact: no float rounding involved)."""
+    flat = t.detach().contiguous().view(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    words = flat.view(_WORD[flat.element_size()]).to(torch.int64)
+    weights = torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.int64) % 65521
+    return torch.stack([words.sum(), (words * (weights + 1)).sum()])
+
+
+def fingerprints(model: nn.Module, device: torch.device) -> tuple[list[str], torch.Tensor]:
+    """Names, and a [1 + n, 2] int64 tensor: row 0 stands for the structure (names,
+    shapes, dtypes), row 1 + i for tensor i."""
+    state = named_state(model)
+    layout = "|".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in state).encode()
+    digest = int.from_bytes(hashlib.sha256(layout).digest()[:8], "little", signed=True)
+    rows = [torch.tensor([digest, len(state)], dtype=torch.int64, device=device)]
+    rows += [fingerprint(t).to(device) for _, t in state]
+    return [n for n, _ in state], torch.stack(rows)
+
+
+def _majority(values: list[tuple], ranks: list[int]) -> tuple[list[int], list[int]]:
+    """(ranks agreeing with the largest group — rank 0's on a tie, the others)."""
+    groups: dict[tuple, list[int]] = {}
+    for r, v in zip(ranks, values):
+        groups.setdefault(v, []).append(r)
+    best = max(groups.values(), key=lambda g: (len(g), 0 in g))
+    return best, [r for r in ranks if r not in best]
+
+
+def check_consistency(model: nn.Module, device: torch.device, world_size: int,
+                      what: str = "parameters and buffers") -> None:
+    """Raise `DistributedError` (on every rank) naming the first tensor that differs."""
+    names, local = fingerprints(model, device)
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
+    if not all(g.shape == local.shape for g in gathered):
+        raise DistributedError("the models differ in their number of tensors across ranks "
+                               "(different architectures?).", [])
+    ranks = list(range(world_size))
+    structure = [tuple(g[0].tolist()) for g in gathered]
+    agree, disagree = _majority(structure, ranks)
+    if disagree:
+        raise DistributedError(
+            f"the models differ in structure (parameter names, shapes or dtypes): ranks "
+            f"{disagree} disagree with ranks {agree}. Build the same model on every rank.",
+            disagree)
+    for i, name in enumerate(names, start=1):
+        values = [tuple(g[i].tolist()) for g in gathered]
+        agree, disagree = _majority(values, ranks)
+        if disagree:
+            raise DistributedError(
+                f"the replicas have diverged: `{name}` differs on rank(s) "
+                f"{', '.join(map(str, disagree))} from rank(s) {', '.join(map(str, agree))} "
+                f"(the first of the {what} that differs). Something changed one replica "
+                f"outside DDP's synchronised step: a rank-dependent update, an in-place edit "
+                f"on one rank, or a non-deterministic kernel.", disagree)
+
+
+def _where(t: torch.Tensor) -> str:
+    return str(t.device)
+
+
+def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None) -> list[str]:
+    """One line per tensor not on `expected`: parameters, buffers, and the batch's tensors
+    (nested lists/tuples/dicts). Empty when everything is in place."""
+    found = []
+    for kind, items in (("parameter", model.named_parameters()),
+                        ("buffer", model.named_buffers())):
+        for name, t in items:
+            if not _same(t.device, expected):
+                found.append(f"{kind} `{name}` is on {_where(t)}, expected {expected}")
+    for path, t in _tensors(batch, "batch"):
+        if not _same(t.device, expected):
+            found.append(f"input `{path}` is on {_where(t)}, expected {expected}")
+    return found
+
+
+def _same(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _tensors(obj: Any, path: str):
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{path}[{k!r}]")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{path}[{i}]")

@@ -1,0 +1,51 @@
+"""`phalanx watch [--nproc-per-node N] [--hang-timeout-s S] [--debug-collectives] SCRIPT
+[ARGS...]`: run a user's own training script on N local ranks through torch's elastic
+agent (as torchrun would), with the hang watchdog and, optionally, torch's collective
+verification. The same is available under torchrun itself:
+`torchrun --nproc-per-node N -m phalanx.hang SCRIPT ARGS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from phalanx.errors import UserError
+
+SUMMARY = ("Run your own training script on N local ranks with the hang watchdog "
+           "(and optional collective verification).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="ranks on this machine (default: one per GPU, else per core)")
+    parser.add_argument("--hang-timeout-s", type=float, default=300.0, metavar="S",
+                        help="report and stop when no rank progresses for S seconds "
+                             "(default: 300)")
+    parser.add_argument("--debug-collectives", action="store_true",
+                        help="verify every collective across ranks "
+                             "(TORCH_DISTRIBUTED_DEBUG=DETAIL) and explain a mismatch")
+    parser.add_argument("--report-dir", default=".", metavar="DIR",
+                        help="where hang-report.txt goes (default: .)")
+    parser.add_argument("script", metavar="SCRIPT", help="your training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+
+    if not Path(ns.script).is_file():
+        raise UserError(f"`{ns.script}` is not a file; give the training script to run.")
+    if ns.hang_timeout_s <= 0:
+        raise UserError(f"`--hang-timeout-s` must be > 0, got {ns.hang_timeout_s:g}.")
+    if ns.nproc_per_node is not None and ns.nproc_per_node < 1:
+        raise UserError(f"`--nproc-per-node` must be >= 1, got {ns.nproc_per_node}.")
+    nproc = ns.nproc_per_node or default_nproc()
+    os.environ["PHALANX_HANG_TIMEOUT"] = str(ns.hang_timeout_s)
+    os.environ["PHALANX_HANG_REPORT_DIR"] = str(Path(ns.report_dir).resolve())
+    if ns.debug_collectives:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    launch_workers(["-m", "phalanx.hang", ns.script, *ns.args], nproc,
+                   threads=threads_per_rank(nproc, None))
+    return 0
