@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except DistributedError as exc:
-        print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
-        record_for_agent(exc)
+        if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
+            print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)

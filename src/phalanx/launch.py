@@ -72,10 +72,10 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
             message = _message(failures[first]).split(": ", 1)[-1]
             raise UserError(f"[rank {first}] {message}" if message else
                             f"ranks {culprits} stopped with a usage error.") from None
-        detail = "; ".join(_describe(r, failures[r]) for r in culprits)
+        detail = _describe_all(culprits, failures)
         if victims:
             detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
-                       f"to it")
+                       f"to it{_victims_at(victims, failures)}")
         if stopped:
             detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
         restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
@@ -109,6 +109,45 @@ def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
     return culprits, victims, stopped
 
 
+def _describe_all(culprits: list[int], failures: dict) -> str:
+    """Each culprit's account; ranks that failed with the same error are named together."""
+    same = {_message(failures[r]).split("] ", 1)[-1] for r in culprits}
+    if len(culprits) > 1 and len(same) == 1 and "" not in same:
+        return f"ranks {', '.join(map(str, culprits))} failed with: {same.pop()}"
+    return "; ".join(_describe(r, failures[r]) for r in culprits)
+
+
+def _victims_at(victims: list[int], failures: dict) -> str:
+    """` (rank 1 in backward at train.py:143 in main())`, from their recorded tracebacks."""
+    from phalanx.hang.crash import failed_at
+
+    where = []
+    for r in victims:
+        raw = failures[r].message
+        info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
+        act = failed_at(str(info.get("py_callstack", "")))
+        if act is not None and act.site is not None:
+            what = f"in {act.collective} " if act.collective else ""
+            where.append(f"rank {r} {what}at {act.where()}")
+    return f" ({'; '.join(where)})" if where else ""
+
+
+def _crashed_in(rank: int, code: int) -> str:
+    """` in all_reduce at train.py:133 in run_val() (...), under ...` for a rank that
+    died of a signal and left a crash record (see phalanx.hang.crash)."""
+    from phalanx.hang.crash import crashed_at
+
+    act = crashed_at(os.environ.get("PHALANX_HANG_REPORT_DIR"), rank)
+    if act is None or act.site is None:
+        return ""
+    what = f" in {act.collective}" if act.collective else ""
+    via = f" (called from {' → '.join(act.chain[:-1])})" if len(act.chain) > 1 else ""
+    under = f", under {act.condition}" if act.condition else ""
+    gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
+            "ran different collectives") if act.collective and code == -signal.SIGABRT else ""
+    return f"{what} at {act.where()}{via}{under}{gloo}"
+
+
 def _describe(rank: int, failure) -> str:
     """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
     code, message = failure.exitcode, _message(failure)
@@ -119,7 +158,7 @@ def _describe(rank: int, failure) -> str:
     else:
         text = f"rank {rank} exited with code {code}"
         if code is not None and code < 0:
-            text += f" (killed by signal {-code})"
+            text += f" (killed by signal {-code}){_crashed_in(rank, code)}"
     return f"{text}: {message[:300]}" if message else text
 
 

@@ -22,6 +22,7 @@ from phalanx.strategies import DDPStrategy
 from phalanx.train.loop import train
 
 from common import sgd_trajectory
+from guard_scenarios import guard_scenarios
 from resume_scenarios import two_rank_scenarios
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
@@ -79,6 +80,7 @@ def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
         value = run.all_reduce_mean(float(run.rank + 1))
         (out / f"mean-rank{run.rank}.txt").write_text(repr(value))
         two_rank_scenarios(run, prepare(small_corpus, cache, 0.1), out)
+        guard_scenarios(run, out)
 
 
 if __name__ == "__main__":

@@ -54,14 +54,15 @@ def main() -> None:
     _watch_after_init()
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    from phalanx.errors import record_for_agent
+    from phalanx.hang.mismatch import explain
+
     try:
         runpy.run_path(script, run_name="__main__")
-    except RuntimeError as exc:
-        from phalanx.errors import record_for_agent
-        from phalanx.hang.mismatch import explain
-
+    except Exception as exc:  # for the launcher's account: where each rank failed
         plain = explain(exc)
         if plain is None:
+            record_for_agent(exc)
             raise
         if not record_for_agent(plain):
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)

@@ -49,6 +49,7 @@ class Watchdog:
         self._seen: dict[int, tuple[int, float]] = {}  # rank → (seq, when it changed)
         self._answered = False
         self._stop = threading.Event()
+        self.crashes = None  # a CrashRecorder, from start_watchdog
         self._thread = threading.Thread(target=self._loop, name="phalanx-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
@@ -57,6 +58,9 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.crashes is not None:
+            self.crashes.close()
+            self.crashes = None
 
     def beat(self, step: int | None = None, phase: str | None = None) -> None:
         """Record progress (cheap: no I/O; the thread publishes it)."""
@@ -215,5 +219,13 @@ def store_for_watchdog(world_size: int):
 
 def start_watchdog(rank: int, world_size: int, timeout: float,
                    report_dir: str | Path | None = None) -> Watchdog:
-    return Watchdog(store_for_watchdog(world_size), rank, world_size, timeout,
-                    report_dir).start()
+    """Start the watchdog thread, and record this rank's stacks should it die of a fatal
+    signal (see crash.py); both stop at `Watchdog.stop()` or at exit."""
+    import atexit
+
+    from phalanx.hang.crash import CrashRecorder
+
+    dog = Watchdog(store_for_watchdog(world_size), rank, world_size, timeout, report_dir)
+    dog.crashes = CrashRecorder(dog.report_dir, rank)
+    atexit.register(dog.stop)
+    return dog.start()

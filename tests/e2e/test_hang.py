@@ -1,0 +1,116 @@
+"""Planted faults on 2 gloo ranks, each diagnosed with the right rank and place: a barrier
+only rank 0 reaches, all_reduce of different shapes, seed 002's trainer, a replica
+perturbed in training, and a rank that dies mid-step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_fault_tolerance import train
+
+FIXTURES = Path(__file__).parents[1] / "hang_fixtures"
+
+BARRIER_ON_RANK_0 = '''import torch
+import torch.distributed as dist
+
+
+def log_and_sync(step):
+    dist.barrier()
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(3)
+    for step in range(3):
+        dist.all_reduce(t)
+    if rank == 0:
+        log_and_sync(step)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+
+main()
+'''
+
+SHAPES = '''import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(3 if dist.get_rank() == 0 else 4)
+dist.all_reduce(t)
+dist.destroy_process_group()
+'''
+
+
+def watch(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
+                           *args, str(script)], capture_output=True, text=True, timeout=180,
+                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_barrier_only_rank_0_reaches_is_reported_with_rank_and_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(BARRIER_ON_RANK_0)
+    started = time.monotonic()
+    proc = watch(script, "--hang-timeout-s", "4", cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = (tmp_path / "hang-report.txt").read_text()
+    assert "rank 0: in barrier at train.py:6 in log_and_sync() (called from main), under " \
+           "`if rank == 0:` at train.py:15" in report, report
+    assert "rank 1: in all_reduce at train.py:17 in main()" in report, report
+    assert "rank(s) 0 are in barrier" in proc.stderr and "they never join it" in proc.stderr
+    assert elapsed < 4 + 10 + 10, elapsed  # timeout + 10 s, plus ~5-10 s of start-up here
+
+
+def test_all_reduce_of_different_shapes_is_explained(tmp_path):
+    script = tmp_path / "shapes.py"
+    script.write_text(SHAPES)
+    proc = watch(script, "--debug-collectives", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "collective mismatch at collective #0: rank 0 runs allreduce of float32[3] at " \
+           "shapes.py:6 (`dist.all_reduce(t)`), but rank 1 runs allreduce of float32[4] — " \
+           "the shapes differ" in proc.stderr, proc.stderr[-3000:]
+    assert "CollectiveFingerPrint" not in proc.stderr.splitlines()[-1]
+
+
+def test_seed_002_trainer_is_diagnosed(tmp_path):
+    """On gloo the guide's deadlock aborts rank 0 (the peer's gradient bucket does not fit
+    rank 0's 4-byte all_reduce); the crash record names the call and its rank condition."""
+    proc = watch(FIXTURES / "seed002_trainer.py", "--hang-timeout-s", "20", cwd=tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "rank 0 exited with code -6 (killed by signal 6) in all_reduce at " in last, last
+    assert "seed002_trainer.py:130 in run_val() (called from main), under `if is_main():` " \
+           "at " in last and "seed002_trainer.py:151" in last, last
+
+
+def test_the_trainer_reports_a_planted_hang(tmp_path, small_corpus_file, cache_dir):
+    proc = train(tmp_path / "run", small_corpus_file, cache_dir, "rank=0,step=3,action=hang",
+                 "--hang-timeout-s", "4")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = (tmp_path / "run" / "hang-report.txt").read_text()
+    assert "rank 0: in barrier at " in report and "faults.py" in report, report
+    assert "rank 1: in all_reduce at " in report, report
+    assert "the hang watchdog on rank 0 stopped it" in proc.stderr
+
+
+def test_a_perturbed_replica_is_named(tmp_path, small_corpus_file, cache_dir):
+    proc = train(tmp_path / "run", small_corpus_file, cache_dir,
+                 "rank=1,step=2,action=perturb", "--check-consistency-every", "1")
+    assert proc.returncode == 1
+    assert "the replicas have diverged: `wte.weight` differs on rank(s) 1 from rank(s) 0" \
+        in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_rank_that_dies_mid_step_is_reported_by_the_survivor(tmp_path, small_corpus_file,
+                                                               cache_dir):
+    proc = train(tmp_path / "run", small_corpus_file, cache_dir, "rank=1,step=2,action=kill")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "rank 1 exited with code -9 (killed by signal 9)" in last, last
