@@ -34,10 +34,10 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([words.sum(), (words * (weights + 1)).sum()])
 
 
-def fingerprints(model: nn.Module, device: torch.device) -> tuple[list[str], torch.Tensor]:
+def fingerprints(state: list[tuple[str, torch.Tensor]], device: torch.device
+                 ) -> tuple[list[str], torch.Tensor]:
     """Names, and a [1 + n, 2] int64 tensor: row 0 stands for the structure (names,
     shapes, dtypes), row 1 + i for tensor i."""
-    state = named_state(model)
     layout = "|".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in state).encode()
     digest = int.from_bytes(hashlib.sha256(layout).digest()[:8], "little", signed=True)
     rows = [torch.tensor([digest, len(state)], dtype=torch.int64, device=device)]
@@ -54,10 +54,17 @@ def _majority(values: list[tuple], ranks: list[int]) -> tuple[list[int], list[in
     return best, [r for r in ranks if r not in best]
 
 
-def check_consistency(model: nn.Module, device: torch.device, world_size: int,
-                      what: str = "parameters and buffers") -> None:
-    """Raise `DistributedError` (on every rank) naming the first tensor that differs."""
-    names, local = fingerprints(model, device)
+def check_consistency(model: nn.Module, device: torch.device, world_size: int) -> None:
+    """Raise `DistributedError` (on every rank) naming the first parameter or buffer that
+    differs between ranks."""
+    check_same(named_state(model), device, world_size, "parameters and buffers")
+
+
+def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, world_size: int,
+               what: str) -> None:
+    """Raise `DistributedError` (on every rank) naming the first tensor of `state` that
+    differs between ranks, and the ranks that disagree."""
+    names, local = fingerprints(state, device)
     gathered = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(gathered, local)
     if not all(g.shape == local.shape for g in gathered):
@@ -76,9 +83,9 @@ def check_consistency(model: nn.Module, device: torch.device, world_size: int,
         agree, disagree = _majority(values, ranks)
         if disagree:
             raise DistributedError(
-                f"the replicas have diverged: `{name}` differs on rank(s) "
+                f"the replicas' {what} have diverged: `{name}` differs on rank(s) "
                 f"{', '.join(map(str, disagree))} from rank(s) {', '.join(map(str, agree))} "
-                f"(the first of the {what} that differs). Something changed one replica "
+                f"(the first that differs). Something changed one replica "
                 f"outside DDP's synchronised step: a rank-dependent update, an in-place edit "
                 f"on one rank, or a non-deterministic kernel.", disagree)
 

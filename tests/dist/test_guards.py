@@ -17,8 +17,9 @@ def test_identical_replicas_pass(results):
 def test_a_perturbed_replica_is_named_with_its_rank(results):
     for rank in (0, 1):  # every rank raises the same error: no rank is left waiting
         message = torch.load(results / f"guards-rank{rank}.pt")["perturbed"]
-        assert message.startswith("[rank 1] the replicas have diverged: `head.weight` differs "
-                                  "on rank(s) 1 from rank(s) 0"), message
+        assert message.startswith("[rank 1] the replicas' parameters and buffers have "
+                                  "diverged: `head.weight` differs on rank(s) 1 from rank(s) "
+                                  "0"), message
 
 
 def test_tensors_off_the_device_are_named(results):

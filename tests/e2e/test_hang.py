@@ -104,8 +104,8 @@ def test_a_perturbed_replica_is_named(tmp_path, small_corpus_file, cache_dir):
     proc = train(tmp_path / "run", small_corpus_file, cache_dir,
                  "rank=1,step=2,action=perturb", "--check-consistency-every", "1")
     assert proc.returncode == 1
-    assert "the replicas have diverged: `wte.weight` differs on rank(s) 1 from rank(s) 0" \
-        in proc.stderr, proc.stderr[-2000:]
+    assert "the replicas' parameters and buffers have diverged: `wte.weight` differs on " \
+           "rank(s) 1 from rank(s) 0" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_rank_that_dies_mid_step_is_reported_by_the_survivor(tmp_path, small_corpus_file,

@@ -1,0 +1,1 @@
+"""`phalanx doctor`: checks in a live process group."""

@@ -1,0 +1,58 @@
+"""A doctor check result and how rank 0 shows them: a table, or JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+STATUSES = ("pass", "warn", "fail")
+
+
+@dataclass
+class Check:
+    area: str  # environment, rendezvous, collectives, performance, network, model
+    name: str
+    status: str  # pass / warn / fail
+    evidence: str
+    fix: str = ""
+
+
+def render_table(checks: list[Check], bandwidth: list[dict]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="phalanx doctor", show_lines=False)
+    for column in ("area", "check", "status", "evidence", "fix"):
+        table.add_column(column, overflow="fold")
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    for c in checks:
+        table.add_row(c.area, c.name, f"[{style[c.status]}]{c.status}[/]", c.evidence, c.fix)
+    console = Console(width=160, record=True, force_terminal=False)
+    with console.capture() as cap:
+        console.print(table)
+        if bandwidth:
+            bw = Table(title="all_reduce bandwidth (nccl-tests definitions: busbw = algbw · "
+                             "2(n-1)/n)")
+            for column in ("size", "time (ms, median)", "algbw (GB/s)", "busbw (GB/s)"):
+                bw.add_column(column, justify="right")
+            for row in bandwidth:
+                bw.add_row(_size(row["bytes"]), f"{row['ms']:.3f}", f"{row['algbw_gbs']:.3f}",
+                           f"{row['busbw_gbs']:.3f}")
+            console.print(bw)
+        counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
+        console.print(f"{counts['pass']} passed, {counts['warn']} warnings, "
+                      f"{counts['fail']} failed.")
+    return cap.get()
+
+
+def as_json(checks: list[Check], bandwidth: list[dict]) -> str:
+    return json.dumps({"checks": [asdict(c) for c in checks], "bandwidth": bandwidth,
+                       "failed": sum(c.status == "fail" for c in checks)}, indent=2)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}"
+        n /= 1024
+    return str(n)

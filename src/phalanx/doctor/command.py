@@ -1,0 +1,84 @@
+"""`phalanx doctor [--nproc-per-node N] [--json] [--model pkg.module:factory]`: check the
+environment, the process group, communication, speed and a model, with real collectives
+in a real group, launched the same way as `phalanx train`. Rank 0 prints one table (or
+JSON); exit 1 when any check fails."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
+           "model across ranks.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="ranks on this machine (default: one per GPU, else per core)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--model", default=None, metavar="MODULE:FACTORY",
+                        help="your model: a function returning a module or (module, example "
+                             "input); default: the built-in MiniGPT")
+    parser.add_argument("--init-timeout-s", type=float, default=60.0, metavar="S",
+                        help="how long ranks wait for each other to join (default: 60)")
+
+
+def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.envinfo import under_launcher
+    from phalanx.errors import UserError
+    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+
+    if ns.nproc_per_node is not None and ns.nproc_per_node < 1:
+        raise UserError(f"`--nproc-per-node` must be >= 1, got {ns.nproc_per_node}.")
+    if ns.init_timeout_s <= 0:
+        raise UserError(f"`--init-timeout-s` must be > 0, got {ns.init_timeout_s:g}.")
+    if under_launcher():
+        return worker(ns)
+    nproc = ns.nproc_per_node or default_nproc()
+    if nproc == 1:
+        return worker(ns)
+    os.environ["PHALANX_DOCTOR_RESULT"] = path = os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
+    launch_workers(["-m", "phalanx", "doctor", *argv], nproc,
+                   threads=threads_per_rank(nproc, None))
+    with open(path) as f:  # rank 0's verdict: workers exit 0 so the agent does not restart
+        code = int(f.read() or 0)
+    os.unlink(path)
+    return code
+
+
+def worker(ns: argparse.Namespace) -> int:
+    import phalanx
+    from phalanx.doctor import checks as report
+    from phalanx.doctor.comms import bandwidth_sweep, collective_checks, compute_check
+    from phalanx.doctor.environment import launch_checks, local_facts, network_advice, versions
+    from phalanx.doctor.model import model_checks
+
+    t0 = time.perf_counter()
+    run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy="ddp",
+                       static_graph=False) if _world() > 1 else phalanx.init(0)
+    found = [report.Check("rendezvous", "process group init", "pass",
+                          f"{run.world_size} rank(s) joined, {run.backend}, "
+                          f"{time.perf_counter() - t0:.2f} s")]
+    with run:
+        facts = run.gather_objects(local_facts())
+        found += versions(run.backend) + launch_checks(facts)
+        found += collective_checks(run.device, run.world_size, run.rank)
+        bandwidth = bandwidth_sweep(run.device, run.world_size) if run.world_size > 1 else []
+        found.append(compute_check(run.device, run.world_size))
+        found += network_advice(facts, run.backend)
+        found += model_checks(run, ns.model)
+        failed = any(c.status == "fail" for c in found)
+        if run.is_main:
+            out = report.as_json(found, bandwidth) if ns.json else \
+                report.render_table(found, bandwidth)
+            print(out, flush=True)
+            if "PHALANX_DOCTOR_RESULT" in os.environ:
+                with open(os.environ["PHALANX_DOCTOR_RESULT"], "w") as f:
+                    f.write("1" if failed else "0")
+    return 1 if failed and "PHALANX_DOCTOR_RESULT" not in os.environ else 0
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,0 +1,67 @@
+"""`phalanx doctor` on 2 gloo ranks: the built-in model passes; a user's model with a
+parameter forward never uses and a BatchNorm is diagnosed, naming them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+USER_MODEL = '''import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+        self.spare = nn.Linear(8, 8)  # never used in forward
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def make():
+    return Net(), torch.randn(6, 4)
+'''
+
+
+def doctor(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phalanx", "doctor", "--nproc-per-node", "2",
+                           *args], capture_output=True, text=True, timeout=180, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(cwd)})
+
+
+def test_doctor_passes_on_the_builtin_model(tmp_path):
+    proc = doctor("--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["failed"] == 0 and set(status.values()) <= {"pass", "warn"}
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
+                 "parameters and buffers identical", "every parameter gets a gradient",
+                 "gradients identical after backward (different data per rank)"):
+        assert status[name] == "pass", (name, report)
+    sizes = [row["bytes"] for row in report["bandwidth"]]
+    assert sizes == sorted(sizes) and len(sizes) >= 5
+    for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2
+        assert abs(row["busbw_gbs"] - row["algbw_gbs"]) < 1e-12
+
+
+def test_doctor_names_an_unused_parameter_and_batchnorm(tmp_path):
+    (tmp_path / "usermodel.py").write_text(USER_MODEL)
+    proc = doctor("--model", "usermodel:make", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout
+    assert "no gradient: spare.weight, spare.bias" in " ".join(table.split()), table
+    assert "SyncBatchNorm cannot run" in " ".join(table.split()), table
+    assert "failed." in table
+
+
+def test_doctor_refuses_a_bad_model_spec(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "doctor", "--nproc-per-node", "1",
+                           "--model", "nomodule"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and "expected `package.module:factory`" in proc.stderr
+    assert "Traceback" not in proc.stderr
