@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 USER_MODEL = '''import torch
 import torch.nn as nn
 
@@ -65,3 +68,15 @@ def test_doctor_refuses_a_bad_model_spec(tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 2 and "expected `package.module:factory`" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only: NCCL and GPU placement")
+def test_doctor_on_gpus_uses_nccl_and_one_gpu_per_rank(tmp_path):
+    n = torch.cuda.device_count()
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "doctor", "--nproc-per-node", str(n),
+                           "--json"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert "this job uses nccl" in status["backends"]["evidence"]
+    assert status["LOCAL_RANK → device"]["status"] == "pass"
+    assert status["devices (expected cuda:0)"]["status"] == "pass"

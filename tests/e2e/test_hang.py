@@ -114,3 +114,10 @@ def test_a_rank_that_dies_mid_step_is_reported_by_the_survivor(tmp_path, small_c
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert "rank 1 exited with code -9 (killed by signal 9)" in last, last
+
+
+def test_the_trainer_runs_with_collective_verification(tmp_path, small_corpus_file, cache_dir):
+    """torch 2.13 segfaults building DDP on a verifying group; Phalanx gives DDP a plain one."""
+    proc = train(tmp_path / "run", small_corpus_file, cache_dir, "", "--debug-collectives",
+                 "--max-steps", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]

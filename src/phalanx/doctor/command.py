@@ -56,6 +56,11 @@ def worker(ns: argparse.Namespace) -> int:
     from phalanx.doctor.model import model_checks
 
     t0 = time.perf_counter()
+    if _world() > 1:
+        from phalanx.hang.watchdog import job_store
+
+        wait_for_peers(job_store(_world(), "doctor"), int(os.environ["RANK"]), _world(),
+                       ns.init_timeout_s)
     run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy="ddp",
                        static_graph=False) if _world() > 1 else phalanx.init(0)
     found = [report.Check("rendezvous", "process group init", "pass",
@@ -78,6 +83,25 @@ def worker(ns: argparse.Namespace) -> int:
                 with open(os.environ["PHALANX_DOCTOR_RESULT"], "w") as f:
                     f.write("1" if failed else "0")
     return 1 if failed and "PHALANX_DOCTOR_RESULT" not in os.environ else 0
+
+
+def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
+    """Each rank checks in on the job's store; after `timeout`, name those that never did
+    (rather than torch's 'timed out waiting for clients', which names nobody)."""
+    from phalanx.errors import DistributedError
+
+    store.set(f"joined/{rank}", "1")
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = [r for r in range(world) if not store.check([f"joined/{r}"])]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise DistributedError(
+                f"rendezvous: rank(s) {', '.join(map(str, missing))} of {world} never joined "
+                f"within {timeout:g} s. Check that every node started (same MASTER_ADDR/PORT, "
+                f"same --nnodes/WORLD_SIZE), and the firewall between nodes.", missing)
+        time.sleep(0.1)
 
 
 def _world() -> int:

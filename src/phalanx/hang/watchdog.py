@@ -203,7 +203,7 @@ def _silence_stderr() -> None:
     os.dup2(devnull, 2)
 
 
-def store_for_watchdog(world_size: int):
+def job_store(world_size: int, namespace: str = "watchdog"):
     """A client of the job's store (what torchrun/Phalanx's agent or rank 0 serves), under
     a prefix of its own; an in-process store for a 1-process job."""
     import torch.distributed as dist
@@ -214,7 +214,7 @@ def store_for_watchdog(world_size: int):
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                            world_size, is_master=False, wait_for_workers=False)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "job")
-    return dist.PrefixStore(f"/phalanx/watchdog/{run_id}/{attempt}", client)
+    return dist.PrefixStore(f"/phalanx/{namespace}/{run_id}/{attempt}", client)
 
 
 def start_watchdog(rank: int, world_size: int, timeout: float,
@@ -225,7 +225,7 @@ def start_watchdog(rank: int, world_size: int, timeout: float,
 
     from phalanx.hang.crash import CrashRecorder
 
-    dog = Watchdog(store_for_watchdog(world_size), rank, world_size, timeout, report_dir)
+    dog = Watchdog(job_store(world_size), rank, world_size, timeout, report_dir)
     dog.crashes = CrashRecorder(dog.report_dir, rank)
     atexit.register(dog.stop)
     return dog.start()

@@ -12,6 +12,7 @@ import weakref
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -74,6 +75,7 @@ class DDPStrategy(Strategy, BackwardSyncControl):
             gradient_as_bucket_view=self.options.get("gradient_as_bucket_view", True),
             static_graph=self.options.get("static_graph", False),
             find_unused_parameters=self.options.get("find_unused_parameters", False),
+            process_group=_unverified_group(),
         )
         self._wrapped.add(wrapped)
         return wrapped
@@ -98,3 +100,16 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         if model.static_graph and getattr(model, "synced_forwards", 0) == 0:
             return nullcontext()
         return model.no_sync() if enabled else nullcontext()
+
+
+def _unverified_group():
+    """None (the default group), except under TORCH_DISTRIBUTED_DEBUG=DETAIL: there torch
+    2.13 segfaults while constructing DDP on a verifying (wrapped) group, so DDP gets a
+    plain group of the same ranks and the verification covers every other collective."""
+    if dist.get_debug_level() != dist.DebugLevel.DETAIL:
+        return None
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    try:
+        return dist.new_group(backend=dist.get_backend())
+    finally:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
