@@ -54,12 +54,17 @@ def test_doctor_passes_on_the_builtin_model(tmp_path):
 
 def test_doctor_names_an_unused_parameter_and_batchnorm(tmp_path):
     (tmp_path / "usermodel.py").write_text(USER_MODEL)
-    proc = doctor("--model", "usermodel:make", cwd=tmp_path)
+    proc = doctor("--model", "usermodel:make", "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = proc.stdout
-    assert "no gradient: spare.weight, spare.bias" in " ".join(table.split()), table
-    assert "SyncBatchNorm cannot run" in " ".join(table.split()), table
-    assert "failed." in table
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    unused = checks["every parameter gets a gradient"]
+    assert unused["status"] == "fail"
+    assert unused["evidence"] == "rank 0: no gradient: spare.weight, spare.bias", unused
+    assert checks["BatchNorm"]["status"] == "warn"
+    assert "SyncBatchNorm cannot run (torch implements it for CUDA only)" in \
+        checks["BatchNorm"]["evidence"]
+    table = doctor("--model", "usermodel:make", cwd=tmp_path).stdout
+    assert "failed." in table and "fail" in table
 
 
 def test_doctor_refuses_a_bad_model_spec(tmp_path):

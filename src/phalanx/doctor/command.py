@@ -51,7 +51,7 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
 def worker(ns: argparse.Namespace) -> int:
     import phalanx
     from phalanx.doctor import checks as report
-    from phalanx.doctor.comms import bandwidth_sweep, collective_checks, compute_check
+    from phalanx.doctor.comms import agree, bandwidth_sweep, collective_checks, compute_check
     from phalanx.doctor.environment import launch_checks, local_facts, network_advice, versions
     from phalanx.doctor.model import model_checks
 
@@ -73,7 +73,7 @@ def worker(ns: argparse.Namespace) -> int:
         bandwidth = bandwidth_sweep(run.device, run.world_size) if run.world_size > 1 else []
         found.append(compute_check(run.device, run.world_size))
         found += network_advice(facts, run.backend)
-        found += model_checks(run, ns.model)
+        found += agree(model_checks(run, ns.model))  # the worst rank's result, named
         failed = any(c.status == "fail" for c in found)
         if run.is_main:
             out = report.as_json(found, bandwidth) if ns.json else \

@@ -64,10 +64,10 @@ def collective_checks(device: torch.device, world: int, rank: int) -> list[Check
                                               ("all_gather", all_gather),
                                               ("reduce_scatter", reduce_scatter),
                                               ("barrier", barrier))]
-    return _agree(checks)
+    return agree(checks)
 
 
-def _agree(local: list[Check]) -> list[Check]:
+def agree(local: list[Check]) -> list[Check]:
     """Every rank's results for the same checks: the worst status wins, naming the rank."""
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
