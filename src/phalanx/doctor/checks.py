@@ -27,7 +27,7 @@ def render_table(checks: list[Check], bandwidth: list[dict]) -> str:
     style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     for c in checks:
         table.add_row(c.area, c.name, f"[{style[c.status]}]{c.status}[/]", c.evidence, c.fix)
-    console = Console(width=160, record=True, force_terminal=False)
+    console = Console(width=130, record=True, force_terminal=False)
     with console.capture() as cap:
         console.print(table)
         if bandwidth:
