@@ -24,6 +24,7 @@ def _watch_after_init() -> None:
         result = original(*args, **kwargs)
         start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
                        os.environ.get("PHALANX_HANG_REPORT_DIR"))
+        os.environ["PHALANX_WATCHED"] = "1"  # phalanx.init in the script: no second watchdog
         return result
 
     dist.init_process_group = init_process_group
