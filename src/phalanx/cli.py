@@ -7,6 +7,7 @@ import sys
 
 from phalanx import __version__
 from phalanx.errors import DistributedError, UserError, record_for_agent
+from phalanx.bench import command as bench_command
 from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
 from phalanx.hang import command as watch_command
@@ -20,6 +21,7 @@ VERBS = {
     "verify-resume": (verify_resume.add_arguments, verify_resume.run_verify_resume,
                       verify_resume.SUMMARY),
     "lint": (lint_command.add_arguments, lint_command.run_lint, lint_command.SUMMARY),
+    "bench": (bench_command.add_arguments, bench_command.run_bench, bench_command.SUMMARY),
     "doctor": (doctor_command.add_arguments, doctor_command.run_doctor, doctor_command.SUMMARY),
     "watch": (watch_command.add_arguments, watch_command.run_watch, watch_command.SUMMARY),
     "export": (export_command.add_arguments, export_command.run_export,

@@ -1,0 +1,1 @@
+"""`phalanx bench`: side-by-side step timing, profile, scaling."""

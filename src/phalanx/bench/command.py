@@ -1,0 +1,137 @@
+"""`phalanx bench [train options] [--peers] [--scaling] [--profile]`: measured side by
+side in one run; writes OUT/bench/report.md, results.json, plots and Chrome traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+from phalanx.errors import UserError
+from phalanx.options import add_config_flags, resolve
+
+SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
+           "where the time goes; scaling.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+    group = parser.add_argument_group("bench")
+    group.add_argument("--peers", action="store_true",
+                       help="also time a plain DDP loop, Accelerate and Lightning Fabric "
+                            "(`pip install phalanx[bench]`)")
+    group.add_argument("--scaling", action="store_true",
+                       help="weak and strong scaling, 1 … N ranks")
+    group.add_argument("--profile", action="store_true",
+                       help="torch.profiler step breakdown, exposed communication, traces")
+    group.add_argument("--repeats", type=int, default=5, help="timed blocks each (>= 1)")
+    group.add_argument("--steps", type=int, default=10, help="steps per block (>= 1)")
+    group.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 0)")
+
+
+def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.envinfo import under_launcher
+
+    if under_launcher():
+        return worker(json.loads(os.environ["PHALANX_BENCH_PHASE"]))
+    for name in ("repeats", "steps"):
+        if getattr(ns, name) < 1:
+            raise UserError(f"`--{name}` must be >= 1, got {getattr(ns, name)}.")
+    if ns.warmup < 0:
+        raise UserError(f"`--warmup` must be >= 0, got {ns.warmup}.")
+    from phalanx.bench import peers as peer_impls
+
+    missing = [p for p in ("accelerate", "fabric") if not peer_impls.available(p)]
+    if ns.peers and missing:
+        raise UserError(f"`--peers` needs {', '.join(peer_impls.PACKAGES[m] for m in missing)}: "
+                        f"pip install -c constraints.txt -e \".[bench]\"")
+    return parent(ns, argv)
+
+
+def parent(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.bench import report
+    from phalanx.launch import default_nproc, threads_per_rank
+    from phalanx.train.command import prepare_out_dir
+
+    cfg = resolve(ns)
+    out = prepare_out_dir(cfg.train.out) / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    nproc = cfg.dist.nproc_per_node or default_nproc()
+    threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
+    spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
+            "warmup": ns.warmup, "out": str(out), "threads": threads}
+    impls = ["plain", "accelerate", "fabric", "phalanx"] if ns.peers else ["phalanx"]
+    res = _phase({**spec, "phase": "main", "impls": impls, "profile": ns.profile}, nproc,
+                 threads, out / "raw-main.json")
+    if ns.scaling:
+        res["scaling"] = scaling(spec, cfg, nproc, threads, out)
+    (out / "results.json").write_text(json.dumps(res, indent=2))
+    path = report.write(res, out)
+    print(path.read_text())
+    print(f"wrote: {path}, {out / 'results.json'}")
+    return 0
+
+
+def scaling(spec: dict, cfg, nproc: int, threads: int, out: Path) -> dict:
+    micro = cfg.train.micro_batch_size
+    found: dict[str, list] = {"weak": [], "strong": []}
+    for kind in ("weak", "strong"):
+        for n in range(1, nproc + 1):
+            per_rank = micro if kind == "weak" else micro * nproc // n
+            if kind == "strong" and micro * nproc % n:
+                continue  # the global batch does not split evenly over n ranks
+            conf = json.loads(json.dumps(spec["config"]))
+            conf["train"]["micro_batch_size"] = per_rank
+            r = _phase({**spec, "config": conf, "phase": f"{kind}-{n}", "impls": ["phalanx"],
+                        "profile": False}, n, threads, out / f"raw-{kind}-{n}.json")
+            ms = statistics.median(r["peers"]["phalanx"]) * 1e3
+            found[kind].append({"ranks": n, "global_batch": per_rank * n * cfg.train.grad_accum,
+                                "ms": ms, "tokens_per_s": r["tokens_per_step"] / ms * 1e3})
+    return found
+
+
+def _phase(spec: dict, nproc: int, threads: int, result: Path) -> dict:
+    from phalanx.launch import launch_workers
+
+    os.environ["PHALANX_BENCH_PHASE"] = json.dumps({**spec, "result": str(result)})
+    launch_workers(["-m", "phalanx", "bench"], nproc, threads=threads)
+    return json.loads(result.read_text())
+
+
+def worker(spec: dict) -> int:
+    import torch
+
+    import phalanx
+    from phalanx.bench import flops, peers, runner
+    from phalanx.config import from_dict
+    from phalanx.data.corpus import prepare
+    from phalanx.train.command import strategy_options
+    from phalanx.train.loop import build_model
+
+    cfg = from_dict(spec["config"])
+    tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")
+    run = phalanx.init(cfg.train.seed, backend=cfg.dist.backend, threads=spec["threads"],
+                       **strategy_options(cfg))
+    with run:
+        steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
+        times = runner.compare(run, steps, spec["repeats"], spec["steps"], spec["warmup"])
+        prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
+                                spec["repeats"]) if spec["profile"] else None
+        if run.is_main:
+            model = build_model(cfg)
+            n_params, m = flops.matmul_params(model), cfg.model
+            per_token = flops.flops_per_token(n_params, m.n_layer, m.n_embd, m.block_size)
+            tokens_per_step = cfg.tokens_per_step(run.world_size)
+            name = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU"
+            tps = tokens_per_step / statistics.median(times["phalanx"])
+            res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
+                   "device_name": name, "versions": peers.versions(), "repeats": spec["repeats"],
+                   "steps": spec["steps"], "tokens_per_step": tokens_per_step,
+                   "matmul_params": n_params, "flops_per_token": per_token,
+                   "peak_flops": flops.peak_flops(name),
+                   "mfu": flops.mfu(tps, per_token, name, run.world_size),
+                   "peers": times, "profile": prof}
+            Path(spec["result"]).write_text(json.dumps(res))
+    return 0

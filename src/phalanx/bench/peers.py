@@ -1,0 +1,150 @@
+"""The same training step written four ways: a plain hand-written DDP loop (seed 002's
+style), Hugging Face Accelerate, Lightning Fabric, and Phalanx's trainer.
+
+Each `setup(cfg, tokens, run)` returns `step()`: one optimizer step of `grad_accum`
+micro-batches of `micro_batch_size` windows, AdamW, gradient clipping — same model
+(MiniGPT from the config's seed), same data, same ranks and threads, same process group
+(the peers find it already initialised and use it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import torch
+
+PEERS = ("plain", "accelerate", "fabric", "phalanx")
+PACKAGES = {"accelerate": "accelerate", "fabric": "lightning"}
+
+
+def available(name: str) -> bool:
+    try:
+        importlib.metadata.version(PACKAGES.get(name, "torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__}
+    for name, package in PACKAGES.items():
+        if available(name):
+            out[package] = importlib.metadata.version(package)
+    return out
+
+
+def _loader(cfg, tokens, rank: int, world: int):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from phalanx.data import TokenWindows
+
+    ds = TokenWindows(tokens, cfg.model.block_size)
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
+                                 drop_last=True)
+    return DataLoader(ds, batch_size=cfg.train.micro_batch_size, sampler=sampler)
+
+
+def _forever(loader):
+    while True:
+        yield from loader
+
+
+def plain(cfg, tokens, run):
+    """What the field guides write by hand: DDP(model), AdamW, DistributedSampler."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from phalanx.train.loop import build_model
+
+    model = DDP(build_model(cfg).to(run.device))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    batches = _forever(_loader(cfg, tokens, run.rank, run.world_size))
+    k = cfg.train.grad_accum
+
+    def step():
+        for _ in range(k):
+            x, y = next(batches)
+            _, loss = model(x.to(run.device), y.to(run.device))
+            (loss / k).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def accelerate(cfg, tokens, run):
+    from accelerate import Accelerator
+
+    from phalanx.train.loop import build_model
+
+    acc = Accelerator(gradient_accumulation_steps=cfg.train.grad_accum, cpu=run.device.type == "cpu")
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    model, opt, loader = acc.prepare(model, opt, _loader(cfg, tokens, run.rank, run.world_size))
+    batches = _forever(loader)
+
+    def step():
+        for _ in range(cfg.train.grad_accum):
+            x, y = next(batches)
+            with acc.accumulate(model):
+                _, loss = model(x, y)
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    acc.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    return step
+
+
+def fabric(cfg, tokens, run):
+    from lightning.fabric import Fabric
+
+    from phalanx.train.loop import build_model
+
+    fab = Fabric(accelerator="cuda" if run.device.type == "cuda" else "cpu",
+                 devices=run.local_world_size, num_nodes=run.world_size // run.local_world_size,
+                 strategy="ddp")
+    fab.launch()  # under torchrun/Phalanx's agent: joins the existing group, spawns nothing
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    model, opt = fab.setup(model, opt)
+    batches = _forever(fab.setup_dataloaders(_loader(cfg, tokens, run.rank, run.world_size),
+                                             use_distributed_sampler=False))
+    k = cfg.train.grad_accum
+
+    def step():
+        for i in range(k):
+            x, y = next(batches)
+            with fab.no_backward_sync(model, enabled=i < k - 1):
+                _, loss = model(x, y)
+                fab.backward(loss / k)
+        fab.clip_gradients(model, opt, max_norm=cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def phalanx(cfg, tokens, run):
+    """The built-in trainer's own step: run.setup/loader/accumulate + the loop's functions."""
+    from phalanx.data import TokenWindows
+    from phalanx.train.loop import build_model, micro_steps, optimizer_step
+    from phalanx.train.optim import adamw
+    from phalanx.train.precision import Precision
+
+    t = cfg.train
+    model, opt = run.setup(build_model(cfg), lambda p: adamw(
+        p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), device=run.device))
+    batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
+                              stream=True))
+    acc, precision = run.accumulate(model, t.grad_accum), Precision(t.precision, run.device)
+
+    def step():
+        micro_steps(model, acc, batches, precision)
+        run.checkpoint_staged()
+        optimizer_step(model, opt, precision, t.grad_clip)
+    step.model, step.acc, step.opt, step.batches, step.precision = (  # for the profiler
+        model, acc, opt, batches, precision)
+    step.grad_clip = t.grad_clip
+    return step
+
+
+SETUPS = {"plain": plain, "accelerate": accelerate, "fabric": fabric, "phalanx": phalanx}

@@ -1,0 +1,94 @@
+"""The bench worker: time steps side by side in one process group, and profile one.
+
+Timing: after `warmup` steps of each implementation, blocks of `steps` steps alternate
+between them (A B C D, then D C B A, ...); a block's time per step is the slowest rank's
+(all_reduce MAX). Profile: torch.profiler over a few Phalanx steps with the phases
+labelled (data, forward, backward, optimizer); exposed communication is measured by
+ablation — the same steps with the gradient all-reduce skipped (no_sync throughout) —
+so it is exactly what communication adds to a step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+def timed(run, step, n: int) -> float:
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    run.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    per_step = torch.tensor((time.perf_counter() - t0) / n, dtype=torch.float64,
+                            device=run.device)
+    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    return per_step.item()
+
+
+def compare(run, steps: dict, repeats: int, n: int, warmup: int) -> dict[str, list[float]]:
+    for step in steps.values():
+        timed(run, step, warmup)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for name in order:
+            times[name].append(timed(run, steps[name], n))
+    return times
+
+
+def _labelled_step(step, sync: bool = True):
+    """One Phalanx step with its phases labelled for the profiler."""
+    from phalanx.train.loop import optimizer_step
+
+    from phalanx.strategies import BackwardSyncControl
+
+    model, acc, opt, batches, precision = (step.model, step.acc, step.opt, step.batches,
+                                           step.precision)
+    can_skip = isinstance(acc.strategy, BackwardSyncControl)
+
+    def run_step():
+        for _ in range(acc.steps):
+            with record_function("phalanx::data"):
+                x, y = next(batches)
+            skip = (not sync or not acc.is_last) and can_skip
+            acc.count += 1
+            with acc.strategy.no_backward_sync(model, enabled=True) if skip else nullcontext():
+                with record_function("phalanx::forward"), precision.autocast():
+                    _, loss = model(x, y)
+                with record_function("phalanx::backward"):
+                    acc.backward(loss, precision.scaler)
+        with record_function("phalanx::optimizer"):
+            optimizer_step(model, opt, precision, step.grad_clip)
+    return run_step
+
+
+def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
+    """Per-phase ms/step from the profiler (this rank), a Chrome trace per rank, and the
+    exposed communication by ablation (slowest rank, median of `repeats` blocks)."""
+    synced, unsynced = _labelled_step(step), _labelled_step(step, sync=False)
+    for _ in range(2):
+        synced()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            synced()
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"trace-rank{run.rank}.json"))
+    phases = {e.key.split("::")[1]: e.cpu_time_total / 1e3 / n for e in prof.key_averages()
+              if e.key.startswith("phalanx::")}
+    times = compare(run, {"synced": synced, "no communication": unsynced}, repeats, n, 1)
+    with_comm = statistics.median(times["synced"])
+    without = statistics.median(times["no communication"])
+    return {"phases_ms": phases, "step_ms": with_comm * 1e3,
+            "no_comm_step_ms": without * 1e3,
+            "exposed_comm_ms": max(0.0, with_comm - without) * 1e3,
+            "exposed_comm_fraction": max(0.0, with_comm - without) / with_comm}
