@@ -37,7 +37,8 @@ def timed(run, step, n: int) -> float:
 
 def compare(run, steps: dict, repeats: int, n: int, warmup: int) -> dict[str, list[float]]:
     for step in steps.values():
-        timed(run, step, warmup)
+        if warmup:
+            timed(run, step, warmup)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(repeats):
         order = list(steps) if r % 2 == 0 else list(reversed(steps))

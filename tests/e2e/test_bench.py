@@ -1,0 +1,42 @@
+"""`phalanx bench` end to end on 2 gloo ranks with a tiny model: one step of each peer
+(plain DDP, Accelerate, Fabric, Phalanx), the profile, and both scaling sweeps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.bench.peers import available
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "2", "--nproc-per-node", "2", "--threads-per-rank", "1"]
+
+
+@pytest.mark.skipif(not (available("accelerate") and available("fabric")),
+                    reason="the bench extra (accelerate, lightning) is not installed")
+def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, cache_dir):
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "bench", *TINY, "--data", str(small_corpus_file),
+         "--cache-dir", str(cache_dir), "--out", str(tmp_path), "--peers", "--profile",
+         "--scaling", "--repeats", "1", "--steps", "1", "--warmup", "0"],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bench = tmp_path / "bench"
+    res = json.loads((bench / "results.json").read_text())
+    assert list(res["peers"]) == ["plain", "accelerate", "fabric", "phalanx"]
+    assert all(len(v) == 1 and v[0] > 0 for v in res["peers"].values())
+    assert set(res["profile"]["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
+    assert [r["ranks"] for r in res["scaling"]["weak"]] == [1, 2]
+    assert [r["global_batch"] for r in res["scaling"]["strong"]] == [4, 4]
+    assert (bench / "trace-rank0.json").exists() and (bench / "trace-rank1.json").exists()
+    text = (bench / "report.md").read_text()
+    assert "| fabric |" in text and "Exposed communication" in text and "| strong | 2 |" in text
+
+
+def test_bench_refuses_bad_counts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "bench", "--repeats", "0",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "`--repeats` must be >= 1, got 0" in proc.stderr

@@ -1,0 +1,63 @@
+"""phalanx bench without processes: the FLOP formula against a hand count, the peak
+table, and the report generator on known results."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.bench import flops, report
+from phalanx.models import GPTConfig, MiniGPT
+
+
+def test_flops_per_token_matches_a_hand_count():
+    model = MiniGPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32, dropout=0.0,
+                              bias=True, activation_checkpointing=False))
+    # wte 256·32 (tied with the head, counted once); one block: ln 2·32, qkv 32·96+96,
+    # proj 32·32+32, ln 2·32, fc 32·128+128, proj 128·32+32; final ln 2·32; wpe excluded
+    by_hand = 256 * 32 + (64 + 32 * 96 + 96 + 32 * 32 + 32 + 64 + 32 * 128 + 128 +
+                          128 * 32 + 32) + 64
+    assert flops.matmul_params(model) == by_hand == 20960
+    assert flops.flops_per_token(by_hand, 1, 32, 16) == 6 * 20960 + 12 * 1 * 32 * 16 == 131904
+
+
+def test_peaks_and_mfu():
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert flops.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
+    assert flops.peak_flops("CPU") is None and flops.mfu(1e6, 1e6, "CPU", 1) is None
+    assert flops.mfu(494.5e3, 1e9, "NVIDIA H200", 1) == pytest.approx(0.5)
+
+
+RESULTS = {
+    "config": {"model": {"n_layer": 4, "n_embd": 128, "block_size": 128},
+               "train": {"micro_batch_size": 16, "grad_accum": 1, "precision": "fp32"}},
+    "world_size": 2, "threads": 1, "device_name": "CPU",
+    "versions": {"torch": "2.13.0", "accelerate": "1.15.0", "lightning": "2.6.6"},
+    "repeats": 3, "steps": 10, "tokens_per_step": 4096, "matmul_params": 820352,
+    "flops_per_token": 5.7e6, "peak_flops": None, "mfu": None,
+    "peers": {"plain": [0.30, 0.32, 0.31], "accelerate": [0.40, 0.40, 0.40],
+              "fabric": [0.33, 0.35, 0.34], "phalanx": [0.28, 0.29, 0.30]},
+    "profile": {"phases_ms": {"data": 1.0, "forward": 90.0, "backward": 200.0,
+                              "optimizer": 9.0},
+                "step_ms": 290.0, "no_comm_step_ms": 280.0, "exposed_comm_ms": 10.0,
+                "exposed_comm_fraction": 10 / 290},
+    "scaling": {"weak": [{"ranks": 1, "global_batch": 16, "ms": 200.0, "tokens_per_s": 10240.0},
+                         {"ranks": 2, "global_batch": 32, "ms": 210.0,
+                          "tokens_per_s": 19504.8}],
+                "strong": [{"ranks": 1, "global_batch": 32, "ms": 400.0,
+                            "tokens_per_s": 10240.0},
+                           {"ranks": 2, "global_batch": 32, "ms": 250.0,
+                            "tokens_per_s": 16384.0}]}}
+
+
+def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
+    path = report.write(RESULTS, tmp_path)
+    text = path.read_text()
+    assert "| plain | 310.0 (300.0–320.0) | 13,213 | **0.935** | <= 1.00 |" in text
+    assert "| accelerate | 400.0 (400.0–400.0) | 10,240 | **0.725** | <= 0.95 |" in text
+    assert "Phalanx: 290.0 ms/step, **14,124 tokens/s**" in text
+    assert "| backward | 200.0 | 67% |" in text
+    assert "**10.0 ms = 3.4% of the step**" in text
+    assert "| weak | 2 | 32 | 210.0 | 19,505 | **95.2%** |" in text
+    assert "| strong | 2 | 32 | 250.0 | 16,384 | **80.0%** |" in text
+    assert "MFU: not reported on CPU" in text
+    assert (tmp_path / "peers.png").stat().st_size > 1000
