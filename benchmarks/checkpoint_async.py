@@ -91,13 +91,14 @@ def worker(args) -> None:
     from phalanx.data.corpus import prepare
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from step_vs_plain_ddp import phalanx_setup
+    from phalanx.bench.peers import phalanx as phalanx_step
 
     cfg = build_config({"model": {"preset": args.preset}, "train": {"micro_batch_size": 2}})
     splits = prepare(None, None, cfg.data.val_fraction)
     root = Path(args.dir) / "checkpoints"
     with phalanx.init(cfg.train.seed) as run:
-        step, model, opt = phalanx_setup(cfg, splits.load("train"), run, expose=True)
+        step = phalanx_step(cfg, splits.load("train"), run)
+        model, opt = step.model, step.opt
         step()  # optimizer state exists from here on
         results = [one_repeat(run, model, opt, step, root, r, args) for r in range(args.repeats)]
         if run.is_main:

@@ -14,77 +14,15 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def plain_setup(cfg, tokens, rank, world):
-    """What seed 002 writes by hand: .to(device), DDP(model), AdamW, DistributedSampler."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from phalanx.data import TokenWindows
-    from phalanx.train.loop import build_model
-
-    model = DDP(build_model(cfg).to("cpu"))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    ds = TokenWindows(tokens, cfg.model.block_size)
-    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, drop_last=True)
-    loader = DataLoader(ds, batch_size=cfg.train.micro_batch_size, sampler=sampler)
-    batches = iter(loader)
-
-    def step():
-        for k in range(cfg.train.grad_accum):
-            x, y = next(batches)
-            _, loss = model(x, y)
-            (loss / cfg.train.grad_accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
-
-
-def phalanx_setup(cfg, tokens, run, expose: bool = False):
-    """The built-in trainer's own step: run.setup/loader/accumulate + loop functions.
-    With `expose`, returns (step, model, optimizer)."""
-    from phalanx.data import TokenWindows
-    from phalanx.train.loop import build_model, micro_steps, optimizer_step
-    from phalanx.train.optim import adamw
-    from phalanx.train.precision import Precision
-
-    t = cfg.train
-    model, opt = run.setup(build_model(cfg), lambda p: adamw(
-        p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), device=run.device))
-    batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
-                              stream=True))
-    acc, precision = run.accumulate(model, t.grad_accum), Precision(t.precision, run.device)
-
-    def step():
-        micro_steps(model, acc, batches, precision)
-        run.checkpoint_staged()  # as the trainer: no-op unless a background save copies
-        optimizer_step(model, opt, precision, t.grad_clip)
-    return (step, model, opt) if expose else step
-
-
-def timed(run, step, n: int) -> float:
-    """Seconds per step over `n` steps, as seen by the slowest rank."""
-    import torch
-    import torch.distributed as dist
-
-    run.barrier()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    per_step = torch.tensor((time.perf_counter() - t0) / n, dtype=torch.float64)
-    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
-    return per_step.item()
-
-
 def worker(args) -> None:
     import phalanx
+    from phalanx.bench import peers
+    from phalanx.bench.runner import compare
     from phalanx.config import build_config
     from phalanx.data.corpus import prepare
 
@@ -95,16 +33,9 @@ def worker(args) -> None:
     run = phalanx.init(cfg.train.seed, bucket_cap_mb=args.bucket_cap_mb or d.bucket_cap_mb,
                        gradient_as_bucket_view=d.gradient_as_bucket_view,
                        static_graph=args.static_graph or d.static_graph)
-    with run:
-        steps = {"plain": plain_setup(cfg, tokens, run.rank, run.world_size),
-                 "phalanx": phalanx_setup(cfg, tokens, run)}
-        for name, step in steps.items():
-            timed(run, step, args.warmup)
-        times = {name: [] for name in steps}
-        for r in range(args.repeats):
-            order = list(steps) if r % 2 == 0 else list(reversed(steps))
-            for name in order:
-                times[name].append(timed(run, steps[name], args.steps))
+    with run:  # the same setups and timing as `phalanx bench --peers` (phalanx.bench)
+        steps = {"plain": peers.plain(cfg, tokens, run), "phalanx": peers.phalanx(cfg, tokens, run)}
+        times = compare(run, steps, args.repeats, args.steps, args.warmup)
         if run.is_main:
             Path(args.result).write_text(json.dumps(times))
 
