@@ -45,8 +45,14 @@ def _loader(cfg, tokens, rank: int, world: int):
 
 
 def _forever(loader):
+    """Batches across epochs, reshuffled each epoch as a correct loop does."""
+    epoch = 0
     while True:
+        target = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
+        if hasattr(target, "set_epoch"):
+            target.set_epoch(epoch)
         yield from loader
+        epoch += 1
 
 
 def plain(cfg, tokens, run):
