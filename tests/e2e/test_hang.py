@@ -12,7 +12,32 @@ from pathlib import Path
 
 from test_fault_tolerance import train
 
-FIXTURES = Path(__file__).parents[1] / "hang_fixtures"
+SEED_002 = Path(__file__).parents[1] / "lint_seeds" / "seed002_block08.py"
+
+# The guide's trainer with only its sizes made small for 2 CPU ranks, `set_device`
+# guarded (the guide calls it unconditionally, which fails without CUDA) and no file
+# written. Its bug is untouched: run_val() all-reduces and is called only under is_main().
+SEED_002_CHANGES = [
+    ("BLOCK_SIZE = 256", "BLOCK_SIZE = 16"), ("BATCH_SIZE = 32", "BATCH_SIZE = 4"),
+    ("EPOCHS = 3", "EPOCHS = 2"), ("    VOCAB = 8000", "    VOCAB = 64"),
+    ('    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))',
+     '    if torch.cuda.is_available(): torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))'),
+    ("(500_000,)", "(600,)"), ("(50_000,)", "(200,)"),
+    ("num_workers=4, pin_memory=True", "num_workers=0, pin_memory=False"),
+    ("num_workers=2, pin_memory=True", "num_workers=0, pin_memory=False"),
+    ("n_embed=384, n_head=6, n_layer=6", "n_embed=32, n_head=2, n_layer=1"),
+    ('torch.save(model.module.state_dict(), "minigpt_ddp.pt")', "pass"),
+]
+
+
+def seed_002_trainer(directory: Path) -> Path:
+    source = SEED_002.read_text()
+    for old, new in SEED_002_CHANGES:
+        assert old in source, old
+        source = source.replace(old, new)
+    path = directory / "seed002_trainer.py"
+    path.write_text(source)
+    return path
 
 BARRIER_ON_RANK_0 = '''import torch
 import torch.distributed as dist
@@ -82,12 +107,12 @@ def test_all_reduce_of_different_shapes_is_explained(tmp_path):
 def test_seed_002_trainer_is_diagnosed(tmp_path):
     """On gloo the guide's deadlock aborts rank 0 (the peer's gradient bucket does not fit
     rank 0's 4-byte all_reduce); the crash record names the call and its rank condition."""
-    proc = watch(FIXTURES / "seed002_trainer.py", "--hang-timeout-s", "20", cwd=tmp_path)
+    proc = watch(seed_002_trainer(tmp_path), "--hang-timeout-s", "20", cwd=tmp_path)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert "rank 0 exited with code -6 (killed by signal 6) in all_reduce at " in last, last
-    assert "seed002_trainer.py:130 in run_val() (called from main), under `if is_main():` " \
-           "at " in last and "seed002_trainer.py:151" in last, last
+    assert "seed002_trainer.py:124 in run_val() (called from main), under `if is_main():` " \
+           "at seed002_trainer.py:145" in last, last
 
 
 def test_the_trainer_reports_a_planted_hang(tmp_path, small_corpus_file, cache_dir):
