@@ -86,8 +86,8 @@ def _root_cause(exc: BaseException, where: Path) -> str:
         free = shutil.disk_usage(where).free
     except OSError:
         return text
-    if free < 1 << 20:
-        return f"No space left on device ({free:,} bytes free; torch said {text[:120]})"
+    if free < 1 << 20:  # said the same way however torch surfaced it
+        return "No space left on device"
     return text
 
 
