@@ -90,10 +90,6 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
                 f"on one rank, or a non-deterministic kernel.", disagree)
 
 
-def _where(t: torch.Tensor) -> str:
-    return str(t.device)
-
-
 def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None) -> list[str]:
     """One line per tensor not on `expected`: parameters, buffers, and the batch's tensors
     (nested lists/tuples/dicts). Empty when everything is in place."""
@@ -102,10 +98,10 @@ def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None
                         ("buffer", model.named_buffers())):
         for name, t in items:
             if not _same(t.device, expected):
-                found.append(f"{kind} `{name}` is on {_where(t)}, expected {expected}")
+                found.append(f"{kind} `{name}` is on {t.device}, expected {expected}")
     for path, t in _tensors(batch, "batch"):
         if not _same(t.device, expected):
-            found.append(f"input `{path}` is on {_where(t)}, expected {expected}")
+            found.append(f"input `{path}` is on {t.device}, expected {expected}")
     return found
 
 

@@ -141,11 +141,9 @@ def _crashed_in(rank: int, code: int) -> str:
     if act is None or act.site is None:
         return ""
     what = f" in {act.collective}" if act.collective else ""
-    via = f" (called from {' → '.join(act.chain[:-1])})" if len(act.chain) > 1 else ""
-    under = f", under {act.condition}" if act.condition else ""
     gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
             "ran different collectives") if act.collective and code == -signal.SIGABRT else ""
-    return f"{what} at {act.where()}{via}{under}{gloo}"
+    return f"{what} at {act.where()}{act.context()}{gloo}"
 
 
 def _describe(rank: int, failure) -> str:

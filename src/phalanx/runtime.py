@@ -366,7 +366,9 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     run.strategy = strategy_class(name)(run, **strategy_options)
     run.strategy.check()
     torch.manual_seed(derive_seed(seed, env.rank))
-    hang = hang_timeout_s or float(os.environ.get("PHALANX_HANG_TIMEOUT", "0") or 0)
+    from phalanx.hang.watchdog import timeout_from_env
+
+    hang = hang_timeout_s or timeout_from_env()
     if hang > 0 and not os.environ.get("PHALANX_WATCHED"):
         run.watch(hang, hang_report_dir or os.environ.get("PHALANX_HANG_REPORT_DIR"))
     return run

@@ -49,9 +49,8 @@ def compare(run, steps: dict, repeats: int, n: int, warmup: int) -> dict[str, li
 
 def _labelled_step(step, sync: bool = True):
     """One Phalanx step with its phases labelled for the profiler."""
-    from phalanx.train.loop import optimizer_step
-
     from phalanx.strategies import BackwardSyncControl
+    from phalanx.train.loop import optimizer_step
 
     model, acc, opt, batches, precision = (step.model, step.acc, step.opt, step.batches,
                                            step.precision)
@@ -61,9 +60,9 @@ def _labelled_step(step, sync: bool = True):
         for _ in range(acc.steps):
             with record_function("phalanx::data"):
                 x, y = next(batches)
-            skip = (not sync or not acc.is_last) and can_skip
-            acc.count += 1
-            with acc.strategy.no_backward_sync(model, enabled=True) if skip else nullcontext():
+            no_comm = acc.strategy.no_backward_sync(model, enabled=True) \
+                if not sync and can_skip else nullcontext()
+            with acc.micro_step(), no_comm:  # the trainer's sync rule; or none at all
                 with record_function("phalanx::forward"), precision.autocast():
                     _, loss = model(x, y)
                 with record_function("phalanx::backward"):

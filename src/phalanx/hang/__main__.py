@@ -31,15 +31,16 @@ def _watch_after_init() -> None:
 
 
 def hang_timeout() -> float:
-    raw = os.environ.get("PHALANX_HANG_TIMEOUT", "300")
+    from phalanx.errors import UserError
+    from phalanx.hang.watchdog import timeout_from_env
+
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        print(f"phalanx: error: PHALANX_HANG_TIMEOUT is `{raw}`; expected seconds > 0.",
-              file=sys.stderr)
-        raise SystemExit(2)
+        value = timeout_from_env(default="300")
+        if value == 0:
+            raise UserError("PHALANX_HANG_TIMEOUT is 0; under phalanx.hang expected > 0.")
+    except UserError as exc:
+        print(f"phalanx: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return value
 
 

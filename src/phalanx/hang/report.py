@@ -3,7 +3,7 @@ collective the others wait in, and the most likely cause."""
 
 from __future__ import annotations
 
-from phalanx.hang.stacks import Activity, Frame, describe, short
+from phalanx.hang.stacks import Activity, Frame, describe, is_user, short
 
 FIX_RANK_ONLY = ("Run the collective on every rank and keep only the printing/saving "
                  "under the rank condition (see `phalanx lint`, PX301).")
@@ -22,17 +22,11 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
     lines += ["", f"Most likely cause: {cause}"]
     lines += ["", "Stacks (user code, outermost first):"]
     for r, act in sorted(acts.items()):
-        user = [f for f in stacks[r] or [] if f in _user_frames(stacks[r])]
+        user = [f for f in stacks[r] or [] if is_user(f)]
         lines.append(f"  rank {r}:")
         lines += [f"    {short(f.file)}:{f.line} in {f.function}: {f.code}" for f in user] or \
             ["    (no user frames)"]
     return "\n".join(lines), cause
-
-
-def _user_frames(stack: list[Frame] | None) -> list[Frame]:
-    from phalanx.hang.stacks import is_user
-
-    return [f for f in stack or [] if is_user(f)]
 
 
 def _rank_line(rank: int, act: Activity | None, beat: dict | None) -> str:
@@ -45,9 +39,7 @@ def _rank_line(rank: int, act: Activity | None, beat: dict | None) -> str:
         return f"  rank {rank}: did not answer (dead, or stuck in C code holding the GIL){hb}"
     what = f"in {act.collective} at {act.where()}" if act.collective else \
         f"not in a collective: at {act.where()}"
-    via = f" (called from {' → '.join(act.chain[:-1])})" if len(act.chain) > 1 else ""
-    under = f", under {act.condition}" if act.condition else ""
-    return f"  rank {rank}: {what}{via}{under}{hb}"
+    return f"  rank {rank}: {what}{act.context()}{hb}"
 
 
 def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int) -> str:

@@ -45,13 +45,22 @@ class Activity:
             return "outside user code"
         return f"{short(self.site.file)}:{self.site.line} in {self.site.function}()"
 
+    def context(self) -> str:
+        """` (called from main → train), under `if rank == 0:` at x.py:5`, or ''."""
+        via = f" (called from {' → '.join(self.chain[:-1])})" if len(self.chain) > 1 else ""
+        return via + (f", under {self.condition}" if self.condition else "")
 
-def main_thread_stack() -> list[Frame]:
-    """The main thread's stack, read from another thread (needs the GIL, which a thread
-    blocked in a collective has released)."""
+
+def main_frame():
+    """The main thread's current frame, read from another thread (needs the GIL, which a
+    thread blocked in a collective has released); None if it has none."""
     import threading
 
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    return sys._current_frames().get(threading.main_thread().ident)
+
+
+def main_thread_stack() -> list[Frame]:
+    frame = main_frame()
     if frame is None:
         return []
     return [Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.hang.stacks import Frame, main_thread_stack
+from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
 
 HANG_EXIT_CODE = 3
 REPORT_NAME = "hang-report.txt"
@@ -95,14 +95,14 @@ class Watchdog:
             self._await_abort()
         if self.store.check(["abort"]):
             self._exit(report=None)
-        if self._is_reporter() and self._hung():
-            self._report_and_exit()
+        beats = self._heartbeats()  # one read of every rank's heartbeat per tick
+        idle = self._idle(beats)
+        if self._is_reporter() and min(idle.values()) >= self.timeout:
+            self._report_and_exit(beats)
 
     def _sample_stack(self) -> None:
         """A changed main-thread stack is progress."""
-        import threading as _t
-
-        frame = sys._current_frames().get(_t.main_thread().ident)
+        frame = main_frame()
         key = None if frame is None else (id(frame), frame.f_lineno)
         if key != self._last_stack:
             self._last_stack = key
@@ -131,24 +131,19 @@ class Watchdog:
         return idle
 
     def _is_reporter(self) -> bool:
-        """Rank 0, or the lowest rank whose lower peers stopped publishing."""
+        """Rank 0, or the lowest rank whose lower peers stopped publishing (as `_idle`
+        last saw them)."""
         if self.rank == 0:
             return True
-        self._idle(self._heartbeats())  # notes when each rank last published
         now, gone = time.monotonic(), self.timeout + 5 * self.poll
         return all(now - self._seen.get(r, (None, now))[1] > gone for r in range(self.rank))
 
-    def _hung(self) -> bool:
-        beats = self._heartbeats()
-        self.beats = beats
-        return min(self._idle(beats).values()) >= self.timeout
-
-    def _report_and_exit(self) -> None:
+    def _report_and_exit(self, beats: dict[int, dict]) -> None:
         from phalanx.hang.report import build_report
 
         self.store.set("dump", "1")
         stacks = self._collect_stacks(deadline=time.monotonic() + max(5.0, 3 * self.poll))
-        text, summary = build_report(stacks, self.beats, self.timeout, self.world_size)
+        text, summary = build_report(stacks, beats, self.timeout, self.world_size)
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -201,6 +196,20 @@ def _silence_stderr() -> None:
     sys.stderr.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
+
+
+def timeout_from_env(default: str = "0") -> float:
+    """PHALANX_HANG_TIMEOUT in seconds (0: off), or a UserError naming the bad value."""
+    from phalanx.errors import UserError
+
+    raw = os.environ.get("PHALANX_HANG_TIMEOUT", "") or default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise UserError(f"PHALANX_HANG_TIMEOUT is `{raw}`; expected seconds >= 0 (0: off).")
+    return value
 
 
 def job_store(world_size: int, namespace: str = "watchdog"):
