@@ -1,5 +1,6 @@
 """`phalanx bench` end to end on 2 gloo ranks with a tiny model: one step of each peer
-(plain DDP, Accelerate, Fabric, Phalanx), the profile, and both scaling sweeps."""
+(plain DDP, Accelerate, Fabric, Phalanx) and of each default variant, the profile, and
+both scaling sweeps."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, 
     proc = subprocess.run(
         [sys.executable, "-m", "phalanx", "bench", *TINY, "--data", str(small_corpus_file),
          "--cache-dir", str(cache_dir), "--out", str(tmp_path), "--peers", "--profile",
-         "--scaling", "--repeats", "1", "--steps", "1", "--warmup", "0"],
+         "--scaling", "--defaults", "--repeats", "1", "--steps", "1", "--warmup", "0"],
         capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     bench = tmp_path / "bench"
@@ -29,11 +30,18 @@ def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, 
     assert list(res["peers"]) == ["plain", "accelerate", "fabric", "phalanx"]
     assert all(len(v) == 1 and v[0] > 0 for v in res["peers"].values())
     assert set(res["profile"]["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
+    assert res["profile"]["allreduce_alone_ms"] > 0 and res["profile"]["rank_wait_ms"] >= 0
+    assert [d["setting"] for d in res["defaults"]] == [
+        "DDP static_graph", "DDP gradient_as_bucket_view", "DDP bucket sizes",
+        "AdamW implementation"]
+    assert all(len(d["times"]) == 1 and d["times"][0] > 0 for d in res["defaults"])
     assert [r["ranks"] for r in res["scaling"]["weak"]] == [1, 2]
     assert [r["global_batch"] for r in res["scaling"]["strong"]] == [4, 4]
     assert (bench / "trace-rank0.json").exists() and (bench / "trace-rank1.json").exists()
     text = (bench / "report.md").read_text()
     assert "| fabric |" in text and "Exposed communication" in text and "| strong | 2 |" in text
+    assert "| AdamW implementation | fused | for-loop |" in text
+    assert (bench / "scaling.png").exists()
 
 
 def test_bench_refuses_bad_counts(tmp_path):

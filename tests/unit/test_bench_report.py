@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.bench import flops, report
+from phalanx.bench import flops, report, stats
 from phalanx.models import GPTConfig, MiniGPT
 
 
@@ -39,7 +39,10 @@ RESULTS = {
     "profile": {"phases_ms": {"data": 1.0, "forward": 90.0, "backward": 200.0,
                               "optimizer": 9.0},
                 "step_ms": 290.0, "no_comm_step_ms": 280.0, "exposed_comm_ms": 10.0,
-                "exposed_comm_fraction": 10 / 290},
+                "exposed_comm_fraction": 10 / 290, "allreduce_alone_ms": 4.0,
+                "rank_wait_ms": 5.0},
+    "defaults": [{"label": "torch's DDP static_graph", "setting": "DDP static_graph",
+                  "ours": "True", "torch": "False", "times": [0.30, 0.31, 0.32]}],
     "scaling": {"weak": [{"ranks": 1, "global_batch": 16, "ms": 200.0, "tokens_per_s": 10240.0},
                          {"ranks": 2, "global_batch": 32, "ms": 210.0,
                           "tokens_per_s": 19504.8}],
@@ -52,8 +55,14 @@ RESULTS = {
 def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
     path = report.write(RESULTS, tmp_path)
     text = path.read_text()
-    assert "| plain | 310.0 (300.0–320.0) | 13,213 | **0.935** | <= 1.00 |" in text
-    assert "| accelerate | 400.0 (400.0–400.0) | 10,240 | **0.725** | <= 0.95 |" in text
+    # paired ratios: phalanx/plain per round = 0.28/0.30, 0.29/0.32, 0.30/0.31
+    assert ("| plain | 310.0 (300.0–320.0) | 13,213 | **0.933** (0.906–0.968) | <= 1.00 | met |"
+            in text)
+    assert ("| accelerate | 400.0 (400.0–400.0) | 10,240 | **0.725** (0.700–0.750) | <= 0.95 "
+            "| met |" in text)
+    assert ("| DDP static_graph | True | False | 310.0 (300.0–320.0) | **0.935** (0.933–0.938) "
+            "faster |" in text)
+    assert "on its own takes 4.0 ms" in text and "costs 5.0 ms of waiting" in text
     assert "Phalanx: 290.0 ms/step, **14,124 tokens/s**" in text
     assert "| backward | 200.0 | 67% |" in text
     assert "**10.0 ms = 3.4% of the step**" in text
@@ -61,3 +70,16 @@ def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
     assert "| strong | 2 | 32 | 250.0 | 16,384 | **80.0%** |" in text
     assert "MFU: not reported on CPU" in text
     assert (tmp_path / "peers.png").stat().st_size > 1000
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_paired_ratio_interval_and_verdict():
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert stats.ratio_interval(a, b) == (0.5, 0.5, 0.5)  # every round: exactly half
+    mid, low, high = stats.ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [1.0] * 5)
+    assert mid == 1.0 and low < 1.0 < high
+    assert stats.verdict(low, high, 1.0) == "within noise"
+    assert stats.verdict(0.90, 0.94, 0.95) == "met"
+    assert stats.verdict(0.96, 1.02, 0.95) == "missed"
+    with pytest.raises(ValueError, match="got 2 and 1 rounds"):
+        stats.paired_ratios([1.0, 2.0], [1.0])

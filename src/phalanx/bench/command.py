@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="weak and strong scaling, 1 … N ranks")
     group.add_argument("--profile", action="store_true",
                        help="torch.profiler step breakdown, exposed communication, traces")
+    group.add_argument("--defaults", action="store_true",
+                       help="time Phalanx's step with each of its performance defaults put "
+                            "back to torch's (static_graph, gradient_as_bucket_view, bucket "
+                            "sizes, fused AdamW)")
     group.add_argument("--repeats", type=int, default=5, help="timed blocks each (>= 1)")
     group.add_argument("--steps", type=int, default=10, help="steps per block (>= 1)")
     group.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 0)")
@@ -63,8 +67,8 @@ def parent(ns: argparse.Namespace, argv: list[str]) -> int:
     spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
             "warmup": ns.warmup, "out": str(out), "threads": threads}
     impls = ["plain", "accelerate", "fabric", "phalanx"] if ns.peers else ["phalanx"]
-    res = _phase({**spec, "phase": "main", "impls": impls, "profile": ns.profile}, nproc,
-                 threads, out / "raw-main.json")
+    res = _phase({**spec, "phase": "main", "impls": impls, "profile": ns.profile,
+                  "defaults": ns.defaults}, nproc, threads, out / "raw-main.json")
     if ns.scaling:
         res["scaling"] = scaling(spec, cfg, nproc, threads, out)
     (out / "results.json").write_text(json.dumps(res, indent=2))
@@ -85,7 +89,8 @@ def scaling(spec: dict, cfg, nproc: int, threads: int, out: Path) -> dict:
             conf = json.loads(json.dumps(spec["config"]))
             conf["train"]["micro_batch_size"] = per_rank
             r = _phase({**spec, "config": conf, "phase": f"{kind}-{n}", "impls": ["phalanx"],
-                        "profile": False}, n, threads, out / f"raw-{kind}-{n}.json")
+                        "profile": False, "defaults": False}, n, threads,
+                       out / f"raw-{kind}-{n}.json")
             ms = statistics.median(r["peers"]["phalanx"]) * 1e3
             found[kind].append({"ranks": n, "global_batch": per_rank * n * cfg.train.grad_accum,
                                 "ms": ms, "tokens_per_s": r["tokens_per_step"] / ms * 1e3})
@@ -104,7 +109,7 @@ def worker(spec: dict) -> int:
     import torch
 
     import phalanx
-    from phalanx.bench import flops, peers, runner
+    from phalanx.bench import defaults, flops, peers, runner
     from phalanx.config import from_dict
     from phalanx.data.corpus import prepare
     from phalanx.train.command import strategy_options
@@ -116,7 +121,9 @@ def worker(spec: dict) -> int:
                        **strategy_options(cfg))
     with run:
         steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
-        times = runner.compare(run, steps, spec["repeats"], spec["steps"], spec["warmup"])
+        variants = defaults.setups(cfg, tokens, run) if spec["defaults"] else {}
+        times = runner.compare(run, {**steps, **variants}, spec["repeats"], spec["steps"],
+                               spec["warmup"])
         prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
                                 spec["repeats"]) if spec["profile"] else None
         if run.is_main:
@@ -124,14 +131,17 @@ def worker(spec: dict) -> int:
             n_params, m = flops.matmul_params(model), cfg.model
             per_token = flops.flops_per_token(n_params, m.n_layer, m.n_embd, m.block_size)
             tokens_per_step = cfg.tokens_per_step(run.world_size)
-            name = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU"
+            device = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" \
+                else "CPU"
             tps = tokens_per_step / statistics.median(times["phalanx"])
             res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
-                   "device_name": name, "versions": peers.versions(), "repeats": spec["repeats"],
+                   "device_name": device, "versions": peers.versions(), "repeats": spec["repeats"],
                    "steps": spec["steps"], "tokens_per_step": tokens_per_step,
                    "matmul_params": n_params, "flops_per_token": per_token,
-                   "peak_flops": flops.peak_flops(name),
-                   "mfu": flops.mfu(tps, per_token, name, run.world_size),
-                   "peers": times, "profile": prof}
+                   "peak_flops": flops.peak_flops(device),
+                   "mfu": flops.mfu(tps, per_token, device, run.world_size),
+                   "peers": {name: times[name] for name in steps}, "profile": prof,
+                   "defaults": [{**d, "times": times[d["label"]]}
+                                for d in defaults.describe(variants)]}
             Path(spec["result"]).write_text(json.dumps(res))
     return 0

@@ -10,6 +10,7 @@ micro-batches of `micro_batch_size` windows, AdamW, gradient clipping — same m
 from __future__ import annotations
 
 import importlib.metadata
+from contextlib import contextmanager
 
 import torch
 
@@ -129,16 +130,22 @@ def fabric(cfg, tokens, run):
     return step
 
 
-def phalanx(cfg, tokens, run):
-    """The built-in trainer's own step: run.setup/loader/accumulate + the loop's functions."""
+def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = None):
+    """The built-in trainer's own step: run.setup/loader/accumulate + the loop's functions.
+
+    `ddp` overrides strategy options and `fused` the AdamW choice for this setup only
+    (how `--defaults` times each default against torch's).
+    """
     from phalanx.data import TokenWindows
     from phalanx.train.loop import build_model, micro_steps, optimizer_step
     from phalanx.train.optim import adamw
     from phalanx.train.precision import Precision
 
     t = cfg.train
-    model, opt = run.setup(build_model(cfg), lambda p: adamw(
-        p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), device=run.device))
+    with _strategy_options(run, ddp or {}):
+        model, opt = run.setup(build_model(cfg), lambda p: adamw(
+            p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+            device=run.device, fused=fused))
     batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
                               stream=True))
     acc, precision = run.accumulate(model, t.grad_accum), Precision(t.precision, run.device)
@@ -151,6 +158,16 @@ def phalanx(cfg, tokens, run):
         model, acc, opt, batches, precision)
     step.grad_clip = t.grad_clip
     return step
+
+
+@contextmanager
+def _strategy_options(run, overrides: dict):
+    saved = run.strategy.options
+    run.strategy.options = {**saved, **overrides}
+    try:
+        yield
+    finally:
+        run.strategy.options = saved
 
 
 SETUPS = {"plain": plain, "accelerate": accelerate, "fabric": fabric, "phalanx": phalanx}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from phalanx.bench import stats
+
 GOALS = {"plain": 1.00, "accelerate": 0.95, "fabric": 0.95}
 
 
@@ -13,17 +15,38 @@ def _ms(values: list[float]) -> str:
             f"{max(values) * 1e3:.1f})")
 
 
+def _ratio(ours: list[float], theirs: list[float]) -> tuple[str, tuple[float, float, float]]:
+    mid, low, high = stats.ratio_interval(ours, theirs)
+    return f"**{mid:.3f}** ({low:.3f}–{high:.3f})", (mid, low, high)
+
+
 def peers_table(res: dict) -> list[str]:
     times = res["peers"]
     tokens = res["tokens_per_step"]
-    ours = statistics.median(times["phalanx"])
-    lines = ["| implementation | ms/step, median (min–max) | tokens/s | Phalanx / it | goal |",
-             "|---|---|---|---|---|"]
+    ours = times["phalanx"]
+    lines = ["| implementation | ms/step, median (min–max) | tokens/s | Phalanx / it, paired "
+             "median (95% CI) | goal | verdict |", "|---|---|---|---|---|---|"]
     for name, values in times.items():
         med = statistics.median(values)
-        ratio = "—" if name == "phalanx" else f"**{ours / med:.3f}**"
+        ratio, verdict = "—", ""
+        if name != "phalanx":
+            ratio, (_, low, high) = _ratio(ours, values)
+            verdict = stats.verdict(low, high, GOALS[name]) if name in GOALS else ""
         goal = f"<= {GOALS[name]:.2f}" if name in GOALS else ""
-        lines.append(f"| {name} | {_ms(values)} | {tokens / med:,.0f} | {ratio} | {goal} |")
+        lines.append(f"| {name} | {_ms(values)} | {tokens / med:,.0f} | {ratio} | {goal} | "
+                     f"{verdict} |")
+    return lines
+
+
+def defaults_table(res: dict) -> list[str]:
+    ours = res["peers"]["phalanx"]
+    lines = ["| setting | Phalanx | torch's default | ms/step with torch's, median (min–max) "
+             "| Phalanx / torch's, paired median (95% CI) |", "|---|---|---|---|---|"]
+    for d in res["defaults"]:
+        ratio, (_, low, high) = _ratio(ours, d["times"])
+        effect = " faster" if high < 1 else " slower" if low > 1 else ""
+        lines.append(f"| {d['setting']} | {d['ours']} | {d['torch']} | {_ms(d['times'])} | "
+                     f"{ratio}{effect} |")
     return lines
 
 
@@ -37,7 +60,20 @@ def breakdown_table(prof: dict) -> list[str]:
                   f"step without it, slowest rank, medians): {prof['step_ms']:.1f} − "
                   f"{prof['no_comm_step_ms']:.1f} = **{prof['exposed_comm_ms']:.1f} ms = "
                   f"{prof['exposed_comm_fraction']:.1%} of the step** (goal <= 5%)."]
+    if "allreduce_alone_ms" in prof:
+        lines += ["", f"What it is made of: one all-reduce of every gradient on its own takes "
+                      f"{prof['allreduce_alone_ms']:.1f} ms (ranks lined up, nothing else "
+                      f"running); synchronising every step costs {prof['rank_wait_ms']:.1f} ms "
+                      f"of waiting for the slower rank even if communication were free (the "
+                      f"mean of slowest − mean rank time per step, on unsynchronised steps)."]
     return lines
+
+
+def efficiency(kind: str, base: dict, row: dict) -> float:
+    """Weak: tokens/s(n) / (n · tokens/s(1)). Strong: t(1) / (n · t(n))."""
+    if kind == "weak":
+        return row["tokens_per_s"] / (row["ranks"] * base["tokens_per_s"])
+    return base["ms"] / (row["ranks"] * row["ms"])
 
 
 def scaling_table(scaling: dict) -> list[str]:
@@ -47,9 +83,7 @@ def scaling_table(scaling: dict) -> list[str]:
         rows = scaling.get(kind, [])
         base = next((r for r in rows if r["ranks"] == 1), None)
         for r in rows:
-            eff = "—" if base is None else (
-                r["tokens_per_s"] / (r["ranks"] * base["tokens_per_s"]) if kind == "weak"
-                else base["ms"] / (r["ranks"] * r["ms"]))
+            eff = "—" if base is None else efficiency(kind, base, r)
             eff_text = eff if isinstance(eff, str) else f"**{eff:.1%}**"
             lines.append(f"| {kind} | {r['ranks']} | {r['global_batch']} | {r['ms']:.1f} | "
                          f"{r['tokens_per_s']:,.0f} | {eff_text} |")
@@ -77,7 +111,14 @@ def render(res: dict) -> str:
     if len(res["peers"]) > 1:
         lines += ["", "## Side by side", "", f"{res['repeats']} blocks of {res['steps']} "
                   "steps each, alternating order, after warm-up; a block's time is the slowest "
-                  "rank's.", ""] + peers_table(res) + ["", "![peers](peers.png)"]
+                  "rank's. Ratios are paired by round (the blocks of one round ran back to "
+                  "back) with a bootstrap 95% interval; the verdict is *met* or *missed* only "
+                  "when the whole interval is on one side of the goal.", ""]
+        lines += peers_table(res) + ["", "![peers](peers.png)"]
+    if res.get("defaults"):
+        lines += ["", "## Defaults, measured", "", "Phalanx's step with one setting put back "
+                  "to torch's default, timed in the same rounds. Below 1: Phalanx's default "
+                  "is faster here.", ""] + defaults_table(res)
     if res.get("profile"):
         lines += ["", "## Where a step's time goes", ""] + breakdown_table(res["profile"])
         lines += ["", "Chrome traces: `trace-rank<R>.json` (chrome://tracing, Perfetto)."]
@@ -85,29 +126,63 @@ def render(res: dict) -> str:
         lines += ["", "## Scaling", "", "Weak: fixed per-rank batch, efficiency = tokens/s(n) "
                   "/ (n · tokens/s(1)). Strong: fixed global batch, efficiency = t(1) / "
                   "(n · t(n)).", ""] + scaling_table(res["scaling"])
+        lines += ["", "![scaling](scaling.png)"]
     return "\n".join(lines) + "\n"
 
 
-def plots(res: dict, out: Path) -> list[Path]:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def peers_plot(res: dict, path: Path) -> None:
+    plt = _pyplot()
+    names = list(res["peers"])
+    meds = [statistics.median(v) * 1e3 for v in res["peers"].values()]
+    lows = [m - min(v) * 1e3 for m, v in zip(meds, res["peers"].values())]
+    highs = [max(v) * 1e3 - m for m, v in zip(meds, res["peers"].values())]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, meds, yerr=[lows, highs], capsize=4, color="#4c72b0")
+    ax.set_ylabel("ms per step (median, min–max)")
+    ax.set_title("The same training step, four ways")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def scaling_plot(scaling: dict, path: Path) -> None:
+    """Efficiency against ranks, weak and strong, with the 95% goal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for kind, marker in (("weak", "o"), ("strong", "s")):
+        rows = scaling.get(kind, [])
+        base = next((r for r in rows if r["ranks"] == 1), None)
+        if base is None:
+            continue
+        eff = [efficiency(kind, base, r) for r in rows]
+        ax.plot([r["ranks"] for r in rows], [e * 100 for e in eff], marker=marker, label=kind)
+    ax.axhline(95, color="grey", linestyle="--", linewidth=1, label="95% goal (weak)")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("scaling efficiency, %")
+    ax.set_ylim(0, 110)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plots(res: dict, out: Path) -> list[Path]:
     made = []
     if len(res["peers"]) > 1:
-        names = list(res["peers"])
-        meds = [statistics.median(v) * 1e3 for v in res["peers"].values()]
-        lows = [m - min(v) * 1e3 for m, v in zip(meds, res["peers"].values())]
-        highs = [max(v) * 1e3 - m for m, v in zip(meds, res["peers"].values())]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.bar(names, meds, yerr=[lows, highs], capsize=4, color="#4c72b0")
-        ax.set_ylabel("ms per step (median, min–max)")
-        ax.set_title("The same training step, four ways")
-        fig.tight_layout()
-        fig.savefig(out / "peers.png", dpi=120)
-        plt.close(fig)
+        peers_plot(res, out / "peers.png")
         made.append(out / "peers.png")
+    if res.get("scaling"):
+        scaling_plot(res["scaling"], out / "scaling.png")
+        made.append(out / "scaling.png")
     return made
 
 

@@ -21,14 +21,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def timed(run, step, n: int) -> float:
-    if run.device.type == "cuda":
-        torch.cuda.synchronize(run.device)
+    _sync(run)
     run.barrier()
     t0 = time.perf_counter()
     for _ in range(n):
         step()
-    if run.device.type == "cuda":
-        torch.cuda.synchronize(run.device)
+    _sync(run)
     per_step = torch.tensor((time.perf_counter() - t0) / n, dtype=torch.float64,
                             device=run.device)
     dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
@@ -74,7 +72,8 @@ def _labelled_step(step, sync: bool = True):
 
 def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
     """Per-phase ms/step from the profiler (this rank), a Chrome trace per rank, and the
-    exposed communication by ablation (slowest rank, median of `repeats` blocks)."""
+    exposed communication by ablation (slowest rank, median of `repeats` blocks), with
+    what it is made of: the all-reduce on its own, and the wait for the slower rank."""
     synced, unsynced = _labelled_step(step), _labelled_step(step, sync=False)
     for _ in range(2):
         synced()
@@ -91,4 +90,44 @@ def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
     return {"phases_ms": phases, "step_ms": with_comm * 1e3,
             "no_comm_step_ms": without * 1e3,
             "exposed_comm_ms": max(0.0, with_comm - without) * 1e3,
-            "exposed_comm_fraction": max(0.0, with_comm - without) / with_comm}
+            "exposed_comm_fraction": max(0.0, with_comm - without) / with_comm,
+            "allreduce_alone_ms": allreduce_alone(run, step.model) * 1e3,
+            "rank_wait_ms": rank_wait(run, unsynced, 3 * n) * 1e3}
+
+
+def _sync(run) -> None:
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+
+
+def allreduce_alone(run, model, repeats: int = 20) -> float:
+    """Seconds for one all-reduce of every gradient (one flat fp32 tensor), ranks lined up
+    by a barrier first: the communication's own cost, slowest rank, median."""
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    flat = torch.zeros(numel, dtype=torch.float32, device=run.device)
+    took = torch.zeros(repeats, dtype=torch.float64, device=run.device)
+    for i in range(-2, repeats):  # two untimed
+        run.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(flat)
+        _sync(run)
+        if i >= 0:
+            took[i] = time.perf_counter() - t0
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return took.median().item()
+
+
+def rank_wait(run, step, n: int) -> float:
+    """Seconds per step that synchronising every step would cost even with free
+    communication: the mean over steps of (slowest rank's time − the ranks' mean time),
+    timed on steps that do not synchronise."""
+    took = torch.zeros(n, dtype=torch.float64, device=run.device)
+    for i in range(n):
+        t0 = time.perf_counter()
+        step()
+        _sync(run)
+        took[i] = time.perf_counter() - t0
+    every = [torch.zeros_like(took) for _ in range(run.world_size)]
+    dist.all_gather(every, took)
+    ranks = torch.stack(every)  # ranks × steps
+    return (ranks.max(0).values - ranks.mean(0)).mean().item()

@@ -9,15 +9,18 @@ import torch.nn as nn
 
 
 def adamw(params: Iterable[nn.Parameter], *, lr: float, weight_decay: float,
-          betas: tuple[float, float], device: torch.device) -> torch.optim.AdamW:
+          betas: tuple[float, float], device: torch.device,
+          fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW where 2-D+ tensors (weights, embeddings) decay and 1-D ones (norms, biases) don't.
 
-    `fused=True` runs one kernel for all parameters on CPU and CUDA (torch >= 2.4).
+    Fused (one kernel for all parameters, on CPU and CUDA) unless `fused=False`: torch's
+    own default is a per-parameter loop on CPU and `foreach` on CUDA (`phalanx bench
+    --defaults` measures the difference).
     """
     params = [p for p in params if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fused = device.type in ("cpu", "cuda")
+    fused = device.type in ("cpu", "cuda") if fused is None else fused
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
