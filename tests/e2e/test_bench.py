@@ -37,6 +37,8 @@ def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, 
     assert all(len(d["times"]) == 1 and d["times"][0] > 0 for d in res["defaults"])
     assert [r["ranks"] for r in res["scaling"]["weak"]] == [1, 2]
     assert [r["global_batch"] for r in res["scaling"]["strong"]] == [4, 4]
+    assert res["scaling"]["weak"][0]["efficiency"] == [1.0, 1.0, 1.0]  # t(1) / t(1)
+    assert 0 < res["scaling"]["strong"][1]["efficiency"][0] < 2
     assert (bench / "trace-rank0.json").exists() and (bench / "trace-rank1.json").exists()
     text = (bench / "report.md").read_text()
     assert "| fabric |" in text and "Exposed communication" in text and "| strong | 2 |" in text

@@ -43,13 +43,14 @@ RESULTS = {
                 "rank_wait_ms": 5.0},
     "defaults": [{"label": "torch's DDP static_graph", "setting": "DDP static_graph",
                   "ours": "True", "torch": "False", "times": [0.30, 0.31, 0.32]}],
-    "scaling": {"weak": [{"ranks": 1, "global_batch": 16, "ms": 200.0, "tokens_per_s": 10240.0},
+    "scaling": {"weak": [{"ranks": 1, "global_batch": 16, "ms": 200.0, "tokens_per_s": 10240.0,
+                          "efficiency": [1.0, 1.0, 1.0]},
                          {"ranks": 2, "global_batch": 32, "ms": 210.0,
-                          "tokens_per_s": 19504.8}],
+                          "tokens_per_s": 19504.8, "efficiency": [0.952, 0.94, 0.96]}],
                 "strong": [{"ranks": 1, "global_batch": 32, "ms": 400.0,
-                            "tokens_per_s": 10240.0},
+                            "tokens_per_s": 10240.0, "efficiency": [1.0, 1.0, 1.0]},
                            {"ranks": 2, "global_batch": 32, "ms": 250.0,
-                            "tokens_per_s": 16384.0}]}}
+                            "tokens_per_s": 16384.0, "efficiency": [0.8, 0.75, 0.85]}]}}
 
 
 def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
@@ -66,8 +67,8 @@ def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
     assert "Phalanx: 290.0 ms/step, **14,124 tokens/s**" in text
     assert "| backward | 200.0 | 67% |" in text
     assert "**10.0 ms = 3.4% of the step**" in text
-    assert "| weak | 2 | 32 | 210.0 | 19,505 | **95.2%** |" in text
-    assert "| strong | 2 | 32 | 250.0 | 16,384 | **80.0%** |" in text
+    assert "| weak | 2 | 32 | 210.0 | 19,505 | **95.2%** (94.0%–96.0%) | >= 95% |" in text
+    assert "| strong | 2 | 32 | 250.0 | 16,384 | **80.0%** (75.0%–85.0%) |  |" in text
     assert "MFU: not reported on CPU" in text
     assert (tmp_path / "peers.png").stat().st_size > 1000
     assert (tmp_path / "scaling.png").stat().st_size > 1000

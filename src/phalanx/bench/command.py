@@ -67,34 +67,13 @@ def parent(ns: argparse.Namespace, argv: list[str]) -> int:
     spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
             "warmup": ns.warmup, "out": str(out), "threads": threads}
     impls = ["plain", "accelerate", "fabric", "phalanx"] if ns.peers else ["phalanx"]
-    res = _phase({**spec, "phase": "main", "impls": impls, "profile": ns.profile,
-                  "defaults": ns.defaults}, nproc, threads, out / "raw-main.json")
-    if ns.scaling:
-        res["scaling"] = scaling(spec, cfg, nproc, threads, out)
+    res = _phase({**spec, "impls": impls, "profile": ns.profile, "defaults": ns.defaults,
+                  "scaling": ns.scaling}, nproc, threads, out / "raw.json")
     (out / "results.json").write_text(json.dumps(res, indent=2))
     path = report.write(res, out)
     print(path.read_text())
     print(f"wrote: {path}, {out / 'results.json'}")
     return 0
-
-
-def scaling(spec: dict, cfg, nproc: int, threads: int, out: Path) -> dict:
-    micro = cfg.train.micro_batch_size
-    found: dict[str, list] = {"weak": [], "strong": []}
-    for kind in ("weak", "strong"):
-        for n in range(1, nproc + 1):
-            per_rank = micro if kind == "weak" else micro * nproc // n
-            if kind == "strong" and micro * nproc % n:
-                continue  # the global batch does not split evenly over n ranks
-            conf = json.loads(json.dumps(spec["config"]))
-            conf["train"]["micro_batch_size"] = per_rank
-            r = _phase({**spec, "config": conf, "phase": f"{kind}-{n}", "impls": ["phalanx"],
-                        "profile": False, "defaults": False}, n, threads,
-                       out / f"raw-{kind}-{n}.json")
-            ms = statistics.median(r["peers"]["phalanx"]) * 1e3
-            found[kind].append({"ranks": n, "global_batch": per_rank * n * cfg.train.grad_accum,
-                                "ms": ms, "tokens_per_s": r["tokens_per_step"] / ms * 1e3})
-    return found
 
 
 def _phase(spec: dict, nproc: int, threads: int, result: Path) -> dict:
@@ -109,7 +88,7 @@ def worker(spec: dict) -> int:
     import torch
 
     import phalanx
-    from phalanx.bench import defaults, flops, peers, runner
+    from phalanx.bench import defaults, flops, peers, runner, scaling
     from phalanx.config import from_dict
     from phalanx.data.corpus import prepare
     from phalanx.train.command import strategy_options
@@ -126,6 +105,8 @@ def worker(spec: dict) -> int:
                                spec["warmup"])
         prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
                                 spec["repeats"]) if spec["profile"] else None
+        sweep = scaling.sweep(cfg, tokens, run, spec["repeats"], spec["steps"],
+                              spec["warmup"]) if spec["scaling"] else None
         if run.is_main:
             model = build_model(cfg)
             n_params, m = flops.matmul_params(model), cfg.model
@@ -141,6 +122,7 @@ def worker(spec: dict) -> int:
                    "peak_flops": flops.peak_flops(device),
                    "mfu": flops.mfu(tps, per_token, device, run.world_size),
                    "peers": {name: times[name] for name in steps}, "profile": prof,
+                   "scaling": sweep,
                    "defaults": [{**d, "times": times[d["label"]]}
                                 for d in defaults.describe(variants)]}
             Path(spec["result"]).write_text(json.dumps(res))

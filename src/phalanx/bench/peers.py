@@ -130,11 +130,13 @@ def fabric(cfg, tokens, run):
     return step
 
 
-def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = None):
+def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = None,
+            strategy=None):
     """The built-in trainer's own step: run.setup/loader/accumulate + the loop's functions.
 
-    `ddp` overrides strategy options and `fused` the AdamW choice for this setup only
-    (how `--defaults` times each default against torch's).
+    For this setup only, `ddp` overrides strategy options and `fused` the AdamW choice
+    (how `--defaults` times each default against torch's), and `strategy` replaces the
+    run's strategy (how `--scaling` times one rank alone inside a larger launch).
     """
     from phalanx.data import TokenWindows
     from phalanx.train.loop import build_model, micro_steps, optimizer_step
@@ -142,13 +144,14 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
     from phalanx.train.precision import Precision
 
     t = cfg.train
-    with _strategy_options(run, ddp or {}):
+    with _swapped_strategy(run, strategy, ddp or {}):
         model, opt = run.setup(build_model(cfg), lambda p: adamw(
             p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
             device=run.device, fused=fused))
+        acc = run.accumulate(model, t.grad_accum)
     batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
                               stream=True))
-    acc, precision = run.accumulate(model, t.grad_accum), Precision(t.precision, run.device)
+    precision = Precision(t.precision, run.device)
 
     def step():
         micro_steps(model, acc, batches, precision)
@@ -161,13 +164,16 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
 
 
 @contextmanager
-def _strategy_options(run, overrides: dict):
-    saved = run.strategy.options
-    run.strategy.options = {**saved, **overrides}
+def _swapped_strategy(run, strategy, overrides: dict):
+    saved = run.strategy
+    using = run.strategy = strategy or saved
+    options = using.options
+    using.options = {**options, **overrides}
     try:
         yield
     finally:
-        run.strategy.options = saved
+        using.options = options
+        run.strategy = saved
 
 
 SETUPS = {"plain": plain, "accelerate": accelerate, "fabric": fabric, "phalanx": phalanx}

@@ -69,24 +69,16 @@ def breakdown_table(prof: dict) -> list[str]:
     return lines
 
 
-def efficiency(kind: str, base: dict, row: dict) -> float:
-    """Weak: tokens/s(n) / (n · tokens/s(1)). Strong: t(1) / (n · t(n))."""
-    if kind == "weak":
-        return row["tokens_per_s"] / (row["ranks"] * base["tokens_per_s"])
-    return base["ms"] / (row["ranks"] * row["ms"])
-
-
 def scaling_table(scaling: dict) -> list[str]:
-    lines = ["| sweep | ranks | global batch | ms/step (median) | tokens/s | efficiency |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| sweep | ranks | global batch | ms/step (median) | tokens/s | efficiency, paired "
+             "median (95% CI) | goal |", "|---|---|---|---|---|---|---|"]
     for kind in ("weak", "strong"):
-        rows = scaling.get(kind, [])
-        base = next((r for r in rows if r["ranks"] == 1), None)
-        for r in rows:
-            eff = "—" if base is None else efficiency(kind, base, r)
-            eff_text = eff if isinstance(eff, str) else f"**{eff:.1%}**"
+        for r in scaling.get(kind, []):
+            mid, low, high = r["efficiency"]
+            goal = ">= 95%" if kind == "weak" and r["ranks"] > 1 else ""
             lines.append(f"| {kind} | {r['ranks']} | {r['global_batch']} | {r['ms']:.1f} | "
-                         f"{r['tokens_per_s']:,.0f} | {eff_text} |")
+                         f"{r['tokens_per_s']:,.0f} | **{mid:.1%}** ({low:.1%}–{high:.1%}) | "
+                         f"{goal} |")
     return lines
 
 
@@ -123,9 +115,10 @@ def render(res: dict) -> str:
         lines += ["", "## Where a step's time goes", ""] + breakdown_table(res["profile"])
         lines += ["", "Chrome traces: `trace-rank<R>.json` (chrome://tracing, Perfetto)."]
     if res.get("scaling"):
-        lines += ["", "## Scaling", "", "Weak: fixed per-rank batch, efficiency = tokens/s(n) "
-                  "/ (n · tokens/s(1)). Strong: fixed global batch, efficiency = t(1) / "
-                  "(n · t(n)).", ""] + scaling_table(res["scaling"])
+        lines += ["", "## Scaling", "", "All sizes in one launch, interleaved (ranks beyond n "
+                  "wait idle). Weak: fixed per-rank batch, efficiency = t(1) / t(n). Strong: "
+                  "fixed global batch, efficiency = t(1) / (n · t(n)). Paired by round, "
+                  "bootstrap 95% interval.", ""] + scaling_table(res["scaling"])
         lines += ["", "![scaling](scaling.png)"]
     return "\n".join(lines) + "\n"
 
@@ -155,16 +148,15 @@ def peers_plot(res: dict, path: Path) -> None:
 
 
 def scaling_plot(scaling: dict, path: Path) -> None:
-    """Efficiency against ranks, weak and strong, with the 95% goal line."""
+    """Efficiency against ranks, weak and strong (95% intervals), with the goal line."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for kind, marker in (("weak", "o"), ("strong", "s")):
         rows = scaling.get(kind, [])
-        base = next((r for r in rows if r["ranks"] == 1), None)
-        if base is None:
-            continue
-        eff = [efficiency(kind, base, r) for r in rows]
-        ax.plot([r["ranks"] for r in rows], [e * 100 for e in eff], marker=marker, label=kind)
+        ax.errorbar([r["ranks"] for r in rows], [r["efficiency"][0] * 100 for r in rows],
+                    yerr=[[(r["efficiency"][0] - r["efficiency"][1]) * 100 for r in rows],
+                          [(r["efficiency"][2] - r["efficiency"][0]) * 100 for r in rows]],
+                    marker=marker, capsize=4, label=kind)
     ax.axhline(95, color="grey", linestyle="--", linewidth=1, label="95% goal (weak)")
     ax.set_xlabel("ranks")
     ax.set_ylabel("scaling efficiency, %")

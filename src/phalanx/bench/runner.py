@@ -21,14 +21,16 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def timed(run, step, n: int) -> float:
+    """Seconds per step over `n` steps, slowest rank's. A rank whose `step` is None sits
+    the block out (idle in the final all-reduce), as `--scaling` does for smaller sizes."""
     _sync(run)
     run.barrier()
     t0 = time.perf_counter()
-    for _ in range(n):
+    for _ in range(n if step is not None else 0):
         step()
     _sync(run)
-    per_step = torch.tensor((time.perf_counter() - t0) / n, dtype=torch.float64,
-                            device=run.device)
+    took = (time.perf_counter() - t0) / n if step is not None else 0.0
+    per_step = torch.tensor(took, dtype=torch.float64, device=run.device)
     dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
     return per_step.item()
 

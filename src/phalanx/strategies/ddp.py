@@ -75,7 +75,7 @@ class DDPStrategy(Strategy, BackwardSyncControl):
             gradient_as_bucket_view=self.options.get("gradient_as_bucket_view", True),
             static_graph=self.options.get("static_graph", False),
             find_unused_parameters=self.options.get("find_unused_parameters", False),
-            process_group=_unverified_group(),
+            process_group=self.options.get("process_group") or _unverified_group(),
         )
         self._wrapped.add(wrapped)
         return wrapped
