@@ -3,7 +3,8 @@
 Same MiniGPT, same data, same per-rank batch, same ranks and threads, same process group.
 Blocks of steps alternate between the two (A B A B ...), after a warm-up of each; the
 per-step time of a block is the slowest rank's (all-reduce MAX). Prints medians, min–max
-and the ratio Phalanx / plain (lower is better; goal <= 1.00).
+and the ratio Phalanx / plain paired by round with a bootstrap 95% interval (lower is
+better; goal <= 1.00). `phalanx bench --peers` does the same with Accelerate and Fabric.
 
     python benchmarks/step_vs_plain_ddp.py [--nproc 2] [--repeats 7] [--steps 10]
 """
@@ -41,12 +42,15 @@ def worker(args) -> None:
 
 
 def report(times: dict, args) -> None:
-    med = {k: statistics.median(v) for k, v in times.items()}
+    from phalanx.bench.stats import ratio_interval
+
     for name, values in times.items():
-        print(f"{name:8s} median {med[name] * 1e3:7.1f} ms/step   min–max "
+        print(f"{name:8s} median {statistics.median(values) * 1e3:7.1f} ms/step   min–max "
               f"{min(values) * 1e3:.1f}–{max(values) * 1e3:.1f} ms   ({len(values)} blocks of "
               f"{args.steps} steps)")
-    print(f"ratio phalanx / plain = {med['phalanx'] / med['plain']:.3f}  (goal <= 1.00)")
+    mid, low, high = ratio_interval(times["phalanx"], times["plain"])
+    print(f"ratio phalanx / plain, paired by round = {mid:.3f} (95% CI {low:.3f}–{high:.3f}; "
+          f"goal <= 1.00)")
 
 
 def main() -> None:

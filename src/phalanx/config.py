@@ -155,8 +155,10 @@ class DistConfig:
     gradient_as_bucket_view: bool = opt(True, "DDP: gradients are views into the "
                                               "all-reduce buckets (saves a copy).")
     static_graph: bool = opt(True, "DDP: declare the graph static — the same parameters "
-                                   "take part every step, as in MiniGPT (measured ~2-7 % faster "
-                                   "per step on 2 gloo ranks; see benchmarks/README.md).")
+                                   "take part every step, as in MiniGPT. Used only with "
+                                   "--grad-accum 1. `phalanx bench --defaults` measures it "
+                                   "against torch's default (2 CPU gloo ranks: no difference "
+                                   "beyond noise).")
     find_unused_parameters: bool = opt(False, "DDP: search for parameters without "
                                               "gradient every step (costly; off by default).")
     sync_batchnorm: bool = opt(False, "Convert BatchNorm to SyncBatchNorm before wrapping "

@@ -63,7 +63,7 @@ def test_report_shows_ratios_breakdown_and_efficiency(tmp_path):
             "| met |" in text)
     assert ("| DDP static_graph | True | False | 310.0 (300.0–320.0) | **0.935** (0.933–0.938) "
             "faster |" in text)
-    assert "on its own takes 4.0 ms" in text and "costs 5.0 ms of waiting" in text
+    assert "on its own takes 4.0 ms" in text and "(mean over steps of slowest − mean rank time): 5.0 ms" in text
     assert "Phalanx: 290.0 ms/step, **14,124 tokens/s**" in text
     assert "| backward | 200.0 | 67% |" in text
     assert "**10.0 ms = 3.4% of the step**" in text

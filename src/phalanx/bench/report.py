@@ -63,9 +63,10 @@ def breakdown_table(prof: dict) -> list[str]:
     if "allreduce_alone_ms" in prof:
         lines += ["", f"What it is made of: one all-reduce of every gradient on its own takes "
                       f"{prof['allreduce_alone_ms']:.1f} ms (ranks lined up, nothing else "
-                      f"running); synchronising every step costs {prof['rank_wait_ms']:.1f} ms "
-                      f"of waiting for the slower rank even if communication were free (the "
-                      f"mean of slowest − mean rank time per step, on unsynchronised steps)."]
+                      f"running); waiting for the slower rank, estimated on steps that do not "
+                      f"synchronise (mean over steps of slowest − mean rank time): "
+                      f"{prof['rank_wait_ms']:.1f} ms. The estimate can exceed the exposed "
+                      f"time: a rank waiting idle stops competing for the machine."]
     return lines
 
 
