@@ -26,10 +26,12 @@ def timed(run, step, n: int) -> float:
     _sync(run)
     run.barrier()
     t0 = time.perf_counter()
-    for _ in range(n if step is not None else 0):
-        step()
-    _sync(run)
-    took = (time.perf_counter() - t0) / n if step is not None else 0.0
+    took = 0.0
+    if step is not None:
+        for _ in range(n):
+            step()
+        _sync(run)
+        took = (time.perf_counter() - t0) / n
     per_step = torch.tensor(took, dtype=torch.float64, device=run.device)
     dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
     return per_step.item()
