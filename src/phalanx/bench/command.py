@@ -105,6 +105,8 @@ def worker(spec: dict) -> int:
                                spec["warmup"])
         prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
                                 spec["repeats"]) if spec["profile"] else None
+        names, variant_info = list(steps), defaults.describe(variants)
+        del steps, variants  # free their models before the sweep builds its own
         sweep = scaling.sweep(cfg, tokens, run, spec["repeats"], spec["steps"],
                               spec["warmup"]) if spec["scaling"] else None
         if run.is_main:
@@ -121,9 +123,9 @@ def worker(spec: dict) -> int:
                    "matmul_params": n_params, "flops_per_token": per_token,
                    "peak_flops": flops.peak_flops(device),
                    "mfu": flops.mfu(tps, per_token, device, run.world_size),
-                   "peers": {name: times[name] for name in steps}, "profile": prof,
+                   "peers": {name: times[name] for name in names}, "profile": prof,
                    "scaling": sweep,
                    "defaults": [{**d, "times": times[d["label"]]}
-                                for d in defaults.describe(variants)]}
+                                for d in variant_info]}
             Path(spec["result"]).write_text(json.dumps(res))
     return 0
