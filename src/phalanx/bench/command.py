@@ -1,5 +1,6 @@
-"""`phalanx bench [train options] [--peers] [--scaling] [--profile]`: measured side by
-side in one run; writes OUT/bench/report.md, results.json, plots and Chrome traces."""
+"""`phalanx bench [train options] [--peers] [--defaults] [--scaling] [--profile]`: measured
+side by side in one launch; writes OUT/bench/report.md, results.json, plots and Chrome
+traces."""
 
 from __future__ import annotations
 
@@ -51,11 +52,12 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.peers and missing:
         raise UserError(f"`--peers` needs {', '.join(peer_impls.PACKAGES[m] for m in missing)}: "
                         f"pip install -c constraints.txt -e \".[bench]\"")
-    return parent(ns, argv)
+    return parent(ns)
 
 
-def parent(ns: argparse.Namespace, argv: list[str]) -> int:
+def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
+    from phalanx.bench.peers import PEERS
     from phalanx.launch import default_nproc, threads_per_rank
     from phalanx.train.command import prepare_out_dir
 
@@ -66,7 +68,7 @@ def parent(ns: argparse.Namespace, argv: list[str]) -> int:
     threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
     spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
             "warmup": ns.warmup, "out": str(out), "threads": threads}
-    impls = ["plain", "accelerate", "fabric", "phalanx"] if ns.peers else ["phalanx"]
+    impls = list(PEERS) if ns.peers else ["phalanx"]
     res = _phase({**spec, "impls": impls, "profile": ns.profile, "defaults": ns.defaults,
                   "scaling": ns.scaling}, nproc, threads, out / "raw.json")
     (out / "results.json").write_text(json.dumps(res, indent=2))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phalanx.bench.peers import phalanx
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -45,8 +47,6 @@ def variants(run) -> list[Variant]:
 
 def setups(cfg, tokens, run) -> dict:
     """{label: step} for every variant, built like `peers.phalanx`."""
-    from phalanx.bench.peers import phalanx
-
     built = {}
     for v in variants(run):
         built[v.label] = phalanx(cfg, tokens, run, ddp=v.ddp, fused=v.fused)

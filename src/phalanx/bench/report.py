@@ -168,15 +168,11 @@ def scaling_plot(scaling: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plots(res: dict, out: Path) -> list[Path]:
-    made = []
+def plots(res: dict, out: Path) -> None:
     if len(res["peers"]) > 1:
         peers_plot(res, out / "peers.png")
-        made.append(out / "peers.png")
     if res.get("scaling"):
         scaling_plot(res["scaling"], out / "scaling.png")
-        made.append(out / "scaling.png")
-    return made
 
 
 def write(res: dict, out: Path) -> Path:
