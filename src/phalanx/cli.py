@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from phalanx import __version__
-from phalanx.errors import DistributedError, UserError, record_for_agent
+from phalanx.errors import DistributedError, Interrupted, UserError, record_for_agent
+from phalanx.lifecycle import die_with_parent
 from phalanx.bench import command as bench_command
 from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
+        die_with_parent()
     ns = build_parser().parse_args(argv)
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except Interrupted as exc:
+        print(f"phalanx: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)
         return 130

@@ -40,3 +40,16 @@ def record_for_agent(exc: BaseException) -> bool:
     handler.initialize()
     handler.record_exception(exc)
     return os.environ.get("PHALANX_LAUNCHED") == "1"
+
+
+class Interrupted(PhalanxError):
+    """The job was stopped by a signal (Ctrl-C / SIGTERM); exits with 128 + the signal."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        import signal
+
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        name = signal.Signals(self.signum).name if self.signum in signal.valid_signals() \
+            else f"signal {self.signum}"
+        super().__init__(message or f"stopped by {name}.")

@@ -17,7 +17,7 @@ import sys
 import uuid
 
 from phalanx.envinfo import usable_cores
-from phalanx.errors import DistributedError, UserError
+from phalanx.errors import DistributedError, Interrupted, UserError
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
@@ -50,10 +50,13 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     Raises `UserError` with the first rank's message when every failed rank exited with
     code 2 (a user error), `DistributedError` naming the failed ranks otherwise.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):  # each sets its own level
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
@@ -63,6 +66,8 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         elastic_launch(config, sys.executable)(*python_args)
+    except SignalException as exc:  # the agent forwarded it and waited for the workers
+        raise Interrupted(exc.sigval) from None
     except ChildFailedError as exc:
         failures = exc.failures
         culprits, victims, stopped = _blame(failures)

@@ -15,6 +15,7 @@ script cannot get them wrong:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import hashlib
 import os
@@ -82,6 +83,7 @@ class Run:
     strategy: Strategy
     _saver: Any = field(default=None, repr=False)
     _watchdog: Any = field(default=None, repr=False)
+    _stop: Any = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -189,6 +191,30 @@ class Run:
         """Tell the hang watchdog this rank progressed (cheap; a no-op without one)."""
         if self._watchdog is not None:
             self._watchdog.beat(step, phase)
+
+    # -- stopping on a signal ---------------------------------------------------------
+    @contextlib.contextmanager
+    def catch_stop_signals(self):
+        """Within this block the first SIGINT/SIGTERM only asks to stop (see
+        `stop_requested`); a second one stops the process at once. Enter it on every rank."""
+        from phalanx.lifecycle import StopSignals
+
+        self._stop = StopSignals().install()
+        try:
+            yield self
+        finally:
+            self._stop.restore()
+            self._stop = None
+
+    def stop_requested(self) -> int:
+        """The signal number that asked any rank to stop, agreed by all ranks (0: none).
+        Inside `catch_stop_signals` it is a collective (one small all-reduce): call it at
+        the same point of every step on every rank, then save and leave the loop."""
+        if self._stop is None:
+            return 0
+        flag = torch.tensor([self._stop.requested], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
 
     # -- checkpoints ----------------------------------------------------------------
     def save(self, root: str | Path, step: int, model: nn.Module,
@@ -344,6 +370,10 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
     env = detect_launch_env()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
+        from phalanx.lifecycle import die_with_parent
+
+        die_with_parent()
     backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
     if backend == "nccl" and not torch.cuda.is_available():
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")

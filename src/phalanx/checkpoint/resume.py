@@ -1,18 +1,27 @@
 """Which checkpoint to resume from: `--resume auto | never | PATH`.
 
-`auto` takes the newest committed checkpoint under `OUT/checkpoints` that verifies
-(manifest present, every file's size and checksum right, metadata safe) and warns,
-naming each newer one it skipped and why. A `PATH` must be a checkpoint directory that
-verifies, or a run / checkpoints directory holding one.
+`auto` takes the most recently committed checkpoint under `OUT/checkpoints` that
+verifies (manifest present, every file listed with its size and checksum, nothing
+outside the directory, metadata safe) and warns, naming each newer one it skipped and
+why. "Most recently committed" is the order of the manifests' commit times, which is
+also the order `latest` moves in: the run directory holds one lineage (see
+checkpoint.rundir), and a directory written before lineages existed cannot have an
+older run's higher step beat the current run's newest. A `PATH` must be a checkpoint
+directory that verifies, or a run / checkpoints directory holding one.
+
+On an elastic restart (TORCHELASTIC_RESTART_COUNT > 0) `never` and `PATH` mean `auto`
+when the run has committed a checkpoint of its own: the restarted workers continue the
+run they belong to instead of starting it over.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 from phalanx.checkpoint.safety import UnsafeCheckpoint
-from phalanx.checkpoint.store import MANIFEST, verify
+from phalanx.checkpoint.store import MANIFEST, committed_at, read_latest, step_of, verify
 from phalanx.errors import UserError
 
 
@@ -31,9 +40,16 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
     """Newest checkpoint under `root` that verifies; each skipped one is named with why."""
     if not root.is_dir():
         return None
-    for path in sorted(root.glob("step-*"), reverse=True):
+    candidates = sorted(root.glob("step-*"), key=lambda p: (committed_at(p), step_of(p)),
+                        reverse=True)
+    for path in candidates:
         reason = _reason(path)
         if reason is None:
+            latest = read_latest(root)
+            if latest is not None and latest != path and latest.exists():
+                warn(f"warning: `latest` names {latest.name}, but {path.name} was committed "
+                     f"after it (a stop between the commit and the marker); using "
+                     f"{path.name}.")
             return path
         warn(f"warning: skipping checkpoint `{path}`: {reason}")
     return None
@@ -41,6 +57,10 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
 
 def resolve_resume(arg: str, out_dir: Path, warn: Callable[[str], None]) -> Path | None:
     """The checkpoint directory to resume from, or None to start fresh."""
+    if arg != "auto" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        own = newest_valid(checkpoints_dir(out_dir), warn)
+        if own is not None:
+            return own
     if arg == "never":
         return None
     if arg == "auto":

@@ -35,7 +35,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from phalanx.checkpoint.staging import ReusedBufferStager
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
-                                      fsync_dir, sha256, step_name, tensor_state, write_synced)
+                                      fsync_dir, sha256, step_name, step_of, tensor_state,
+                                      write_synced)
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
 
@@ -65,7 +66,16 @@ def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
     marker = final.parent / f".{LATEST}.tmp"
     write_synced(marker, final.name)
     os.replace(marker, final.parent / LATEST)
-    for old in committed(final.parent)[:-keep]:
+    rotate(final, keep)
+
+
+def rotate(final: Path, keep: int) -> None:
+    """Remove the oldest committed checkpoints so that `keep` remain, `final` (the one
+    just committed, which `latest` names) among them. Only checkpoints committed before
+    `final` at a lower step go: never the newest, never another lineage's future."""
+    older = [p for p in committed(final.parent)
+             if p != final and step_of(p) < step_of(final)]
+    for old in older[:max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 

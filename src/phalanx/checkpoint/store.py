@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
+from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
 from phalanx.checkpoint.safety import SafeFileSystemReader, check_metadata
 from phalanx.errors import UserError
 
@@ -47,14 +48,6 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_synced(path: Path, text: str) -> None:
@@ -99,10 +92,34 @@ def _direct_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Non
 
 
 def committed(root: Path) -> list[Path]:
-    """Committed checkpoint directories under `root`, oldest first."""
+    """Committed checkpoint directories under `root`, in commit order (oldest first).
+
+    Commit order is the time in each manifest (a run directory that predates lineages
+    may hold an older run's higher steps), then the step."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
+    return sorted((p for p in root.glob("step-*") if (p / MANIFEST).is_file()),
+                  key=lambda p: (committed_at(p), step_of(p)))
+
+
+def committed_at(path: Path) -> float:
+    """When checkpoint `path` was committed (its manifest's time; -inf if unreadable)."""
+    try:
+        created = json.loads((Path(path) / MANIFEST).read_text()).get("created")
+        return float(created) if isinstance(created, (int, float)) else float("-inf")
+    except (OSError, ValueError, AttributeError):
+        return float("-inf")
+
+
+def read_latest(root: Path) -> Path | None:
+    """The checkpoint the `latest` marker names, if it names one directly under `root`."""
+    try:
+        name = (Path(root) / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not name.startswith("step-") or "/" in name or name in (".", ".."):
+        return None
+    return Path(root) / name
 
 
 def verify(path: Path) -> str | None:

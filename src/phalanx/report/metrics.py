@@ -1,10 +1,13 @@
-"""`metrics.jsonl`: one JSON object per logged step, appended and flushed as it happens."""
+"""`metrics.jsonl`: one JSON object per logged step, appended and flushed as it happens.
+
+A crash mid-write leaves a torn last line; reading skips it (and any other line that is
+not a JSON object), says so once, and a resumed run rewrites the file without it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 class MetricsWriter:
@@ -22,5 +25,25 @@ class MetricsWriter:
         self._fh.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_metrics(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The records of a metrics file; unreadable lines (a torn tail) are skipped and,
+    with `warn`, reported in one message."""
+    records, bad = [], []
+    text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            bad.append(number)
+    if bad and warn is not None:
+        torn = bad == [len(text.splitlines())] and not text.endswith("\n")
+        what = "ends with a torn line (a crash mid-write)" if torn else \
+            f"has {len(bad)} unreadable line(s) ({', '.join(map(str, bad[:5]))})"
+        warn(f"warning: `{path}` {what}; skipped.")
+    return records

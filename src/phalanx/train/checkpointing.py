@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phalanx.checkpoint.resume import checkpoints_dir, resolve_resume
+from phalanx.checkpoint.rundir import reconcile
 from phalanx.checkpoint.store import read_sidecar
 from phalanx.config import Config
 from phalanx.errors import UserError
@@ -64,12 +66,42 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
              asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
 
 
-def precheck(cfg: Config, out_dir: Path) -> None:
+def precheck(cfg: Config, out_dir: Path) -> str | None:
     """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
-    and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings."""
+    and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings.
+
+    Returns a one-line account when that checkpoint is already at (or past)
+    `--max-steps`: the run is complete and there is nothing to do."""
     path = resolve_resume(cfg.train.resume, out_dir, lambda message: None)
-    if path is not None:
-        check_compatible(cfg, read_sidecar(path)["meta"].get("config", {}), path)
+    if path is None:
+        return None
+    meta = read_sidecar(path)["meta"]
+    check_compatible(cfg, meta.get("config", {}), path)
+    step = int(meta.get("train_state", {}).get("step", 0))
+    if step < cfg.train.max_steps:
+        return None
+    reached = _last_val_loss(Path(out_dir), step)
+    where = (f"at step {step} of {cfg.train.max_steps}" if step == cfg.train.max_steps
+             else f"at step {step}, past `--max-steps` {cfg.train.max_steps}")
+    return (f"the run in `{out_dir}` is already complete: checkpoint {path.name} is {where}"
+            + (f", val loss {reached:.4f}" if reached is not None else "")
+            + ". Nothing to do (nothing written): raise `--max-steps` to train further, "
+              "or start over with `--resume never`.")
+
+
+def _last_val_loss(out_dir: Path, step: int) -> float | None:
+    path = out_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    losses = [r["val_loss"] for r in read_metrics(path) if "val_loss" in r
+              and isinstance(r.get("step"), int) and r["step"] <= step]
+    return losses[-1] if losses else None
+
+
+def start_lineage(cfg: Config, out_dir: Path, say) -> None:
+    """Make `OUT/checkpoints` the lineage this run continues (see checkpoint.rundir):
+    on a fresh start the previous run moves to `OUT/superseded/`. Lock holder only."""
+    reconcile(out_dir, resolve_resume(cfg.train.resume, out_dir, lambda message: None), say)
 
 
 def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
@@ -79,7 +111,10 @@ def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
 
     if out_dir is None:
         return None
-    path = resolve_resume(cfg.train.resume, out_dir, run.print) if run.is_main else None
+    path = None
+    if run.is_main:
+        path = resolve_resume(cfg.train.resume, out_dir, run.print)
+        reconcile(out_dir, path, run.print)  # a no-op after the CLI's start_lineage
     path = run.broadcast(path)
     if path is None:
         return None
@@ -99,8 +134,11 @@ def truncate_metrics(out_dir: Path, step: int) -> None:
     """Drop metrics lines past the resumed step (they belong to the lost continuation)."""
     path = out_dir / "metrics.jsonl"
     if path.is_file():
-        kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        kept = [r for r in read_metrics(path, warn=print)
+                if isinstance(r.get("step"), int) and r["step"] <= step]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
 
 
 def should_save(cfg: Config, step: int) -> bool:

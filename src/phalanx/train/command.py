@@ -4,14 +4,16 @@ workers (or, under torchrun/SLURM, be one) and train on the public API."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shlex
+import signal
 from pathlib import Path
 
 from phalanx.config import Config
 from phalanx.data.corpus import TokenSplits, prepare
 from phalanx.envinfo import under_launcher
-from phalanx.errors import UserError
+from phalanx.errors import Interrupted, UserError
+from phalanx.lifecycle import exit_code
 from phalanx.options import add_config_flags, resolve
 
 
@@ -56,15 +58,56 @@ def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
 
 
+def owns_run_dir() -> bool:
+    """Whether this process is the run directory's one writer-to-be: the launcher, or
+    under another launcher (torchrun, SLURM) the global rank 0. Phalanx's own workers
+    run under a launcher that holds the lock already."""
+    if not under_launcher():
+        return True
+    return not os.environ.get("PHALANX_LAUNCHED") and os.environ.get(
+        "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     out = prepare_out_dir(cfg.train.out)
-    splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
-    check_data_fits(cfg, splits)
-    from phalanx.train.checkpointing import precheck
+    if not owns_run_dir():
+        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        return launch_or_work(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
+    from phalanx.checkpoint.rundir import RunDirLock
+    from phalanx.train.checkpointing import precheck, start_lineage
 
-    precheck(cfg, out)
-    return launch_or_work(cfg, "train", argv, lambda threads: worker(cfg, splits, out, threads))
+    with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
+        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        check_data_fits(cfg, splits)
+        complete = precheck(cfg, out)
+        if complete:
+            print(f"phalanx: {complete}", flush=True)
+            return 0
+        lock.record_holder()
+        start_lineage(cfg, out, lambda line: print(f"phalanx: {line}", flush=True))
+        try:
+            return launch_or_work(cfg, "train", argv,
+                                  lambda t: worker(cfg, splits, out, t, argv))
+        except Interrupted as exc:  # the workers committed a checkpoint and stopped
+            raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
+
+
+def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
+    """`stopped by SIGINT: checkpoint step-… is committed. Resume with: phalanx train …`"""
+    from phalanx.checkpoint.store import read_latest
+
+    latest = read_latest(out / "checkpoints")
+    kept = (f"checkpoint {latest.name} is committed" if latest is not None and latest.is_dir()
+            else "no checkpoint was committed yet")
+    args, skip = [], False
+    for a in argv:  # the resume command continues: no `--resume never` / PATH
+        if skip or a == "--resume" or a.startswith("--resume="):
+            skip = a == "--resume"
+            continue
+        args.append(a)
+    return (f"stopped by {signal.Signals(signum).name}: {kept}. Resume with: "
+            f"{shlex.join(['phalanx', 'train', *args])}")
 
 
 def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
@@ -115,16 +158,19 @@ def strategy_options(cfg: Config) -> dict:
             "sync_batchnorm": d.sync_batchnorm}
 
 
-def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None) -> int:
-    """One rank: init the runtime, train, and (rank 0) write the results."""
+def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None,
+           argv: list[str] | None = None) -> int:
+    """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
+    signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM)."""
     from phalanx.train.finish import finish, banner
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
         run.print(banner(cfg, run, splits))
-        if run.is_main:
-            (out / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         result = train(cfg, run, splits, out)
-        if run.is_main:
+        if result.stopped:
+            if not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher says it
+                run.print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}")
+        elif run.is_main:
             finish(cfg, run, result, out)
-    return 0  # closing the run waits for rank 0's writing (a barrier)
+    return exit_code(result.stopped) if result.stopped else 0  # closing the run waits for rank 0's writing (a barrier)

@@ -9,6 +9,7 @@ its config alone.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # global mean train loss per step
     val_losses: dict[int, float] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
+    stopped: int = 0  # the signal (SIGINT/SIGTERM) that ended the loop early, or 0
 
 
 def gpt_config(cfg: Config) -> GPTConfig:
@@ -184,7 +186,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
     """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses.
 
     With `out_dir`, checkpoints are committed there and `--resume` is honoured. With a
-    `samples` list, every training sample id this rank reads is appended to it.
+    `samples` list, every training sample id this rank reads is appended to it. The
+    first SIGINT/SIGTERM ends the loop after the step in progress, with a checkpoint
+    (`result.stopped` names the signal); a second one stops the process at once.
     """
     t = cfg.train
     if out_dir is not None:
@@ -192,41 +196,55 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
     model, opt = run.setup(build_model(cfg), lambda params: adamw(
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
         device=run.device))
-    inner = run.unwrap(model)
-    step_model = torch.compile(model) if t.compile else model
     precision = Precision(t.precision, run.device)
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
-    if run.is_main and out_dir is not None and state.step:
-        ckpt.truncate_metrics(out_dir, state.step)
+    if run.is_main and out_dir is not None:
+        if state.step:
+            ckpt.truncate_metrics(out_dir, state.step)
+        (Path(out_dir) / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     if samples is not None:
         train_ds = Recorded(train_ds, samples)
     val_ds = TokenWindows(splits.load("val"), cfg.model.block_size)
     batches = iter(run.loader(train_ds, t.micro_batch_size, seed=t.seed, stream=True,
                               position=state.position))
-    acc = run.accumulate(model, t.grad_accum)
     result = TrainResult(model=model, optimizer=opt, state=state)
     log = Logger(run, cfg, out_dir, state.step)
-    global_batch = t.micro_batch_size * t.grad_accum * run.world_size
     try:
-        for step in range(state.step, t.max_steps):
-            run.seed_step(step)
-            lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                       max_steps=cfg.decay_steps())
-            for group in opt.param_groups:
-                group["lr"] = lr
-            log.step_done(micro_steps(step_model, acc, batches, precision))
-            run.checkpoint_staged()  # a background save's copy must be done before the step
-            optimizer_step(model, opt, precision, t.grad_clip)
-            state.step, state.position = step + 1, state.position + global_batch
-            state.tokens_seen += global_batch * cfg.model.block_size
-            fault_point("step", state.step, inner)
-            run.beat(state.step, "train")
-            _guard(run, cfg, model, state.step)
-            _report(run, cfg, log, result, inner, val_ds, precision, lr)
-            if out_dir is not None and ckpt.should_save(cfg, state.step):
-                ckpt.save(run, cfg, out_dir, state, model, opt, precision)
-        run.wait_checkpoint()
+        with run.catch_stop_signals():
+            _steps(cfg, run, result, batches, precision, log, val_ds, out_dir)
     finally:
         log.close()
     return result
+
+
+def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
+           precision: Precision, log: Logger, val_ds: TokenWindows,
+           out_dir: Path | None) -> None:
+    """The loop: one optimizer step per iteration, until `--max-steps` or a stop signal."""
+    t, state, model, opt = cfg.train, result.state, result.model, result.optimizer
+    inner = run.unwrap(model)
+    step_model = torch.compile(model) if t.compile else model
+    acc = run.accumulate(model, t.grad_accum)
+    global_batch = t.micro_batch_size * t.grad_accum * run.world_size
+    for step in range(state.step, t.max_steps):
+        run.seed_step(step)
+        lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
+                   max_steps=cfg.decay_steps())
+        for group in opt.param_groups:
+            group["lr"] = lr
+        log.step_done(micro_steps(step_model, acc, batches, precision))
+        run.checkpoint_staged()  # a background save's copy must be done before the step
+        optimizer_step(model, opt, precision, t.grad_clip)
+        state.step, state.position = step + 1, state.position + global_batch
+        state.tokens_seen += global_batch * cfg.model.block_size
+        fault_point("step", state.step, inner)
+        run.beat(state.step, "train")
+        _guard(run, cfg, model, state.step)
+        _report(run, cfg, log, result, inner, val_ds, precision, lr)
+        result.stopped = run.stop_requested()  # every rank agrees to stop at this step
+        if out_dir is not None and (ckpt.should_save(cfg, state.step) or result.stopped):
+            ckpt.save(run, cfg, out_dir, state, model, opt, precision)
+        if result.stopped:
+            break
+    run.wait_checkpoint()

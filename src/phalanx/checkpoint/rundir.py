@@ -1,0 +1,150 @@
+"""What a run directory (`--out`) is: one run, one writer, one lineage of checkpoints.
+
+- **One writer.** `RunDirLock` holds an exclusive `flock` on `OUT/.phalanx.lock` for
+  the life of the run; the file says who holds it (pid, host, start time). A second run
+  on the same directory is refused naming the holder. The kernel drops the lock when
+  the holder dies, however it dies, so a killed run never blocks the next one.
+- **One lineage.** `OUT/checkpoints/` only ever holds checkpoints of the current run,
+  ascending by step, the newest named by `latest`. When a run starts fresh in a
+  directory that holds an earlier run (`--resume never`, no usable checkpoint, or a
+  resume from another directory), that run's checkpoints and results are *moved* to
+  `OUT/superseded/<time>/`, never deleted and never resumed from by accident; when a
+  run resumes from step S, checkpoints newer than S (skipped as corrupt, or a branch
+  the user chose not to continue) move there too. Rotation then only ever removes the
+  oldest checkpoints of the one lineage — never the newest, never `latest`'s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Callable
+
+from phalanx.errors import UserError
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+LOCK = ".phalanx.lock"
+SUPERSEDED = "superseded"
+# a previous run's results, moved with its checkpoints when a new run starts fresh
+RESULTS = ("metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
+           "run_config.json", "hang-report.txt")
+
+
+class RunDirLock:
+    """An exclusive lock on a run directory, held until `release` (or process death)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> RunDirLock:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UserError(f"cannot create the lock file `{self.path}` ({exc.strerror}). "
+                            f"Choose a writable `--out`.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise UserError(f"`--out` `{self.path.parent}` is in use by another run "
+                            f"({holder}). Wait for it to end or stop it, or choose "
+                            f"another `--out`.") from None
+        self._fd = fd
+        return self
+
+    def record_holder(self) -> None:
+        """Write who holds the lock into it (after the lock is taken)."""
+        if self._fd is None:
+            return
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text.encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (ValueError, KeyError, OSError, UnicodeDecodeError):
+        return "a process that is just starting; its details are not written yet"
+
+
+def step_of(path: Path) -> int:
+    """The step a checkpoint directory's name says (`step-00000120` → 120), or -1."""
+    try:
+        return int(Path(path).name.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _stamp(out: Path) -> Path:
+    base = Path(out) / SUPERSEDED / time.strftime("%Y%m%d-%H%M%S")
+    target, n = base, 1
+    while target.exists():
+        target, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return target
+
+
+def _move(items: list[Path], target: Path, keep_under: Path) -> None:
+    for item in items:
+        dest = target / item.relative_to(keep_under)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(item, dest)
+
+
+def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -> Path | None:
+    """Make `OUT/checkpoints` one lineage ending at `resume_from` (None: a fresh start).
+
+    Moves what does not belong — every checkpoint and result of an earlier run on a
+    fresh start, checkpoints newer than the one resumed otherwise — to
+    `OUT/superseded/<time>/`, says so in one line, and returns that folder (or None).
+    """
+    out = Path(out)
+    root = out / "checkpoints"
+    steps = sorted(p for p in root.glob("step-*")) if root.is_dir() else []
+    inside = resume_from is not None and Path(resume_from).resolve().parent == root.resolve()
+    if inside:
+        limit = step_of(Path(resume_from))
+        stray = [p for p in steps if step_of(p) > limit]
+        results: list[Path] = []
+    else:
+        stray = steps + [p for p in (root / "latest",) if p.exists()]
+        results = [out / name for name in RESULTS if (out / name).exists()]
+    if not stray and not results:
+        return None
+    target = _stamp(out)
+    _move(stray + results, target, out)
+    fsync_dir(root if root.is_dir() else out)
+    moved = [p.name for p in stray if p.name.startswith("step-")]
+    why = (f"checkpoints newer than {Path(resume_from).name} (not part of the run being "
+           f"continued)" if inside else "the previous run in this directory (this run "
+           "starts fresh)")
+    say(f"moved {why}: {len(moved)} checkpoint(s)"
+        + (f" and {len(results)} result file(s)" if results else "")
+        + f" to {target} — nothing was deleted.")
+    return target
