@@ -1,7 +1,8 @@
 """Start local workers through torch's own elastic agent (what torchrun runs).
 
 Phalanx does not spawn processes or run a rendezvous itself: it fills in a
-`LaunchConfig` — c10d rendezvous on 127.0.0.1 at a free port, `max_restarts` — and hands
+`LaunchConfig` — torch's c10d rendezvous on 127.0.0.1 (its stores bound to loopback
+only, see phalanx.rendezvous), `max_restarts` — and hands
 the worker command line to `elastic_launch`. Each worker re-enters the same CLI verb,
 finds the launcher's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and becomes a rank.
 """
@@ -21,11 +22,13 @@ from phalanx.errors import DistributedError, Interrupted, UserError
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def loopback_interface() -> str | None:
+    """The name of the loopback interface (`lo` on Linux), if the machine has one."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 def default_nproc() -> int:
@@ -57,13 +60,18 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
         if name.startswith("torch.distributed.elastic"):  # each sets its own level
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    from phalanx.rendezvous import register
+
+    # one node: every store and gloo listen on loopback only (see phalanx.rendezvous)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-        run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        run_id=f"phalanx-{uuid.uuid4().hex[:8]}", local_addr="127.0.0.1",
+        rdzv_backend=register(), rdzv_endpoint="127.0.0.1:0",
         max_restarts=max_restarts, monitor_interval=0.1)
     os.environ["PHALANX_LAUNCHED"] = "1"
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "GLOO_SOCKET_IFNAME" not in os.environ and loopback_interface():
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     try:
         elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers

@@ -1,0 +1,70 @@
+"""torch's c10d rendezvous, with stores that listen only where they should.
+
+A `TCPStore` server binds every interface of the machine, whatever host name it is
+given, and it has no authentication (PyTorch's SECURITY.md: run jobs on a trusted
+network): anyone who reaches the port can read and write the job's keys. A single-node
+job has no reason to be reachable from anywhere but the machine itself.
+
+Phalanx therefore registers `phalanx-c10d`: torch's own dynamic rendezvous
+(`create_handler`) on torch's own `C10dRendezvousBackend`, whose TCPStore — and the
+agent's store that the workers share (`TORCHELASTIC_USE_AGENT_STORE`) — are given a
+socket that Phalanx bound to the one address the job uses (`master_listen_fd`), so
+they listen there and nowhere else. Nothing of the rendezvous protocol is Phalanx's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+BACKEND = "phalanx-c10d"
+
+
+def bound_store(host: str, port: int, timeout_s: float = 60.0):
+    """A TCPStore server listening on `host`:`port` only (port 0: the OS picks)."""
+    import torch.distributed as dist
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(host, port, is_master=True, use_libuv=True,
+                              timeout=datetime.timedelta(seconds=timeout_s),
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
+
+
+def _create_handler(params):
+    """The `phalanx-c10d` handler: torch's dynamic rendezvous over torch's c10d backend,
+    its stores bound to the endpoint's address."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend)
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    timeout_s = float(params.get_as_int("read_timeout", 60))
+    store = bound_store(host, port, timeout_s)
+    class Backend(C10dRendezvousBackend):  # torch's backend under the name it was asked by
+        name = BACKEND
+
+    handler = create_handler(store, Backend(store, params.run_id), params)
+    if hasattr(handler, "_create_tcp_store_server"):  # torch >= 2.4: the shared agent store
+        handler._create_tcp_store_server = lambda addr, port: bound_store(host, port,
+                                                                          timeout_s)
+    return handler
+
+
+def register() -> str:
+    """Make `phalanx-c10d` known to torch's rendezvous registry (idempotent)."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, _create_handler)
+    return BACKEND
