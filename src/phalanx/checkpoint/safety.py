@@ -73,7 +73,28 @@ def check_metadata(checkpoint_dir: Path) -> Metadata:
         raise UnsafeCheckpoint(
             f"checkpoint `{checkpoint_dir}` refused: entries {pickled[:3]} are stored as pickled "
             f"objects, which Phalanx never writes and will not unpickle.")
+    _check_data_files(Path(checkpoint_dir), metadata)
     return metadata
+
+
+def _check_data_files(checkpoint_dir: Path, metadata: Metadata) -> None:
+    """Every data file the metadata names must be a file the manifest lists (a plain
+    name inside the checkpoint): DCP would otherwise read wherever it points."""
+    from phalanx.checkpoint.store import listed_files
+
+    files, why = listed_files(checkpoint_dir)
+    if why is not None:
+        raise UnsafeCheckpoint(f"checkpoint `{checkpoint_dir}` refused: {why}.")
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict) or not storage:
+        raise UnsafeCheckpoint(f"checkpoint `{checkpoint_dir}` refused: its DCP metadata "
+                               f"names no data files.")
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if name not in files or not getattr(info, "offset", -1) >= 0:
+            raise UnsafeCheckpoint(
+                f"checkpoint `{checkpoint_dir}` refused: its DCP metadata reads `{name}`, "
+                f"which is not a file of the checkpoint listed in its manifest.")
 
 
 class SafeFileSystemReader(FileSystemReader):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
@@ -123,24 +124,75 @@ def read_latest(root: Path) -> Path | None:
 
 
 def verify(path: Path) -> str | None:
-    """Why the checkpoint at `path` must not be used, or None if it verifies."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        return "no manifest (never committed, or written by something else)"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError):
-        return "manifest is not valid JSON"
+    """Why the checkpoint at `path` must not be used, or None if it verifies.
+
+    Before anything else is read: the manifest lists files by plain name only (no
+    directory part, nothing absolute, no `..`), it lists `.metadata` and the sidecar,
+    and the directory holds nothing it does not list. Then every listed file is a
+    regular file (not a link) of the listed size and SHA-256; the DCP metadata is safe
+    (no classes beyond DCP's own), every data file it names is one of the listed
+    files, and every stored item starts as `torch.save` writes a tensor (zip magic).
+    """
+    path = Path(path)
+    files, why = listed_files(path)
+    if why is not None:
+        return why
     for name, info in files.items():
         file = path / name
-        if not file.is_file():
-            return f"file `{name}` is missing"
+        if file.is_symlink() or not file.is_file():
+            return f"`{name}` is missing or not a regular file"
         if file.stat().st_size != info["size"]:
             return f"file `{name}` has {file.stat().st_size} bytes, manifest says {info['size']}"
         if sha256(file) != info["sha256"]:
             return f"file `{name}` does not match its checksum (corrupted)"
-    check_metadata(path)  # raises UnsafeCheckpoint
+    metadata = check_metadata(path)  # raises UnsafeCheckpoint
+    return _check_items(path, metadata)
+
+
+def listed_files(path: Path) -> tuple[dict[str, dict], str | None]:
+    """The manifest's file list, checked for shape and containment (nothing read but the
+    manifest and the directory listing); (files, None) or ({}, why not)."""
+    manifest_path = Path(path) / MANIFEST
+    if manifest_path.is_symlink() or not manifest_path.is_file():
+        return {}, "no manifest (never committed, or written by something else)"
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
+        return {}, "manifest is not valid JSON with a `files` table"
+    if not isinstance(files, dict) or not all(
+            isinstance(i, dict) and type(i.get("size")) is int and isinstance(i.get("sha256"), str)
+            for i in files.values()):
+        return {}, "manifest's `files` table is malformed (each entry needs a size and a sha256)"
+    outside = [n for n in files if not plain_name(n)]
+    if outside:
+        return {}, (f"manifest names `{outside[0]}`, which is not a file directly inside the "
+                    f"checkpoint; refused before reading anything it names")
+    missing = [n for n in (".metadata", STATE) if n not in files]
+    if missing:
+        return {}, f"manifest does not list `{missing[0]}`"
+    unlisted = sorted(p.name for p in Path(path).iterdir() if p.name != MANIFEST
+                      and p.name not in files)
+    if unlisted:
+        return {}, f"`{unlisted[0]}` is in the checkpoint but not listed in its manifest"
+    return files, None
+
+
+def plain_name(name: object) -> bool:
+    """A bare file name: no separator, not `.`/`..`, not empty, no NUL."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\\" not in name and "\0" not in name)
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # how torch.save starts every tensor DCP stores
+
+
+def _check_items(path: Path, metadata) -> str | None:
+    for index, info in metadata.storage_data.items():
+        with open(Path(path) / info.relative_path, "rb") as fh:  # listed: checked on load
+            fh.seek(info.offset)
+            if fh.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
+                return (f"`{info.relative_path}` does not hold a tensor at offset {info.offset} "
+                        f"(`{index.fqn}`): not written by torch.save, refused unread")
     return None
 
 
@@ -157,7 +209,14 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
     _check_shapes(path, state, metadata)
     with warnings.catch_warnings():  # DCP warns when it loads outside a process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=SafeFileSystemReader(path))
+        try:
+            dcp.load(state, storage_reader=SafeFileSystemReader(path))
+        except (Exception, CheckpointException) as exc:  # the latter gathers every rank's
+            raise CheckpointError(
+                f"checkpoint `{path}` verified but cannot be read "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}); it was "
+                f"not written as Phalanx writes them. Move it out of `checkpoints/`, or "
+                f"give `--resume` another checkpoint.") from None
     sidecar = read_sidecar(path)
     if optimizer is not None:
         osd["state"] = state["optim"]
