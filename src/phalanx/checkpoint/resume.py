@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from phalanx.checkpoint.safety import UnsafeCheckpoint
-from phalanx.checkpoint.store import MANIFEST, committed_at, read_latest, step_of, verify
+from phalanx.checkpoint.store import (MANIFEST, commit_order, committed_at, read_latest,
+                                      verify)
 from phalanx.errors import UserError
 
 
@@ -40,13 +41,13 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
     """Newest checkpoint under `root` that verifies; each skipped one is named with why."""
     if not root.is_dir():
         return None
-    candidates = sorted(root.glob("step-*"), key=lambda p: (committed_at(p), step_of(p)),
-                        reverse=True)
+    candidates = commit_order(root.glob("step-*"))[::-1]
     for path in candidates:
         reason = _reason(path)
         if reason is None:
             latest = read_latest(root)
-            if latest is not None and latest != path and latest.exists():
+            if latest is not None and latest != path and latest.exists() \
+                    and (committed_at(path) or 0) > (committed_at(latest) or 0):
                 warn(f"warning: `latest` names {latest.name}, but {path.name} was committed "
                      f"after it (a stop between the commit and the marker); using "
                      f"{path.name}.")

@@ -99,17 +99,29 @@ def committed(root: Path) -> list[Path]:
     may hold an older run's higher steps), then the step."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.glob("step-*") if (p / MANIFEST).is_file()),
-                  key=lambda p: (committed_at(p), step_of(p)))
+    return commit_order(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
 
 
-def committed_at(path: Path) -> float:
-    """When checkpoint `path` was committed (its manifest's time; -inf if unreadable)."""
+def commit_order(paths) -> list[Path]:
+    """Checkpoint directories oldest first by their manifests' commit times; one whose
+    manifest is unreadable takes the place after the next lower step that has one."""
+    by_step = sorted(paths, key=step_of)
+    keys, last = {}, float("-inf")
+    for path in by_step:
+        created = committed_at(path)
+        last = created if created is not None else last
+        keys[path] = (last, step_of(path))
+    return sorted(by_step, key=keys.__getitem__)
+
+
+def committed_at(path: Path) -> float | None:
+    """When checkpoint `path` was committed (its manifest's time), None if unreadable."""
     try:
         created = json.loads((Path(path) / MANIFEST).read_text()).get("created")
-        return float(created) if isinstance(created, (int, float)) else float("-inf")
-    except (OSError, ValueError, AttributeError):
-        return float("-inf")
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return None
+    return float(created) if isinstance(created, (int, float)) \
+        and not isinstance(created, bool) else None
 
 
 def read_latest(root: Path) -> Path | None:
