@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
         die_with_parent()
@@ -70,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)
         return 130
+
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
         record_for_agent(exc)
         raise

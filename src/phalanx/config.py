@@ -9,6 +9,7 @@ This module does not import torch, so `phalanx --help` and config errors are ins
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +40,43 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+INT64 = 1 << 63
+MAX_TIMEOUT_S = 30 * 24 * 3600.0  # a collective that may wait a month is a mistake
+MAX_PROCS = 4096
+
+
+def _field(section: Any, name: str) -> dataclasses.Field:
+    return {x.name: x for x in dataclasses.fields(section)}[name]
+
+
+def _check_values(section: Any) -> None:
+    """Every number finite and within 64 bits, every given string non-empty: one line
+    naming the flag otherwise. Runs first in each section's `__post_init__`."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"`{flag_of(f)}` must be a finite number, got {value}.")
+        if isinstance(value, int) and not -INT64 <= value < INT64:
+            raise UserError(f"`{flag_of(f)}` {value} does not fit in 64 bits.")
+        if isinstance(value, str) and not value.strip():
+            raise UserError(f"`{flag_of(f)}` must not be empty; give a value or leave the "
+                            f"flag out for its default.")
+
+
+def _at_most(section: Any, name: str, limit: float, why: str) -> None:
+    value = getattr(section, name)
+    if value is not None and value > limit:
+        raise UserError(f"`{flag_of(_field(section, name))}` {value:g} is more than {limit:g}: "
+                        f"{why}.")
+
+
 def _positive(section: Any, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
         if value is not None and value <= 0:
-            f = {x.name: x for x in dataclasses.fields(section)}[name]
+            f = _field(section, name)
             raise UserError(f"`{flag_of(f)}` must be a positive number, got {value}.")
 
 
@@ -61,6 +94,7 @@ class ModelConfig:
                                                 "to save memory.")
 
     def __post_init__(self) -> None:
+        _check_values(self)
         _positive(self, "n_layer", "n_head", "n_embd", "block_size")
         if self.n_embd % self.n_head:
             raise UserError(
@@ -87,6 +121,7 @@ class DataConfig:
     val_fraction: float = opt(0.05, "Fraction of the text held out for validation.")
 
     def __post_init__(self) -> None:
+        _check_values(self)
         if not 0.0 < self.val_fraction < 0.5:
             raise UserError(f"`--val-fraction` must be in (0, 0.5), got {self.val_fraction}.")
 
@@ -126,8 +161,18 @@ class TrainConfig:
                       metavar="{auto,never,PATH}")
 
     def __post_init__(self) -> None:
+        _check_values(self)
         _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "eval_every",
                   "eval_batches", "log_every")
+        if not 0 <= self.seed < INT64:
+            raise UserError(f"`--seed` must be in [0, 2**63 - 1], got {self.seed}.")
+        if self.sample_tokens < 0:
+            raise UserError(f"`--sample-tokens` must be >= 0, got {self.sample_tokens}.")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserError(f"`--{name}` must be in [0, 1), got {getattr(self, name)}.")
+        if self.weight_decay < 0:
+            raise UserError(f"`--weight-decay` must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
             raise UserError("`--warmup-steps`, `--min-lr` and `--grad-clip` must not be negative.")
         if self.keep_checkpoints < 1:
@@ -176,7 +221,12 @@ class DistConfig:
                                           "(0: never).")
 
     def __post_init__(self) -> None:
+        _check_values(self)
         _positive(self, "nproc_per_node", "threads_per_rank", "bucket_cap_mb", "timeout_s")
+        _at_most(self, "timeout_s", MAX_TIMEOUT_S, "a stuck collective would wait that long")
+        _at_most(self, "nproc_per_node", MAX_PROCS, "that many processes on one machine is "
+                 "a typo; one per GPU or CPU core is the norm")
+        _at_most(self, "threads_per_rank", MAX_PROCS, "more threads than any machine's cores")
         for name in ("max_restarts", "hang_timeout_s", "check_consistency_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
@@ -225,6 +275,21 @@ def build_config(overrides: dict[str, dict[str, Any]]) -> Config:
     return Config(**sections)
 
 
-def from_dict(data: dict[str, dict[str, Any]]) -> Config:
-    """Rebuild a `Config` written by `Config.to_dict` (e.g. a run's config.json)."""
-    return Config(**{name: cls(**data.get(name, {})) for name, cls in SECTIONS.items()})
+def from_dict(data: dict[str, dict[str, Any]], source: str = "the saved configuration") -> Config:
+    """Rebuild a `Config` written by `Config.to_dict` (e.g. a checkpoint's sidecar);
+    anything else in it (unknown keys, wrong types) is a UserError naming `source`."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source} is not a table of sections.")
+    sections = {}
+    for name, cls in SECTIONS.items():
+        values = data.get(name, {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(values, dict) or set(values) - known:
+            bad = sorted(set(values) - known)[:3] if isinstance(values, dict) else values
+            raise UserError(f"{source} has an invalid `{name}` section ({bad!r} is not one of "
+                            f"its keys); it was not written by this version of Phalanx.")
+        try:
+            sections[name] = cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{source}: `{name}` cannot be used ({exc}).") from None
+    return Config(**sections)

@@ -22,16 +22,39 @@ class InjectedFault(RuntimeError):
     """The error `action=raise` raises."""
 
 
+_CHOICES = {"phase": ("step", "checkpoint"), "action": ("kill", "raise", "hang", "perturb")}
+
+
 def _specs() -> list[dict[str, str]]:
+    """The faults PHALANX_FAULT asks for, each checked (a UserError naming what is off)."""
     raw = os.environ.get("PHALANX_FAULT")
     if not raw:
         return []
-    try:
-        specs = [dict(item.split("=", 1) for item in one.split(",")) for one in raw.split(";")]
-    except ValueError:
-        raise UserError(f"PHALANX_FAULT=`{raw}` is malformed; expected e.g. "
-                        f"`rank=1,step=7,phase=step,action=kill`.") from None
-    return [{"phase": "step", "action": "kill", "attempts": "first", **spec} for spec in specs]
+    specs = []
+    for one in raw.split(";"):
+        try:
+            spec = dict(item.split("=", 1) for item in one.split(","))
+        except ValueError:
+            spec = {}
+        spec = {"phase": "step", "action": "kill", "attempts": "first", **spec}
+        specs.append(spec)
+        if not _valid(spec):
+            raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
+                            f"`rank=1,step=7,phase=step,action=kill` (phase: step|checkpoint; "
+                            f"action: kill|raise|hang|perturb; attempts: first|always|N).")
+    return specs
+
+
+def _valid(spec: dict[str, str]) -> bool:
+    return (set(spec) == {"rank", "step", "phase", "action", "attempts"}
+            and spec["rank"].isdigit() and spec["step"].isdigit()
+            and all(spec[k] in v for k, v in _CHOICES.items())
+            and (spec["attempts"] in ("first", "always") or spec["attempts"].isdigit()))
+
+
+def check_faults() -> None:
+    """Refuse a malformed PHALANX_FAULT before any worker starts."""
+    _specs()
 
 
 def _this_attempt(attempts: str) -> bool:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import sys
 import typing
-from pathlib import Path
 from typing import Any
 
 from phalanx.config import SECTIONS, Config, build_config, flag_of
 from phalanx.errors import UserError
+from phalanx.paths import require_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,12 +66,11 @@ def cli_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def load_toml(path: str) -> dict[str, dict[str, Any]]:
     """Read and check a TOML config file: known sections, known keys, right types."""
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"config file `{path}` does not exist (`--config`). "
-                        f"Give the path of a TOML file.")
+    file = require_file(path, "config file (`--config`)", "Give the path of a TOML file.")
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"config file `{path}` cannot be read: {exc.strerror}.") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"config file `{path}` is not valid TOML: {exc}. "
                         f"Fix the line it names; see `phalanx train --help` for keys.") from None
@@ -122,3 +122,28 @@ def resolve(ns: argparse.Namespace) -> Config:
         return build_config(merged)
     except TypeError as exc:  # a TOML value of the wrong shape reaching a dataclass
         raise UserError(f"invalid configuration: {exc}") from None
+
+
+def count(low: int = 1, high: int = 4096):
+    """An argparse `type=` for an integer in [low, high] (ranks, repeats, steps)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse `type=` for a finite, positive number of seconds (at most 30 days)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 < value <= 30 * 24 * 3600:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0 (at most "
+                                         f"30 days), got {text}")
+    return value

@@ -49,4 +49,4 @@ def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, 
 def test_bench_refuses_bad_counts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "phalanx", "bench", "--repeats", "0",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "`--repeats` must be >= 1, got 0" in proc.stderr
+    assert proc.returncode == 2 and "--repeats: must be between 1 and 10000, got 0" in proc.stderr

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.paths import kind
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,40 +16,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoint directory (…/checkpoints/step-…)")
     parser.add_argument("--out", required=True, metavar="FILE",
                         help="the .safetensors file to write; config.json goes beside it")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an existing FILE or config.json beside it "
+                             "(default: refuse)")
 
 
-def _target(out: str) -> Path:
+def _target(out: str, force: bool) -> Path:
     path = Path(out).expanduser()
-    if path.is_dir():
+    if kind(path) == "a directory":
         path = path / "model.safetensors"
-    if path.suffix != ".safetensors":
+    if path.suffix != ".safetensors" or not path.stem:
         raise UserError(f"`--out` `{out}` should name a .safetensors file (or a directory).")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create `{path.parent}` for `--out`: {exc.strerror}.") from None
+    for existing in (path, path.parent / "config.json"):
+        found = kind(existing)
+        if found not in ("missing", "a regular file"):
+            raise UserError(f"`{existing}` is {found}; `phalanx export` writes a regular file "
+                            f"there. Choose another `--out`.")
+        if found != "missing" and not force:
+            raise UserError(f"`{existing}` already exists; `phalanx export` does not overwrite "
+                            f"it silently. Pass `--force`, or choose another `--out`.")
     return path
 
 
+def _saved_config(checkpoint: Path):
+    """The checkpoint's step and config from its sidecar, or a UserError saying why not."""
+    from phalanx.checkpoint.store import read_sidecar
+    from phalanx.config import from_dict
+
+    try:
+        meta = read_sidecar(checkpoint)["meta"]
+        step = meta.get("train_state", {}).get("step", "?")
+        config = meta.get("config", {})
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        raise UserError(f"checkpoint `{checkpoint}` has no readable training state "
+                        f"(`train_state.json`); export a checkpoint written by `phalanx "
+                        f"train`.") from None
+    return step, from_dict(config, f"checkpoint `{checkpoint}`'s configuration")
+
+
 def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
+    from safetensors import SafetensorError
+
     from phalanx.checkpoint.export import export_weights
     from phalanx.checkpoint.resume import find_checkpoint
-    from phalanx.checkpoint.store import load_checkpoint, read_sidecar
-    from phalanx.config import from_dict
+    from phalanx.checkpoint.store import load_checkpoint
     from phalanx.train.loop import build_model
 
-    target = _target(ns.out)
+    target = _target(ns.out, ns.force)
     checkpoint = find_checkpoint(ns.source, lambda message: print(message, flush=True))
-    meta = read_sidecar(checkpoint)["meta"]
-    cfg = from_dict(meta.get("config", {}))
+    step, cfg = _saved_config(checkpoint)
     model = build_model(cfg)
     load_checkpoint(checkpoint, model, None)
     try:
         path = export_weights(model, target.parent, {"phalanx": cfg.to_dict()}, target.name)
-    except OSError as exc:
-        raise UserError(f"cannot write `{target}`: {exc.strerror}.") from None
+    except (OSError, SafetensorError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise UserError(f"cannot write `{target}`: {reason}.") from None
     params = sum(p.numel() for p in model.parameters())
-    step = meta.get("train_state", {}).get("step", "?")
     print(f"exported step {step} of `{checkpoint}` → {path} ({params:,} parameters, "
           f"{path.stat().st_size / 1e6:.1f} MB) and {path.parent / 'config.json'}")
     return 0

@@ -21,6 +21,7 @@ import numpy as np
 
 from phalanx.data.tokenizer import ByteTokenizer
 from phalanx.errors import UserError
+from phalanx.paths import kind
 
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 _MAX_CHUNK = 1 << 16
@@ -62,13 +63,17 @@ def source_files(path: str | None) -> tuple[list[Path], str]:
                             "was not found; pass a text file or directory with `--data`.")
         return files, f"Python {sysconfig.get_python_version()} standard library source"
     p = Path(path).expanduser()
-    if not p.exists():
+    found = kind(p)
+    if found == "missing":
         raise UserError(f"`--data` path `{path}` does not exist. Give a text file or a "
                         f"directory of text files, or omit `--data` for the embedded corpus.")
-    if p.is_file():
+    if found == "a regular file":
         return [p], str(p)
-    files = [f for f in sorted(p.rglob("*"))
-             if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)]
+    if found != "a directory":
+        raise UserError(f"`--data` `{path}` is {found}, not a text file or a directory: only "
+                        f"regular files are read. Give a text file or a directory of them.")
+    files = [f for f in sorted(p.rglob("*")) if kind(f) == "a regular file"
+             and not any(part.startswith(".") for part in f.relative_to(p).parts)]
     if not files:
         raise UserError(f"`--data` directory `{path}` contains no files. "
                         f"Put text files in it or point `--data` at a text file.")
@@ -128,6 +133,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _cached(folder: Path, meta_path: Path, log) -> TokenSplits | None:
+    """The cached splits, or None when there are none — or when the cache is damaged
+    (unreadable `meta.json`, split files of the wrong size): then it is rebuilt."""
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        splits = TokenSplits(folder / "train.u8", folder / "val.u8", int(meta["n_train"]),
+                             int(meta["n_val"]), str(meta["description"]))
+        if (splits.train.stat().st_size, splits.val.stat().st_size) == (
+                splits.n_train, splits.n_val):
+            return splits
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
+        pass
+    log(f"note: the token cache in `{folder}` is damaged; rebuilding it.")
+    return None
+
+
 def prepare(data_path: str | None, cache_dir: str | None, val_fraction: float,
             log=print) -> TokenSplits:
     """Tokenize the corpus into the cache (once) and return where its splits are."""
@@ -135,10 +158,9 @@ def prepare(data_path: str | None, cache_dir: str | None, val_fraction: float,
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     folder = root / f"tokens-{_cache_key(files, val_fraction)}"
     meta_path = folder / "meta.json"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        return TokenSplits(folder / "train.u8", folder / "val.u8", meta["n_train"],
-                           meta["n_val"], meta["description"])
+    cached = _cached(folder, meta_path, log)
+    if cached is not None:
+        return cached
     texts, skipped = _read_text(files, data_path)
     if skipped:
         log(f"note: skipped {len(skipped)} non-text file(s) in `{data_path}`, e.g. `{skipped[0]}`")

@@ -9,30 +9,27 @@ import argparse
 import os
 import time
 
+from phalanx.options import count, seconds
+
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
            "model across ranks.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+    parser.add_argument("--nproc-per-node", type=count(), default=None, metavar="N",
                         help="ranks on this machine (default: one per GPU, else per core)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--model", default=None, metavar="MODULE:FACTORY",
                         help="your model: a function returning a module or (module, example "
                              "input); default: the built-in MiniGPT")
-    parser.add_argument("--init-timeout-s", type=float, default=60.0, metavar="S",
+    parser.add_argument("--init-timeout-s", type=seconds, default=60.0, metavar="S",
                         help="how long ranks wait for each other to join (default: 60)")
 
 
 def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.envinfo import under_launcher
-    from phalanx.errors import UserError
     from phalanx.launch import default_nproc, launch_workers, threads_per_rank
 
-    if ns.nproc_per_node is not None and ns.nproc_per_node < 1:
-        raise UserError(f"`--nproc-per-node` must be >= 1, got {ns.nproc_per_node}.")
-    if ns.init_timeout_s <= 0:
-        raise UserError(f"`--init-timeout-s` must be > 0, got {ns.init_timeout_s:g}.")
     if under_launcher():
         return worker(ns)
     nproc = ns.nproc_per_node or default_nproc()

@@ -27,7 +27,7 @@ def load_factory(spec: str | None):
         raise UserError(f"`--model {spec}`: expected `package.module:factory`.")
     try:
         return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # ImportError, a SyntaxError, or whatever the import raised
         raise UserError(f"`--model {spec}`: cannot load it ({exc}). The module must be "
                         f"importable from the current directory or PYTHONPATH.") from None
 
@@ -83,9 +83,26 @@ def structure_checks(model: nn.Module, on_cuda: bool) -> list[Check]:
     return checks
 
 
+def make_model(spec: str | None):
+    """(module, example or None) from the factory; a UserError when it raises or returns
+    something else."""
+    factory = load_factory(spec)
+    try:
+        made = factory()
+    except Exception as exc:  # the user's code: say what it raised, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UserError(f"`--model {spec}`: the factory raised {type(exc).__name__}"
+                        f"{': ' + first if first else ''}. Fix it so that calling it with no "
+                        f"arguments returns the model.") from None
+    model, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"`--model {spec}` returned {type(made).__name__}; expected a "
+                        f"torch.nn.Module, or a (module, example input) pair.")
+    return model, example
+
+
 def model_checks(run, spec: str | None) -> list[Check]:
-    made = load_factory(spec)()
-    model, example = made if isinstance(made, tuple) else (made, None)
+    model, example = make_model(spec)
     checks = structure_checks(model, run.device.type == "cuda")
     wrapped = run.setup(model)
     checks.append(_same(run, named_state(model), "parameters and buffers identical"))

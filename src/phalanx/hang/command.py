@@ -12,15 +12,17 @@ import os
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.options import count, seconds
+from phalanx.paths import require_file
 
 SUMMARY = ("Run your own training script on N local ranks with the hang watchdog "
            "(and optional collective verification).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+    parser.add_argument("--nproc-per-node", type=count(), default=None, metavar="N",
                         help="ranks on this machine (default: one per GPU, else per core)")
-    parser.add_argument("--hang-timeout-s", type=float, default=300.0, metavar="S",
+    parser.add_argument("--hang-timeout-s", type=seconds, default=300.0, metavar="S",
                         help="report and stop when no rank progresses for S seconds "
                              "(default: 300)")
     parser.add_argument("--debug-collectives", action="store_true",
@@ -32,15 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
 
+def check_script(script: str) -> None:
+    """The script must be a regular file of Python that compiles: a syntax error is the
+    user's, said once here instead of once per rank."""
+    path = require_file(script, "script", "Give the training script to run.")
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError as exc:
+        line = (exc.text or "").strip()
+        raise UserError(f"`{script}` line {exc.lineno}: {exc.msg}"
+                        + (f": `{line}`" if line else "") + ". Fix the script and run again.") \
+            from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"`{script}` cannot be read as Python: {exc}.") from None
+
+
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.launch import default_nproc, launch_workers, threads_per_rank
 
-    if not Path(ns.script).is_file():
-        raise UserError(f"`{ns.script}` is not a file; give the training script to run.")
-    if ns.hang_timeout_s <= 0:
-        raise UserError(f"`--hang-timeout-s` must be > 0, got {ns.hang_timeout_s:g}.")
-    if ns.nproc_per_node is not None and ns.nproc_per_node < 1:
-        raise UserError(f"`--nproc-per-node` must be >= 1, got {ns.nproc_per_node}.")
+    check_script(ns.script)
     nproc = ns.nproc_per_node or default_nproc()
     os.environ["PHALANX_HANG_TIMEOUT"] = str(ns.hang_timeout_s)
     os.environ["PHALANX_HANG_REPORT_DIR"] = str(Path(ns.report_dir).resolve())

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.paths import kind, require_file
 
 SUMMARY = "Find DDP mistakes in training scripts without running them (ast only)."
 
@@ -50,6 +51,12 @@ def _lint_file(path: Path, rules, named: bool):
     and reported (stderr) and skipped when it was found in a directory."""
     from phalanx.lint.engine import lint_source
 
+    if named:
+        require_file(path, "path", "Give Python files or directories to lint.")
+    elif kind(path) != "a regular file":  # a FIFO named x.py would block the read
+        print(f"phalanx lint: skipped `{path}`: it is {kind(path)}, not a regular file.",
+              file=sys.stderr)
+        return None
     try:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

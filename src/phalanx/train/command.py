@@ -13,6 +13,7 @@ from phalanx.config import Config
 from phalanx.data.corpus import TokenSplits, prepare
 from phalanx.envinfo import under_launcher
 from phalanx.errors import Interrupted, UserError
+from phalanx.faults import check_faults
 from phalanx.lifecycle import exit_code
 from phalanx.options import add_config_flags, resolve
 
@@ -70,6 +71,7 @@ def owns_run_dir() -> bool:
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
+    check_faults()
     out = prepare_out_dir(cfg.train.out)
     if not owns_run_dir():
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)

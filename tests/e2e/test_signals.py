@@ -1,0 +1,198 @@
+"""How a job ends (issue 11, items 5, 6 and 9): workers die with their launcher; the
+first Ctrl-C / SIGTERM commits a checkpoint and prints the resume command (exit 130 /
+143), a second stops at once, never leaving a worker behind; and a single-node job's
+processes listen on loopback only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from phalanx.checkpoint.store import committed, verify
+
+ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "2", "--eval-every", "1000", "--eval-batches", "1",
+        "--log-every", "1", "--sample-tokens", "0", "--checkpoint-every", "1000",
+        "--nproc-per-node", "2", "--threads-per-rank", "1"]
+
+
+def start(out: Path, corpus, cache, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "train", *ARGS, "--data", str(corpus),
+         "--cache-dir", str(cache), "--out", str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
+    """Read the launcher's output until rank 0 reports `step` (progress lines)."""
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= step:
+            return
+        assert time.monotonic() < deadline, "no progress"
+    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process whose parent chain leads to `pid` (read from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
+
+
+def gone_within(pids: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not alive(pids)
+
+
+def test_workers_die_with_a_sigkilled_launcher(tmp_path, small_corpus_file, cache_dir):
+    proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
+    wait_for_step(proc, 3)
+    workers = descendants(proc.pid)
+    assert len(workers) >= 2
+    proc.kill()
+    proc.wait()
+    assert gone_within(workers, 10), f"orphaned workers: {alive(workers)}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_first_signal_commits_a_checkpoint_and_resume_is_exact(
+        sig, tmp_path, small_corpus_file, cache_dir):
+    out = tmp_path / "run"
+    proc = start(out, small_corpus_file, cache_dir, "--max-steps", "100000")
+    wait_for_step(proc, 4)
+    workers = descendants(proc.pid)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"stopped by {sig.name}: checkpoint step-" in lines[0], lines
+    assert "Resume with: phalanx train" in lines[0]
+    assert gone_within(workers, 5)
+    [ckpt] = committed(out / "checkpoints")
+    assert verify(ckpt) is None
+    stop = int(ckpt.name.split("-")[1])
+    # continue to stop + 2 and compare with a run that was never interrupted
+    target = str(stop + 2)
+    resumed = subprocess.run([sys.executable, "-m", "phalanx", "train", *ARGS, "--data",
+                              str(small_corpus_file), "--cache-dir", str(cache_dir), "--out",
+                              str(out), "--max-steps", target, "--lr-decay-steps", "100000"],
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0 and f"at step {stop}" in resumed.stdout, resumed.stderr
+    straight = subprocess.run([sys.executable, "-m", "phalanx", "train", *ARGS, "--data",
+                               str(small_corpus_file), "--cache-dir", str(cache_dir), "--out",
+                               str(tmp_path / "straight"), "--max-steps", target,
+                               "--lr-decay-steps", "100000"],
+                              capture_output=True, text=True, timeout=180)
+    assert straight.returncode == 0, straight.stderr
+    a, b = load_file(out / "model.safetensors"), load_file(tmp_path / "straight/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_signal_stops_at_once(tmp_path, small_corpus_file, cache_dir):
+    out = tmp_path / "run"
+    proc = start(out, small_corpus_file, cache_dir, "--max-steps", "100000")
+    wait_for_step(proc, 2)
+    workers = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode in (130, -signal.SIGINT)
+    assert gone_within(workers, 10), f"orphaned workers: {alive(workers)}"
+    for ckpt in committed(out / "checkpoints"):  # whatever was committed is whole
+        assert verify(ckpt) is None
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """`address:port` of every TCP socket in LISTEN state owned by `pids` (as `ss -ltnp`
+    shows them), read from /proc."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                addr, port = cols[1].split(":")
+                found.append(f"{_address(addr, width)}:{int(port, 16)}")
+    return found
+
+
+def _address(hexaddr: str, width: int) -> str:
+    raw = bytes.fromhex(hexaddr)
+    if width == 8:
+        return ".".join(str(b) for b in raw[::-1])
+    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+    return "[" + b"".join(words).hex() + "]"
+
+
+def test_a_single_node_job_listens_on_loopback_only(tmp_path, small_corpus_file, cache_dir):
+    proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
+    try:
+        wait_for_step(proc, 3)
+        listeners = _listening({proc.pid} | descendants(proc.pid))
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert len(listeners) >= 2, listeners  # the rendezvous store and the agent's store
+    outside = [x for x in listeners if not x.startswith(("127.", "[00000000000000000000000000000001]"))]
+    assert not outside, f"listening beyond loopback: {outside}"
+
+
+def test_ss_shows_only_loopback_listeners(tmp_path, small_corpus_file, cache_dir):
+    if shutil.which("ss") is None:
+        pytest.skip("`ss` (iproute2) is not installed; the /proc test above covers the same")
+    proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
+    try:
+        wait_for_step(proc, 3)
+        pids = {proc.pid} | descendants(proc.pid)
+        table = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    finally:
+        proc.kill()
+        proc.communicate()
+    ours = [row.split()[3] for row in table.splitlines()
+            if any(f"pid={pid}," in row for pid in pids)]
+    assert len(ours) >= 2, table
+    assert all(a.startswith(("127.", "[::1]")) for a in ours), ours
