@@ -39,12 +39,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="phalanx", description="PyTorch data-parallel training, correct by construction.")
+    parser = Parser(  # no abbreviated flags: `--max-step` is a typo, not `--max-steps`
+        prog="phalanx", description="PyTorch data-parallel training, correct by construction.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, (add_arguments, _, help_text) in VERBS.items():
-        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        sub = verbs.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         add_arguments(sub)
     return parser
 

@@ -57,9 +57,11 @@ def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
     from phalanx.bench.peers import PEERS
     from phalanx.launch import default_nproc, threads_per_rank
+    from phalanx.data.corpus import source_files
     from phalanx.train.command import prepare_out_dir
 
     cfg = resolve(ns)
+    source_files(cfg.data.path)  # `--data` is readable before anything is written
     out = prepare_out_dir(cfg.train.out) / "bench"
     out.mkdir(parents=True, exist_ok=True)
     nproc = cfg.dist.nproc_per_node or default_nproc()

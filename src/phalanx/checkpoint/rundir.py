@@ -86,6 +86,16 @@ class RunDirLock:
         self.release()
 
 
+def remove_if_unused(out: Path) -> None:
+    """Remove a run directory this command created, when it holds nothing but its lock
+    (the run was refused before it started)."""
+    try:
+        (Path(out) / LOCK).unlink(missing_ok=True)
+        Path(out).rmdir()  # only if empty
+    except OSError:
+        pass
+
+
 def _read_holder(fd: int) -> str:
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")

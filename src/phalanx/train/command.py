@@ -10,7 +10,8 @@ import signal
 from pathlib import Path
 
 from phalanx.config import Config
-from phalanx.data.corpus import TokenSplits, prepare
+from phalanx.checkpoint.rundir import remove_if_unused
+from phalanx.data.corpus import TokenSplits, prepare, source_files
 from phalanx.envinfo import under_launcher
 from phalanx.errors import Interrupted, UserError
 from phalanx.faults import check_faults
@@ -72,7 +73,18 @@ def owns_run_dir() -> bool:
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     check_faults()
+    source_files(cfg.data.path)  # `--data` is readable before anything is written
+    created = not Path(cfg.train.out).expanduser().exists()
     out = prepare_out_dir(cfg.train.out)
+    try:
+        return _train_in(cfg, out, argv)
+    except UserError:
+        if created:  # refused before anything ran: leave no empty run directory behind
+            remove_if_unused(out)
+        raise
+
+
+def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
     if not owns_run_dir():
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         return launch_or_work(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))

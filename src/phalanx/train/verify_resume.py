@@ -141,13 +141,14 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int) -> int:
 
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.data.corpus import prepare
+    from phalanx.data.corpus import prepare, source_files
     from phalanx.train.command import check_data_fits, launch_or_work, prepare_out_dir
 
     cfg = resolve(ns)
     if cfg.train.max_steps < 2:
         raise UserError(f"`--max-steps` must be at least 2 to split the run in halves, got "
                         f"{cfg.train.max_steps}.")
+    source_files(cfg.data.path)  # `--data` is readable before anything is written
     root = prepare_out_dir(cfg.train.out) / "verify-resume"
     splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
     check_data_fits(cfg, splits)

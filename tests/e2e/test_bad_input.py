@@ -1,0 +1,267 @@
+"""Every verb, given bad input: exit code 2, one message (argparse's usage errors: the
+message and a pointer to --help), no traceback, and nothing written.
+
+The table is generated from the config's own fields where it can be (every numeric
+flag gets NaN, infinities, out-of-range values), so a new flag joins it by being
+declared. Most cases run in this process through `phalanx.cli.main` (fast); the few
+that would start a process group run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx import cli
+from phalanx.config import SECTIONS, flag_of
+
+FLOAT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
+                if f.type in ("float", "float | None")]
+INT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
+              if f.type in ("int", "int | None")]
+
+
+def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
+    """(id, argv, expected text, extra environment, run as a subprocess)."""
+    c: list[tuple[str, list[str], str, dict, bool]] = []
+
+    def add(name, argv, needle, env=None, sub=False):
+        c.append((name, argv, needle, env or {}, sub))
+
+    for f in FLOAT_FIELDS:  # 11 fields x 3
+        for bad in ("nan", "inf", "-inf"):
+            add(f"train{flag_of(f)}={bad}", ["train", f"{flag_of(f)}={bad}"],
+                f"`{flag_of(f)}` must be a finite number")
+    for f in INT_FIELDS:  # 20 fields x 2
+        add(f"train{flag_of(f)}=2**64", ["train", flag_of(f), str(2 ** 64)],
+            f"`{flag_of(f)}` {2 ** 64} does not fit in 64 bits")
+        add(f"train{flag_of(f)}=-1", ["train", f"{flag_of(f)}=-1"], f"`{flag_of(f)}`")
+    for flag in ("--n-layer", "--max-steps", "--seed", "--nproc-per-node"):
+        add(f"train{flag}=abc", ["train", flag, "abc"], "invalid int value: 'abc'")
+    for flag in ("--out", "--data", "--cache-dir", "--resume"):
+        add(f"train{flag}=empty", ["train", flag, ""], f"`{flag}` must not be empty")
+    train = [
+        ("zero-steps", ["--max-steps", "0"], "`--max-steps` must be a positive number"),
+        ("zero-lr", ["--lr", "0"], "`--lr` must be a positive number"),
+        ("heads", ["--n-embd", "100", "--n-head", "3"], "must be divisible by `--n-head` (3)"),
+        ("min-lr", ["--lr", "1e-3", "--min-lr", "1e-2"], "`--min-lr` (0.01) must not exceed"),
+        ("hang-vs-timeout", ["--hang-timeout-s", "60", "--timeout-s", "30"], "must be shorter"),
+        ("timeout-huge", ["--timeout-s", "1e300"], "`--timeout-s` 1e+300 is more than"),
+        ("nproc-huge", ["--nproc-per-node", "100000"], "`--nproc-per-node` 100000 is more"),
+        ("val-fraction", ["--val-fraction", "0.6"], "`--val-fraction` must be in (0, 0.5)"),
+        ("dropout", ["--dropout", "1.0"], "`--dropout` must be in [0, 1)"),
+        ("beta1", ["--beta1", "1.5"], "`--beta1` must be in [0, 1)"),
+        ("beta2", ["--beta2", "-0.1"], "`--beta2` must be in [0, 1)"),
+        ("precision", ["--precision", "fp8"], "invalid choice: 'fp8'"),
+        ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
+        ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
+        ("unknown-flag", ["--max-step", "3"], "unrecognized arguments"),
+        ("single-many", ["--strategy", "single", "--nproc-per-node", "2"], "unrelated"),
+        ("sync-bn", ["--sync-batchnorm", "--nproc-per-node", "2"], "`--sync-batchnorm` needs"),
+        ("nccl", ["--backend", "nccl", "--nproc-per-node", "1"], "`--backend nccl` needs CUDA"),
+        ("data-missing", ["--data", "{d}/nope.txt"], "`--data` path `{d}/nope.txt` does not"),
+        ("data-fifo", ["--data", "{d}/fifo"], "is a FIFO (named pipe), not a text file"),
+        ("data-dev-zero", ["--data", "/dev/zero"], "is a character device"),
+        ("data-empty-dir", ["--data", "{d}/emptydir"], "contains no files"),
+        ("data-empty-file", ["--data", "{d}/empty.txt"], "its files are empty"),
+        ("data-binary", ["--data", "{d}/binary.bin"], "its files are binary"),
+        ("block-size", ["--data", "{d}/short.txt", "--block-size", "4096"],
+         "`--block-size` 4096 is longer than the corpus allows"),
+        ("config-missing", ["--config", "{d}/nope.toml"], "does not exist"),
+        ("config-dir", ["--config", "{d}/emptydir"], "is a directory, not a regular file"),
+        ("config-fifo", ["--config", "{d}/fifo"], "is a FIFO (named pipe)"),
+        ("config-malformed", ["--config", "{d}/broken.toml"], "is not valid TOML"),
+        ("config-unknown-key", ["--config", "{d}/unknown.toml"], "unknown key `max_step`"),
+        ("config-unknown-section", ["--config", "{d}/section.toml"], "unknown section"),
+        ("config-wrong-type", ["--config", "{d}/type.toml"], "must be int"),
+        ("config-bad-choice", ["--config", "{d}/choice.toml"], "expected one of"),
+        ("config-nan", ["--config", "{d}/nan.toml"], "must be a finite number"),
+        ("out-under-file", ["--out", "{d}/a_file/run"], "is not a writable directory"),
+        ("out-in-proc", ["--out", "/proc/phalanx-run"], "is not a writable directory"),
+        ("resume-missing", ["--resume", "{d}/nope"], "`--resume` path `{d}/nope` does not"),
+        ("resume-junk", ["--resume", "{d}/junk"], "holds no valid checkpoint"),
+    ]
+    for name, argv, needle in train:
+        add(f"train-{name}", ["train", *argv], needle)
+    add("train-fault-garbage", ["train"], "PHALANX_FAULT=`garbage` is malformed",
+        {"PHALANX_FAULT": "garbage"})
+    add("train-fault-rank", ["train"], "is malformed", {"PHALANX_FAULT": "rank=x,step=1"})
+    add("train-fault-action", ["train"], "is malformed",
+        {"PHALANX_FAULT": "rank=0,step=1,action=explode"})
+    add("train-bad-env-rank", ["train"], "launcher environment",
+        {"RANK": "x", "WORLD_SIZE": "2"}, sub=True)
+    for verb in ("verify-resume", "bench"):
+        add(f"{verb}-lr-nan", [verb, "--lr", "nan"], "`--lr` must be a finite number")
+        add(f"{verb}-heads", [verb, "--n-head", "3"], "must be divisible")
+        add(f"{verb}-data-fifo", [verb, "--data", "{d}/fifo"], "is a FIFO")
+    add("verify-resume-one-step", ["verify-resume", "--max-steps", "1"], "at least 2")
+    for flag, bad in (("--repeats", "0"), ("--steps", "0"), ("--warmup", "-1"),
+                      ("--repeats", "abc"), ("--steps", "100000")):
+        add(f"bench{flag}={bad}", ["bench", flag, bad], f"argument {flag}:")
+    export = [
+        ("source-missing", ["{d}/nope", "--out", "{w}/m.safetensors"], "does not exist"),
+        ("source-junk", ["{d}/junk", "--out", "{w}/m.safetensors"], "holds no valid checkpoint"),
+        ("out-suffix", ["{run}", "--out", "{w}/m.bin"], "should name a .safetensors file"),
+        ("out-exists", ["{run}", "--out", "{d}/exists/m.safetensors"], "already exists"),
+        ("config-exists", ["{run}", "--out", "{d}/withconfig/m.safetensors"], "already exists"),
+        ("out-proc", ["{run}", "--out", "/proc/x.safetensors"], "cannot write"),
+        ("out-fifo", ["{run}", "--out", "{d}/fifo"], "should name a .safetensors file"),
+        ("crafted-config", ["{crafted}", "--out", "{w}/m.safetensors"], "invalid `train` section"),
+        ("no-out", ["{run}"], "the following arguments are required: --out"),
+    ]
+    for name, argv, needle in export:
+        add(f"export-{name}", ["export", *argv], needle)
+    lint = [
+        ("fifo", ["{d}/fifo"], "is a FIFO (named pipe), not a regular file"),
+        ("dev-zero", ["/dev/zero"], "is a character device"),
+        ("missing", ["{d}/nope.py"], "does not exist"),
+        ("syntax", ["{d}/syntax.py"], "not valid Python"),
+        ("binary", ["{d}/binary.bin"], "cannot read"),
+        ("select", ["--select", "ZZ999", "{d}/ok.py"], "`--select` ZZ999 matches no rule"),
+        ("ignore", ["--ignore", "QQ1", "{d}/ok.py"], "`--ignore` QQ1 matches no rule"),
+        ("explain", ["--explain", "PX000"], "no rule `PX000`"),
+        ("nothing", [], "give at least one file or directory"),
+        ("format", ["--format", "xml", "{d}/ok.py"], "invalid choice: 'xml'"),
+    ]
+    for name, argv, needle in lint:
+        add(f"lint-{name}", ["lint", *argv], needle)
+    for verb, extra in (("doctor", []), ("watch", ["{d}/ok.py"])):
+        for bad in ("0", "-1", "abc", "100000"):
+            add(f"{verb}-nproc={bad}", [verb, "--nproc-per-node", bad, *extra],
+                "argument --nproc-per-node:")
+        flag = "--init-timeout-s" if verb == "doctor" else "--hang-timeout-s"
+        for bad in ("nan", "inf", "0", "-5", "1e12", "abc"):
+            add(f"{verb}{flag}={bad}", [verb, flag, bad, *extra], f"argument {flag}:")
+    for name, spec, needle in (("nocolon", "pkg", "expected `package.module:factory`"),
+                               ("nomodule", "nope_mod:f", "cannot load it"),
+                               ("raises", "factories:raises", "the factory raised ValueError"),
+                               ("returns-int", "factories:returns_int", "returned int")):
+        add(f"doctor-model-{name}", ["doctor", "--nproc-per-node", "1", "--model", spec],
+            needle, {"PYTHONPATH": "{d}"}, sub=True)
+    for name, script, needle in (("missing", "{d}/nope.py", "does not exist"),
+                                 ("dir", "{d}/emptydir", "is a directory"),
+                                 ("fifo", "{d}/fifo", "is a FIFO"),
+                                 ("syntax", "{d}/syntax.py", "line 2: invalid syntax")):
+        add(f"watch-script-{name}", ["watch", "--nproc-per-node", "2", script], needle)
+    add("no-verb", [], "the following arguments are required: VERB")
+    add("bad-verb", ["trian"], "invalid choice: 'trian'")
+    return c
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, small_corpus_file, cache_dir):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "empty.txt").write_text("")
+    (d / "binary.bin").write_bytes(bytes(range(256)) * 64)
+    (d / "short.txt").write_text("print('hello')\n" * 20)
+    (d / "broken.toml").write_text("[model\nn_layer = 2\n")
+    (d / "unknown.toml").write_text("[train]\nmax_step = 3\n")
+    (d / "section.toml").write_text("[trian]\nmax_steps = 3\n")
+    (d / "type.toml").write_text("[train]\nmax_steps = 'x'\n")
+    (d / "choice.toml").write_text("[train]\nprecision = 'fp8'\n")
+    (d / "nan.toml").write_text("[train]\nlr = nan\n")
+    (d / "a_file").write_text("x")
+    (d / "ok.py").write_text("print('ok')\n")
+    (d / "syntax.py").write_text("import os\ndef f(:\n    pass\n")
+    (d / "factories.py").write_text("def raises():\n    raise ValueError('no weights')\n\n"
+                                    "def returns_int():\n    return 3\n")
+    (d / "emptydir").mkdir()
+    (d / "junk").mkdir()
+    (d / "junk" / "notes.txt").write_text("hello")
+    os.mkfifo(d / "fifo")
+    for sub, names in (("exists", ["m.safetensors"]), ("withconfig", ["config.json"])):
+        (d / sub).mkdir()
+        for n in names:
+            (d / sub / n).write_text("{}")
+    run = d / "run"
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "train", "--n-layer", "1",
+                           "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+                           "--micro-batch-size", "2", "--max-steps", "2", "--eval-batches", "1",
+                           "--sample-tokens", "0", "--nproc-per-node", "1", "--data",
+                           str(small_corpus_file), "--cache-dir", str(cache_dir), "--out",
+                           str(run)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    crafted = d / "crafted"
+    crafted.mkdir()
+    _craft_config_key(run / "checkpoints" / "step-00000002", crafted / "step-00000002")
+    return d
+
+
+def _craft_config_key(src: Path, dst: Path) -> None:
+    """A copy of a checkpoint whose sidecar's config gained a key, manifest re-hashed."""
+    import json
+    import shutil
+
+    from phalanx.checkpoint.store import MANIFEST, sha256
+
+    shutil.copytree(src, dst)
+    state = json.loads((dst / "train_state.json").read_text())
+    state["meta"]["config"]["train"]["__class__"] = "os.system"
+    (dst / "train_state.json").write_text(json.dumps(state))
+    manifest = json.loads((dst / MANIFEST).read_text())
+    manifest["files"]["train_state.json"] = {"size": (dst / "train_state.json").stat().st_size,
+                                             "sha256": sha256(dst / "train_state.json")}
+    (dst / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple]:
+    out = {}
+    for root in roots:
+        for p in root.rglob("*"):
+            st = p.lstat()
+            out[str(p)] = (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else ()
+    return out
+
+
+def _fill(arg: str, files: Path, work: Path) -> str:
+    return arg.format(d=files, w=work, run=files / "run", crafted=files / "crafted")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(case, files, tmp_path, monkeypatch,
+                                                      capfd, corpus_file, cache_dir):
+    name, argv, needle, env, sub = case
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [_fill(a, files, work) for a in argv]
+    if argv and argv[0] in ("train", "verify-resume", "bench"):  # the case's flags win
+        argv[1:1] = ["--out", str(work / "run"), "--cache-dir", str(cache_dir),
+                     "--data", str(corpus_file)]
+    monkeypatch.chdir(work)
+    before = _snapshot(work, files)
+    if sub:
+        proc = subprocess.run([sys.executable, "-m", "phalanx", *argv], capture_output=True,
+                              text=True, timeout=120, cwd=work,
+                              env={**os.environ, **{k: _fill(v, files, work)
+                                                    for k, v in env.items()}})
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        for key, value in env.items():
+            monkeypatch.setenv(key, _fill(value, files, work))
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse
+            code = exc.code
+        out, err = capfd.readouterr()
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and (len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("See `"))), lines
+    message = lines[-1] if "usage:" in lines[0] else lines[0]
+    assert _fill(needle, files, work) in " ".join(lines), message
+    assert _snapshot(work, files) == before, "something was written"
+
+
+def test_the_table_covers_every_verb_with_enough_cases():
+    verbs = {argv[0] for _, argv, _, _, _ in CASES if argv}
+    assert set(cli.VERBS) <= verbs, set(cli.VERBS) - verbs
+    assert len(CASES) >= 120, len(CASES)
