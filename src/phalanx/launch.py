@@ -19,6 +19,7 @@ import uuid
 
 from phalanx.envinfo import usable_cores
 from phalanx.errors import DistributedError, Interrupted, UserError
+from phalanx.hang.mismatch import PEER_LOST
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
@@ -95,9 +96,6 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         raise DistributedError(f"the job failed{restarts}: {detail}.", culprits) from None
 
 
-# errors a rank gets because another one died: they describe the effect, not the cause
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-              "remote worker", "connectFullMesh")
 
 
 _SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")
@@ -112,7 +110,7 @@ def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
     """
     ranks = sorted(failures)
     messages = {r: _message(failures[r]) for r in ranks}
-    victims = [r for r in ranks if any(m in messages[r] for m in _PEER_LOST)]
+    victims = [r for r in ranks if any(m in messages[r] for m in PEER_LOST)]
     culprits = [r for r in ranks if messages[r] and r not in victims]
     if not culprits:
         culprits = [r for r in ranks if failures[r].exitcode != -signal.SIGTERM

@@ -36,7 +36,8 @@ def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 120) -> No
     """Read the launcher's output until rank 0 reports `step` (progress lines)."""
     deadline = time.monotonic() + timeout
     for line in proc.stdout:
-        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= step:
+        if line.startswith("step ") and "/" in line.split()[1] \
+                and int(line.split()[1].split("/")[0]) >= step:
             return
         assert time.monotonic() < deadline, "no progress"
     raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()}")

@@ -43,6 +43,25 @@ def explain(exc: BaseException) -> DistributedError | None:
         f"dtypes.", [a["rank"]])
 
 
+# errors a rank gets because another one died: they describe the effect, not the cause
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+             "remote worker", "connectFullMesh")
+
+
+def peer_lost(exc: BaseException, rank: int) -> DistributedError | None:
+    """One line for a collective that failed because another rank went away (its own
+    error is the cause, reported by the launcher), or None for any other error."""
+    text = str(exc)
+    marker = next((m for m in PEER_LOST if m in text), None)
+    if marker is None or not isinstance(exc, RuntimeError):
+        return None
+    site = _user_site(exc)
+    where = f" at {short(site.file)}:{site.line}" if site else ""
+    return DistributedError(f"lost the connection to another rank in a collective{where} "
+                            f"({marker}): that rank failed or was stopped; its own error is "
+                            f"the cause.", [rank])
+
+
 def _user_site(exc: BaseException) -> Frame | None:
     frames = [Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
               for f in traceback.extract_tb(exc.__traceback__)]
