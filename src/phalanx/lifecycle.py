@@ -77,7 +77,3 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
-
-    @property
-    def installed(self) -> bool:
-        return bool(self._previous)

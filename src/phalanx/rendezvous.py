@@ -10,11 +10,13 @@ Phalanx therefore registers `phalanx-c10d`: torch's own dynamic rendezvous
 agent's store that the workers share (`TORCHELASTIC_USE_AGENT_STORE`) — are given a
 socket that Phalanx bound to the one address the job uses (`master_listen_fd`), so
 they listen there and nowhere else. Nothing of the rendezvous protocol is Phalanx's.
+Workers reach the agent's store through `attempt_store`, one key space per restart.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 BACKEND = "phalanx-c10d"
@@ -68,3 +70,21 @@ def register() -> str:
 
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     return BACKEND
+
+
+def attempt_store(world_size: int, timeout: datetime.timedelta):
+    """Under torch's elastic agent, a store namespaced by the restart attempt.
+
+    After an elastic restart the workers reuse the agent's TCPStore, which still holds
+    the dead workers' gloo addresses: a plain init then fails ("Gloo connectFullMesh
+    failed … Connection refused") or hangs. A PrefixStore per attempt keeps every
+    attempt's keys apart. Outside the agent: None (torch's env:// rendezvous).
+    """
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/phalanx/attempt-{attempt}", client)

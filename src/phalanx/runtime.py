@@ -35,6 +35,7 @@ from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
 from phalanx.errors import DistributedError, UserError, record_for_agent
 from phalanx.accumulate import Accumulator
+from phalanx.rendezvous import attempt_store
 from phalanx.strategies import Strategy, strategy_class
 
 
@@ -340,22 +341,6 @@ def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) 
                     "a factory: run.setup(model, lambda params: AdamW(params)).")
 
 
-def _attempt_store(env: LaunchEnv, timeout: datetime.timedelta):
-    """Under torch's elastic agent, a store namespaced by the restart attempt.
-
-    After an elastic restart the workers reuse the agent's TCPStore, which still holds
-    the dead workers' gloo addresses: a plain init then fails ("Gloo connectFullMesh
-    failed … Connection refused") or hangs. A PrefixStore per attempt keeps every
-    attempt's keys apart. Outside the agent: None (torch's env:// rendezvous).
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                           env.world_size, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"/phalanx/attempt-{attempt}", client)
-
-
 def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
          timeout_s: float = 600.0, threads: int | None = None,
          hang_timeout_s: float | None = None, hang_report_dir: str | Path | None = None,
@@ -386,7 +371,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
                                     timeout=timeout)
         else:
             dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                    timeout=timeout, store=_attempt_store(env, timeout))
+                                    timeout=timeout, store=attempt_store(env.world_size, timeout))
     name = strategy or ("ddp" if env.world_size > 1 else "single")
     run = Run(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
               local_world_size=env.local_world_size, device=device, backend=backend,

@@ -48,6 +48,9 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         add(f"train{flag}=empty", ["train", flag, ""], f"`{flag}` must not be empty")
     train = [
         ("zero-steps", ["--max-steps", "0"], "`--max-steps` must be a positive number"),
+        ("zero-nproc", ["--nproc-per-node", "0"], "`--nproc-per-node` must be a positive"),
+        ("zero-micro-batch", ["--micro-batch-size", "0"], "`--micro-batch-size` must be a"),
+        ("keep-zero", ["--keep-checkpoints", "0"], "`--keep-checkpoints` must be at least 1"),
         ("zero-lr", ["--lr", "0"], "`--lr` must be a positive number"),
         ("heads", ["--n-embd", "100", "--n-head", "3"], "must be divisible by `--n-head` (3)"),
         ("min-lr", ["--lr", "1e-3", "--min-lr", "1e-2"], "`--min-lr` (0.01) must not exceed"),

@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import procs
 from phalanx.checkpoint.store import committed, verify
 
 STEPS, EVERY = 8, 2
@@ -66,32 +67,13 @@ def reference(tmp_path_factory, small_corpus_file, cache_dir):
     return load_file(out / "model.safetensors")
 
 
-def _descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def _kill_at(out, corpus, cache, step: int, everything: bool) -> None:
     """Start a run, SIGKILL the launcher (and, with `everything`, every worker at the same
     moment) once rank 0 reports `step`."""
     proc = subprocess.Popen(_cmd(out, corpus, cache), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:
-        if line.startswith("step ") and "/" in line.split()[1] \
-                and int(line.split()[1].split("/")[0]) >= step:
-            break
-    victims = _descendants(proc.pid) if everything else set()
+    procs.wait_for_step(proc.stdout, step)
+    victims = procs.descendants(proc.pid) if everything else set()
     for pid in {proc.pid} | victims:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -99,7 +81,7 @@ def _kill_at(out, corpus, cache, step: int, everything: bool) -> None:
             pass
     proc.wait()
     deadline = time.monotonic() + 10
-    while _descendants(proc.pid) and time.monotonic() < deadline:
+    while procs.alive(procs.descendants(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import procs
 from phalanx.checkpoint.store import committed, verify
 
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
@@ -32,70 +33,31 @@ def start(out: Path, corpus, cache, *extra: str) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_step(proc: subprocess.Popen, step: int, timeout: float = 120) -> None:
-    """Read the launcher's output until rank 0 reports `step` (progress lines)."""
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        if line.startswith("step ") and "/" in line.split()[1] \
-                and int(line.split()[1].split("/")[0]) >= step:
-            return
-        assert time.monotonic() < deadline, "no progress"
-    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()}")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process whose parent chain leads to `pid` (read from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    out = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            out.add(pid)
-    return out
-
-
-def gone_within(pids: set[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not alive(pids)
+def wait_for_step(proc: subprocess.Popen, step: int) -> None:
+    if not procs.wait_for_step(proc.stdout, step):
+        raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()}")
 
 
 def test_workers_die_with_a_sigkilled_launcher(tmp_path, small_corpus_file, cache_dir):
     proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
     wait_for_step(proc, 3)
-    workers = descendants(proc.pid)
+    workers = procs.descendants(proc.pid)
     assert len(workers) >= 2
     proc.kill()
     proc.wait()
-    assert gone_within(workers, 10), f"orphaned workers: {alive(workers)}"
+    assert procs.gone_within(workers, 10), f"orphaned workers: {procs.alive(workers)}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig,nproc", [(signal.SIGINT, "2"), (signal.SIGTERM, "2"),
+                                       (signal.SIGTERM, "1")])
 def test_first_signal_commits_a_checkpoint_and_resume_is_exact(
-        sig, tmp_path, small_corpus_file, cache_dir):
+        sig, nproc, tmp_path, small_corpus_file, cache_dir):
+    """Two ranks under the elastic agent, and one rank in the launcher's own process."""
     out = tmp_path / "run"
-    proc = start(out, small_corpus_file, cache_dir, "--max-steps", "100000")
+    proc = start(out, small_corpus_file, cache_dir, "--max-steps", "100000",
+                 "--nproc-per-node", nproc)
     wait_for_step(proc, 4)
-    workers = descendants(proc.pid)
+    workers = procs.descendants(proc.pid)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, stderr
@@ -103,7 +65,7 @@ def test_first_signal_commits_a_checkpoint_and_resume_is_exact(
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"stopped by {sig.name}: checkpoint step-" in lines[0], lines
     assert "Resume with: phalanx train" in lines[0]
-    assert gone_within(workers, 5)
+    assert procs.gone_within(workers, 5)
     [ckpt] = committed(out / "checkpoints")
     assert verify(ckpt) is None
     stop = int(ckpt.name.split("-")[1])
@@ -128,13 +90,13 @@ def test_a_second_signal_stops_at_once(tmp_path, small_corpus_file, cache_dir):
     out = tmp_path / "run"
     proc = start(out, small_corpus_file, cache_dir, "--max-steps", "100000")
     wait_for_step(proc, 2)
-    workers = descendants(proc.pid)
+    workers = procs.descendants(proc.pid)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode in (130, -signal.SIGINT)
-    assert gone_within(workers, 10), f"orphaned workers: {alive(workers)}"
+    assert procs.gone_within(workers, 10), f"orphaned workers: {procs.alive(workers)}"
     for ckpt in committed(out / "checkpoints"):  # whatever was committed is whole
         assert verify(ckpt) is None
 
@@ -173,7 +135,7 @@ def test_a_single_node_job_listens_on_loopback_only(tmp_path, small_corpus_file,
     proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
     try:
         wait_for_step(proc, 3)
-        listeners = _listening({proc.pid} | descendants(proc.pid))
+        listeners = _listening({proc.pid} | procs.descendants(proc.pid))
     finally:
         proc.kill()
         proc.communicate()
@@ -188,7 +150,7 @@ def test_ss_shows_only_loopback_listeners(tmp_path, small_corpus_file, cache_dir
     proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
     try:
         wait_for_step(proc, 3)
-        pids = {proc.pid} | descendants(proc.pid)
+        pids = {proc.pid} | procs.descendants(proc.pid)
         table = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
     finally:
         proc.kill()

@@ -7,6 +7,7 @@ import argparse
 import os
 import shlex
 import signal
+import sys
 from pathlib import Path
 
 from phalanx.config import Config
@@ -183,8 +184,9 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
         run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)
         if result.stopped:
-            if not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher says it
-                run.print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}")
+            if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher
+                print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
+                      file=sys.stderr, flush=True)
         elif run.is_main:
             finish(cfg, run, result, out)
     return exit_code(result.stopped) if result.stopped else 0  # closing the run waits for rank 0's writing (a barrier)

@@ -1,0 +1,54 @@
+"""Process trees read from /proc: which processes a launcher started, and whether they
+are still alive (the tests for orphans and listening sockets)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process whose chain of parents leads to `pid`."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The ones among `pids` that still run (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
+
+
+def gone_within(pids: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not alive(pids)
+
+
+def wait_for_step(lines, step: int) -> bool:
+    """Read a run's stdout lines until rank 0's progress reports `step`; False if the
+    output ended first."""
+    for line in lines:
+        words = line.split()
+        if line.startswith("step ") and "/" in words[1] and int(words[1].split("/")[0]) >= step:
+            return True
+    return False

@@ -1,0 +1,51 @@
+"""Small hardening items (issue 11): a damaged token cache is rebuilt, a torn metrics
+line is skipped and said once, a closed output pipe ends quietly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from phalanx.data.corpus import prepare
+from phalanx.report.metrics import read_metrics
+
+
+def test_a_damaged_token_cache_is_rebuilt(tmp_path, small_corpus_file):
+    first = prepare(str(small_corpus_file), str(tmp_path), 0.05, log=lambda m: None)
+    meta = first.train.parent / "meta.json"
+    for damage in ("{not json", json.dumps({"n_train": "x"}), json.dumps([1, 2])):
+        meta.write_text(damage)
+        said: list[str] = []
+        again = prepare(str(small_corpus_file), str(tmp_path), 0.05, log=said.append)
+        assert (again.n_train, again.n_val) == (first.n_train, first.n_val)
+        assert said == [f"note: the token cache in `{first.train.parent}` is damaged; "
+                        f"rebuilding it."]
+        assert json.loads(meta.read_text())["n_train"] == first.n_train
+    first.train.write_bytes(b"short")  # a split file of the wrong size
+    again = prepare(str(small_corpus_file), str(tmp_path), 0.05, log=lambda m: None)
+    assert again.train.stat().st_size == first.n_train
+
+
+def test_a_torn_metrics_tail_is_skipped_and_said_once(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    said: list[str] = []
+    assert [r["step"] for r in read_metrics(path, warn=said.append)] == [1, 2]
+    assert len(said) == 1 and "ends with a torn line" in said[0]
+    path.write_text('{"step": 1}\ngarbage\n[1]\n{"step": 4}\n')
+    said.clear()
+    assert [r["step"] for r in read_metrics(path, warn=said.append)] == [1, 4]
+    assert said == [f"warning: `{path}` has 2 unreadable line(s) (2, 3); skipped."]
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    read, write = os.pipe()
+    os.close(read)  # like `| head` that has already exited
+    try:
+        proc = subprocess.run([sys.executable, "-m", "phalanx", "lint", "--explain", "PX101"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
