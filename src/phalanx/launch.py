@@ -9,6 +9,7 @@ finds the launcher's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and becomes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import os
@@ -21,6 +22,22 @@ from phalanx.envinfo import usable_cores
 from phalanx.errors import DistributedError, Interrupted, UserError
 from phalanx.hang.mismatch import PEER_LOST
 from phalanx.hang.watchdog import HANG_EXIT_CODE
+
+
+@contextlib.contextmanager
+def _worker_env(values: dict[str, str]):
+    """Set `values` in os.environ (the agent copies it into every worker) and put the
+    previous values back afterwards, so an in-process caller is not left 'launched'."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def loopback_interface() -> str | None:
@@ -69,12 +86,12 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         run_id=f"phalanx-{uuid.uuid4().hex[:8]}", local_addr="127.0.0.1",
         rdzv_backend=register(), rdzv_endpoint="127.0.0.1:0",
         max_restarts=max_restarts, monitor_interval=0.1)
-    os.environ["PHALANX_LAUNCHED"] = "1"
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads)}
     if "GLOO_SOCKET_IFNAME" not in os.environ and loopback_interface():
-        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+        env["GLOO_SOCKET_IFNAME"] = loopback_interface()
     try:
-        elastic_launch(config, sys.executable)(*python_args)
+        with _worker_env(env):  # the workers' environment, not this process's afterwards
+            elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None
     except ChildFailedError as exc:

@@ -71,15 +71,14 @@ def test_first_signal_commits_a_checkpoint_and_resume_is_exact(
     stop = int(ckpt.name.split("-")[1])
     # continue to stop + 2 and compare with a run that was never interrupted
     target = str(stop + 2)
+    same = ["--max-steps", target, "--lr-decay-steps", "100000", "--nproc-per-node", nproc]
     resumed = subprocess.run([sys.executable, "-m", "phalanx", "train", *ARGS, "--data",
                               str(small_corpus_file), "--cache-dir", str(cache_dir), "--out",
-                              str(out), "--max-steps", target, "--lr-decay-steps", "100000"],
-                             capture_output=True, text=True, timeout=180)
+                              str(out), *same], capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0 and f"at step {stop}" in resumed.stdout, resumed.stderr
     straight = subprocess.run([sys.executable, "-m", "phalanx", "train", *ARGS, "--data",
                                str(small_corpus_file), "--cache-dir", str(cache_dir), "--out",
-                               str(tmp_path / "straight"), "--max-steps", target,
-                               "--lr-decay-steps", "100000"],
+                               str(tmp_path / "straight"), *same],
                               capture_output=True, text=True, timeout=180)
     assert straight.returncode == 0, straight.stderr
     a, b = load_file(out / "model.safetensors"), load_file(tmp_path / "straight/model.safetensors")
