@@ -43,13 +43,15 @@ def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cach
 
 def test_under_torchrun_phalanx_is_just_the_worker(tmp_path, corpus_file, cache_dir):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "phalanx", "train", *SMALL, "--data", str(corpus_file), "--cache-dir",
-         str(cache_dir), "--out", str(out), "--sample-tokens", "0"],
-        capture_output=True, text=True, timeout=180)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "phalanx", "train", *SMALL, "--data", str(corpus_file), "--cache-dir",
+           str(cache_dir), "--out", str(out), "--sample-tokens", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 rank(s) · gloo on cpu" in proc.stdout
     assert (out / "model.safetensors").exists()
     assert torch.isfinite(torch.tensor(
         json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]))
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)  # rank 1 too
+    assert again.returncode == 0 and again.stdout.count("is already complete") == 1, \
+        again.stdout + again.stderr

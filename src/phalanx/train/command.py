@@ -86,12 +86,14 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
-    if not owns_run_dir():
-        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
-        return launch_or_work(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
     from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
 
+    if not owns_run_dir():  # torchrun/SLURM rank > 0: rank 0 checks and says it
+        if _complete_quietly(cfg, out):
+            return 0  # rank 0 found the same and does not join the process group
+        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        return launch_or_work(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         check_data_fits(cfg, splits)
@@ -106,6 +108,17 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
                                   lambda t: worker(cfg, splits, out, t, argv))
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
+
+
+def _complete_quietly(cfg: Config, out: Path) -> bool:
+    """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
+    any error is rank 0's to report, so it means 'no' here.)"""
+    from phalanx.train.checkpointing import precheck
+
+    try:
+        return precheck(cfg, out) is not None
+    except Exception:  # noqa: BLE001 - rank 0 reports it in one line
+        return False
 
 
 def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
