@@ -56,6 +56,9 @@ def test_killed_ranks_recover_bit_identically(straight, tmp_path, small_corpus_f
                if line.startswith("resumed from")]
     assert [Path(p).name for p in resumed] == ["step-00000003", "step-00000006",
                                                "step-00000009"]
+    assert [line.split(":")[1].strip() for line in proc.stdout.splitlines()
+            if line.startswith("phalanx: restart")] == [
+        "restart 1 of at most 3", "restart 2 of at most 3", "restart 3 of at most 3"]
     expected, got = load_file(str(straight / "model.safetensors")), \
         load_file(str(tmp_path / "model.safetensors"))
     assert expected.keys() == got.keys()

@@ -194,6 +194,11 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if attempt:  # the agent's own messages are silenced: say that it restarted
+            run.print(f"phalanx: restart {attempt} of at most "
+                      f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: a rank failed; "
+                      f"every rank starts again from the newest committed checkpoint")
         run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)
         if result.stopped:
