@@ -66,27 +66,27 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
              asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
 
 
-def precheck(cfg: Config, out_dir: Path) -> str | None:
+def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
     """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
     and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings.
 
-    Returns a one-line account when that checkpoint is already at (or past)
-    `--max-steps`: the run is complete and there is nothing to do."""
+    Returns that checkpoint (None: a fresh start) and, when it is already at (or past)
+    `--max-steps`, a one-line account: the run is complete, nothing to do."""
     path = resolve_resume(cfg.train.resume, out_dir, lambda message: None)
     if path is None:
-        return None
+        return None, None
     meta = read_sidecar(path)["meta"]
     check_compatible(cfg, meta.get("config", {}), path)
     step = int(meta.get("train_state", {}).get("step", 0))
     if step < cfg.train.max_steps:
-        return None
+        return path, None
     reached = _last_val_loss(Path(out_dir), step)
     where = (f"at step {step} of {cfg.train.max_steps}" if step == cfg.train.max_steps
              else f"at step {step}, past `--max-steps` {cfg.train.max_steps}")
-    return (f"the run in `{out_dir}` is already complete: checkpoint {path.name} is {where}"
-            + (f", val loss {reached:.4f}" if reached is not None else "")
-            + ". Nothing to do (nothing written): raise `--max-steps` to train further, "
-              "or start over with `--resume never`.")
+    return path, (f"the run in `{out_dir}` is already complete: checkpoint {path.name} is "
+                  f"{where}" + (f", val loss {reached:.4f}" if reached is not None else "")
+                  + ". Nothing to do (nothing written): raise `--max-steps` to train "
+                    "further, or start over with `--resume never`.")
 
 
 def _last_val_loss(out_dir: Path, step: int) -> float | None:
@@ -98,10 +98,11 @@ def _last_val_loss(out_dir: Path, step: int) -> float | None:
     return losses[-1] if losses else None
 
 
-def start_lineage(cfg: Config, out_dir: Path, say) -> None:
-    """Make `OUT/checkpoints` the lineage this run continues (see checkpoint.rundir):
-    on a fresh start the previous run moves to `OUT/superseded/`. Lock holder only."""
-    reconcile(out_dir, resolve_resume(cfg.train.resume, out_dir, lambda message: None), say)
+def start_lineage(out_dir: Path, resume_from: Path | None, say) -> None:
+    """Make `OUT/checkpoints` the lineage that continues from `resume_from` (precheck's
+    choice; see checkpoint.rundir): on a fresh start the previous run moves to
+    `OUT/superseded/`. Lock holder only."""
+    reconcile(out_dir, resume_from, say)
 
 
 def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,

@@ -97,12 +97,12 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         check_data_fits(cfg, splits)
-        complete = precheck(cfg, out)
+        resume_from, complete = precheck(cfg, out)
         if complete:
             print(f"phalanx: {complete}", flush=True)
             return 0
         lock.record_holder()
-        start_lineage(cfg, out, lambda line: print(f"phalanx: {line}", flush=True))
+        start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
         try:
             return launch_or_work(cfg, "train", argv,
                                   lambda t: worker(cfg, splits, out, t, argv))
@@ -116,7 +116,7 @@ def _complete_quietly(cfg: Config, out: Path) -> bool:
     from phalanx.train.checkpointing import precheck
 
     try:
-        return precheck(cfg, out) is not None
+        return precheck(cfg, out)[1] is not None
     except Exception:  # noqa: BLE001 - rank 0 reports it in one line
         return False
 
