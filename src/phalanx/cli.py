@@ -8,7 +8,7 @@ import sys
 
 from phalanx import __version__
 from phalanx.errors import DistributedError, Interrupted, UserError, record_for_agent
-from phalanx.lifecycle import die_with_parent
+from phalanx.lifecycle import die_with_agent
 from phalanx.bench import command as bench_command
 from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
-        die_with_parent()
+    die_with_agent()
     ns = build_parser().parse_args(argv)
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])

@@ -1,6 +1,6 @@
 """How a job's processes end: with their launcher, and cleanly on Ctrl-C / SIGTERM.
 
-- `die_with_parent()`: a worker started by an elastic agent (Phalanx's launcher or
+- `die_with_agent()`: a worker started by an elastic agent (Phalanx's launcher or
   torchrun) asks the kernel for SIGKILL when that agent dies, so a launcher killed
   with SIGKILL never leaves workers training on, unsupervised (PR_SET_PDEATHSIG; a
   watcher thread where prctl is not available).
@@ -24,6 +24,13 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def die_with_agent() -> None:
+    """In a worker of an elastic agent (Phalanx's launcher or torchrun): SIGKILL this
+    process when the agent dies. Elsewhere: nothing."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        die_with_parent()
 
 
 def die_with_parent() -> None:

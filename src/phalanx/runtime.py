@@ -355,10 +355,9 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
     env = detect_launch_env()
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
-        from phalanx.lifecycle import die_with_parent
+    from phalanx.lifecycle import die_with_agent
 
-        die_with_parent()
+    die_with_agent()
     backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
     if backend == "nccl" and not torch.cuda.is_available():
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")

@@ -53,10 +53,9 @@ def main() -> None:
         print(f"phalanx: error: `{script}` is not a file.", file=sys.stderr)
         raise SystemExit(2)
     hang_timeout()
-    if os.environ.get("TORCHELASTIC_RUN_ID"):  # an elastic agent's worker: die with it
-        from phalanx.lifecycle import die_with_parent
+    from phalanx.lifecycle import die_with_agent
 
-        die_with_parent()
+    die_with_agent()
     _watch_after_init()
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
