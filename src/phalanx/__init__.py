@@ -2,7 +2,7 @@
 
     import phalanx
     run = phalanx.init(seed=0)                       # rank, device, backend, process group
-    model, opt = run.setup(model, lambda p: torch.optim.AdamW(p))   # move → wrap → optimizer
+    model, opt = run.setup(model, lambda p: torch.optim.AdamW(p))   # place → wrap → optimizer
     loader = run.loader(dataset, batch_size=16)     # sharded, reshuffled every epoch
     acc = run.accumulate(model, steps=4)            # no gradient sync but on the last
 """
@@ -16,8 +16,12 @@ __all__ = ["Run", "init", "__version__"]
 
 def __getattr__(name: str):
     # Lazy: `phalanx --help` and config errors must not pay for `import torch`.
-    if name in ("Run", "init"):
-        from phalanx import runtime
+    if name == "Run":
+        from phalanx.runtime import Run
 
-        return getattr(runtime, name)
+        return Run
+    if name == "init":
+        from phalanx.join import init
+
+        return init
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

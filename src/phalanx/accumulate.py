@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from phalanx.errors import UserError
-from phalanx.strategies import BackwardSyncControl, Strategy
+from phalanx.strategies.base import BackwardSyncControl, Strategy
 
 
 class Accumulator:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from phalanx.errors import UserError
+from phalanx.strategies.specs import GRAD_SYNC, SPECS, foreign_options
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-STRATEGIES = ("single", "ddp")
+STRATEGIES = tuple(SPECS)
 BACKENDS = ("auto", "gloo", "nccl")
 
 # Model presets: `tiny` is sized to learn something on two CPU cores in ~3 minutes;
@@ -190,8 +192,9 @@ class TrainConfig:
 class DistConfig:
     nproc_per_node: int | None = opt(None, "Worker processes on this machine (default: one "
                                            "per visible GPU, else one per usable CPU core).")
-    strategy: str | None = opt(None, "Parallelism (default: ddp when more than one rank, "
-                                     "else single).", choices=STRATEGIES)
+    strategy: str | None = opt(None, "Parallelism: " + "; ".join(
+        f"{s.name}: {s.summary}" for s in SPECS.values()) + ". Default: ddp when more than "
+        "one rank, else single. See docs/strategies.md.", choices=STRATEGIES)
     backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
                        choices=BACKENDS)
     threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "
@@ -208,6 +211,21 @@ class DistConfig:
                                               "gradient every step (costly; off by default).")
     sync_batchnorm: bool = opt(False, "Convert BatchNorm to SyncBatchNorm before wrapping "
                                       "(CUDA only).")
+    fsdp_reshard_after_forward: bool = opt(True, "fsdp: free gathered parameters after each "
+                                                 "block's forward and gather them again for "
+                                                 "backward (ZeRO-3); --no-…: keep them "
+                                                 "(ZeRO-2-like, one all-gather fewer, more "
+                                                 "memory).")
+    fsdp_bf16_reduce: bool = opt(False, "fsdp with --precision bf16: reduce-scatter gradients "
+                                        "in bf16 instead of fp32 (half the bytes, less exact).")
+    fsdp_cpu_offload: bool = opt(False, "fsdp: keep parameter shards and optimizer state in "
+                                        "CPU memory between uses (CUDA only).")
+    fsdp_grad_sync: str = opt("every", "fsdp with --grad-accum: `every` reduce-scatters on "
+                                       "every micro-step (gradients stay sharded: least "
+                                       "memory); `last` skips until the last micro-step "
+                                       "(less communication, but each rank holds the full "
+                                       "unsharded gradients). See docs/strategies.md.",
+                              choices=GRAD_SYNC)
     timeout_s: float = opt(600.0, "Collective timeout in seconds.")
     max_restarts: int = opt(0, "Times torch's elastic agent restarts failed workers.")
     hang_timeout_s: float = opt(300.0, "Hang watchdog: when no rank progresses for this "
@@ -231,6 +249,17 @@ class DistConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
                                 f"{getattr(self, name)}.")
+        chosen = self.strategy or "ddp"  # single when one rank: DDP's options are harmless
+        defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
+        foreign = foreign_options(self, chosen, defaults)
+        if foreign:
+            f = _field(self, foreign[0])
+            owners = [s.name for s in SPECS.values() if f.name.startswith(s.flag_prefix)
+                      and s.flag_prefix]
+            raise UserError(f"`{flag_of(f)}` is an option of `--strategy "
+                            f"{'/'.join(owners) or 'ddp/zero'}`, and this run uses "
+                            f"`{chosen}`: it would have no effect. Drop it, or choose that "
+                            f"strategy.")
         if self.hang_timeout_s >= self.timeout_s:
             raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
                             f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "

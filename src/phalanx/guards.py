@@ -90,6 +90,35 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
                 f"on one rank, or a non-deterministic kernel.", disagree)
 
 
+def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank: int) -> None:
+    """For sharded models: this rank's shard of every DTensor has the shape its placement
+    gives this rank, every rank has the same layout (names, global shapes, placements),
+    and every unsharded tensor (buffers, plain parameters) is identical on all ranks."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    state, wrong = [], None
+    for name, t in named_state(model):
+        if not isinstance(t, DTensor):
+            state.append((name, t))
+            continue
+        expected, _ = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        if tuple(t.to_local().shape) != tuple(expected) and wrong is None:
+            wrong = (f"`{name}`'s shard is {tuple(t.to_local().shape)}, its placement "
+                     f"{t.placements} says {tuple(expected)}")
+        layout = f"{tuple(t.shape)}|{t.placements}|{t.dtype}".encode()
+        code = int.from_bytes(hashlib.sha256(layout).digest()[:8], "little", signed=True)
+        state.append((f"{name} (layout)", torch.tensor([code], dtype=torch.int64)))
+    problems = [None] * world_size
+    dist.all_gather_object(problems, wrong)
+    bad = [r for r, p in enumerate(problems) if p]
+    if bad:
+        raise DistributedError(f"rank {bad[0]} does not hold the shard it should: "
+                               f"{problems[bad[0]]}. Something replaced the sharded "
+                               f"parameters after run.setup().", bad)
+    check_same(state, device, world_size, "unsharded tensors and shard layouts")
+
+
 def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None) -> list[str]:
     """One line per tensor not on `expected`: parameters, buffers, and the batch's tensors
     (nested lists/tuples/dicts). Empty when everything is in place."""

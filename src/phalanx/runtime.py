@@ -1,24 +1,13 @@
-"""`Run`: one object per process holding rank, device, backend and the strategy.
-
-`phalanx.init()` does the setup steps in the order the field guides prescribe, so a
-script cannot get them wrong:
-
-1. read the launcher's environment (torchrun / Phalanx / SLURM, or none: world size 1);
-2. pick the device from LOCAL_RANK and pin it (`torch.cuda.set_device`) before anything
-   is allocated on a GPU;
-3. set torch threads so the ranks on one machine do not oversubscribe its cores;
-4. initialise the process group (nccl on CUDA, gloo on CPU) with a timeout — at world
-   size 1 too, on an in-memory store, so collectives work the same everywhere;
-5. seed from (seed, rank); and destroy the process group at exit, also on error.
+"""`Run`: one object per process — the job's topology, its strategy — and the public
+API for training on it (setup, loader, accumulate, clip, collectives, save/load, guards).
+`phalanx.init()` (see `phalanx.join`) builds it; every strategy-specific step passes
+through to `run.strategy`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
 import hashlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,11 +21,11 @@ from torch.utils.data import Dataset
 
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
-from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
-from phalanx.errors import DistributedError, UserError, record_for_agent
+from phalanx.errors import UserError, record_for_agent
 from phalanx.accumulate import Accumulator
-from phalanx.rendezvous import attempt_store
-from phalanx.strategies import Strategy, strategy_class
+from phalanx.precision import Precision
+from phalanx.strategies.base import Strategy
+from phalanx.topology import Topology
 
 
 def derive_seed(*parts: int) -> int:
@@ -45,46 +34,26 @@ def derive_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def _pick_device(env: LaunchEnv, backend: str) -> torch.device:
-    if backend == "gloo" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    if env.local_rank >= count:
-        raise DistributedError(
-            f"LOCAL_RANK {env.local_rank} has no GPU: only {count} visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
-            f"Start at most {count} processes per node.", [env.rank])
-    device = torch.device("cuda", env.local_rank)
-    torch.cuda.set_device(device)
-    return device
-
-
-def _set_threads(env: LaunchEnv, threads: int | None) -> int:
-    if threads is None and "OMP_NUM_THREADS" in os.environ:
-        threads = int(os.environ["OMP_NUM_THREADS"])
-    if threads is None:
-        threads = max(1, usable_cores() // max(1, env.local_world_size))
-    torch.set_num_threads(threads)
-    return threads
-
-
 @dataclass
 class Run:
     """This process's place in the job, and the public API for training on it."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    device: torch.device
-    backend: str
-    launcher: str
+    topology: Topology
+    strategy: Strategy
     seed: int
     threads: int
-    strategy: Strategy
+    precision: Precision | None = None  # set by `setup` (the strategy's policy and scaler)
     _saver: Any = field(default=None, repr=False)
     _watchdog: Any = field(default=None, repr=False)
     _stop: Any = field(default=None, repr=False)
+
+    rank = property(lambda self: self.topology.rank)
+    local_rank = property(lambda self: self.topology.local_rank)
+    world_size = property(lambda self: self.topology.world_size)
+    local_world_size = property(lambda self: self.topology.local_world_size)
+    device = property(lambda self: self.topology.device)
+    backend = property(lambda self: self.topology.backend)
+    launcher = property(lambda self: self.topology.launcher)
 
     @property
     def is_main(self) -> bool:
@@ -92,21 +61,37 @@ class Run:
 
     # -- model and data ------------------------------------------------------------
     def setup(self, model: nn.Module,
-              optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None):
-        """Move → prepare (SyncBatchNorm) → wrap → optimizer, in that order.
+              optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
+              *, precision: str = "fp32", blocks: list[nn.Module] | None = None):
+        """The strategy places and wraps `model` (move → prepare → wrap; sharded: each of
+        `blocks`, found if not given, then the root), then the optimizer is built on the
+        wrapped parameters — the order every strategy needs (FSDP: after sharding).
 
-        `optimizer` is an optimizer built on `model.parameters()` or a factory called
-        with the wrapped model's parameters. Returns `model` or `(model, optimizer)`.
+        `optimizer` is an optimizer built on `model.parameters()` (replicated strategies
+        only) or a factory called with the wrapped model's parameters. `precision`
+        (fp32/bf16/fp16) sets `run.precision` (autocast, scaler) and FSDP's policy.
+        Returns `model` or `(model, optimizer)`.
         """
-        model = model.to(self.device)
-        model = self.strategy.prepare(model)
-        wrapped = self.strategy.wrap(model)
+        self.precision = self.strategy.precision(precision)
+        wrapped = self.strategy.setup_module(model, self.precision, blocks)
+        if getattr(self.strategy, "note", None):
+            self.print(self.strategy.note)
         if optimizer is None:
             return wrapped
         if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(wrapped.parameters())
-        _check_optimizer_params(model, optimizer)
-        return wrapped, optimizer
+        _check_optimizer_params(wrapped, optimizer)
+        return wrapped, self.strategy.setup_optimizer(optimizer)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip the global gradient norm to `max_norm` (over every rank's gradients,
+        sharded or not); returns the norm before clipping, equal on every rank."""
+        return self.strategy.clip_grad_norm_(model, max_norm)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights on rank 0 ({} on other ranks); call on every rank
+        (sharded strategies gather)."""
+        return self.strategy.full_state_dict(model)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
@@ -114,9 +99,11 @@ class Run:
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True,
                seed: int | None = None, stream: bool = False, position: int = 0,
                **dataloader_kwargs: Any) -> DeviceLoader:
-        """This rank's share of `dataset`, batches on `run.device` (see ShardedBatchSampler)."""
+        """This rank's share of `dataset` (split by data-parallel rank), batches on
+        `run.device` (see ShardedBatchSampler)."""
+        t = self.topology
         sampler = ShardedBatchSampler(
-            len(dataset), batch_size, self.rank, self.world_size,
+            len(dataset), batch_size, t.dp_rank, t.dp_size,
             seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
             position=position)
         return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
@@ -165,12 +152,10 @@ class Run:
 
     # -- guards -----------------------------------------------------------------------
     def check_consistency(self, model: nn.Module) -> None:
-        """Compare every parameter and buffer across ranks, bit for bit (one all_gather of
-        two int64s per tensor); raise naming the first that differs and the ranks that
-        disagree. A collective: call it on every rank."""
-        from phalanx.guards import check_consistency
-
-        check_consistency(self.unwrap(model), self.device, self.world_size)
+        """Compare, bit for bit, what must agree across ranks (replicas: every parameter
+        and buffer; sharded: shard layouts and unsharded buffers); raise naming the first
+        that differs and the ranks that disagree. A collective: call it on every rank."""
+        self.strategy.check_consistency(model)
 
     def diagnose_devices(self, model: nn.Module, batch: Any = None) -> list[str]:
         """Every parameter, buffer and batch tensor that is not on `run.device`, one line
@@ -231,11 +216,15 @@ class Run:
         copies parameters and optimizer state in the background, during the next
         forward/backward: call `checkpoint_staged()` before the next optimizer step.
         """
-        return self._checkpoints().save(Path(root), step, model, optimizer, meta or {},
-                                        keep=keep, config_hash=config_hash,
-                                        asynchronous=asynchronous,
-                                        replicated=self.strategy.replicated_state,
-                                        overlap_staging=overlap_staging)
+        from phalanx.checkpoint.store import param_groups
+
+        deferred = None
+        if overlap_staging:
+            deferred = {n for n, _ in self.strategy.unwrap(model).named_parameters()}
+        return self._checkpoints().save(
+            Path(root), step, lambda: self.strategy.save_state(model, optimizer),
+            param_groups(optimizer), meta or {}, keep=keep, config_hash=config_hash,
+            asynchronous=asynchronous, deferred=deferred)
 
     @property
     def checkpoint_timings(self) -> dict[str, float]:
@@ -266,10 +255,12 @@ class Run:
 
     def load(self, path: str | Path, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None) -> dict:
-        """Load a checkpoint written at any world size; returns the `meta` saved with it."""
+        """Load a checkpoint written at any world size by any strategy; returns the `meta`
+        saved with it. A collective: call it on every rank."""
         from phalanx.checkpoint.store import load_checkpoint
 
-        return load_checkpoint(Path(path), model, optimizer)
+        return load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
+                               self.strategy.apply_state)
 
     def latest_checkpoint(self, root: str | Path) -> Path | None:
         """The newest checkpoint under `root` that verifies, as rank 0 found it."""
@@ -295,8 +286,7 @@ class Run:
         if dist.is_available() and dist.is_initialized():
             if not failed:
                 self._quiesce()
-            if self.strategy is not None:
-                self.strategy.release()
+            self.strategy.release()
             dist.destroy_process_group()
 
     def _quiesce(self) -> None:
@@ -336,53 +326,7 @@ def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) 
         for p in group["params"]:
             if id(p) not in mine:
                 raise UserError(
-                    "the optimizer holds a tensor that is not a parameter of the model given "
-                    "to run.setup(). Build it on `model.parameters()` of that model, or pass "
-                    "a factory: run.setup(model, lambda params: AdamW(params)).")
-
-
-def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
-         timeout_s: float = 600.0, threads: int | None = None,
-         hang_timeout_s: float | None = None, hang_report_dir: str | Path | None = None,
-         debug_collectives: bool = False, **strategy_options: Any) -> Run:
-    """Join the job this process was launched into (or a 1-process job) and return a `Run`.
-
-    `hang_timeout_s` (or PHALANX_HANG_TIMEOUT) starts the hang watchdog (`Run.watch`).
-    `debug_collectives` has torch verify every collective across ranks
-    (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
-    """
-    if debug_collectives:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        dist.set_debug_level_from_env()
-    env = detect_launch_env()
-    from phalanx.lifecycle import die_with_agent
-
-    die_with_agent()
-    backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")
-    device = _pick_device(env, backend)
-    n_threads = _set_threads(env, threads)
-    if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
-        if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=timeout)
-        else:
-            dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                    timeout=timeout, store=attempt_store(env.world_size, timeout))
-    name = strategy or ("ddp" if env.world_size > 1 else "single")
-    run = Run(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size,
-              local_world_size=env.local_world_size, device=device, backend=backend,
-              launcher=env.launcher, seed=seed, threads=n_threads,
-              strategy=None)  # type: ignore[arg-type]
-    atexit.register(run.close)
-    run.strategy = strategy_class(name)(run, **strategy_options)
-    run.strategy.check()
-    torch.manual_seed(derive_seed(seed, env.rank))
-    from phalanx.hang.watchdog import timeout_from_env
-
-    hang = hang_timeout_s or timeout_from_env()
-    if hang > 0 and not os.environ.get("PHALANX_WATCHED"):
-        run.watch(hang, hang_report_dir or os.environ.get("PHALANX_HANG_REPORT_DIR"))
-    return run
+                    "the optimizer holds a tensor that is not a parameter of the model "
+                    "run.setup() returned (a sharded strategy replaces the parameters with "
+                    "their shards, so an optimizer built before setup updates nothing). Pass "
+                    "a factory instead: run.setup(model, lambda params: AdamW(params)).")

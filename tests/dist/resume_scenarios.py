@@ -16,7 +16,8 @@ import torch
 
 from phalanx.config import build_config
 from phalanx.data.corpus import TokenSplits
-from phalanx.strategies import DDPStrategy
+from phalanx.strategies.ddp import DDPStrategy
+from phalanx.strategies.specs import DDPOptions
 from phalanx.train.command import strategy_options
 from phalanx.train.loop import train
 
@@ -50,7 +51,8 @@ def dump(run, result, ids: list[int], path: Path) -> None:
 def two_rank_scenarios(run, splits: TokenSplits, out: Path) -> None:
     """Straight 16 steps; 8 steps then resume to 16 (the 8-step checkpoint is kept)."""
     r, static = run.rank, run.strategy
-    run.strategy = DDPStrategy(run, **strategy_options(resume_config(out, STEPS)))
+    run.strategy = DDPStrategy(run.topology, DDPOptions(
+        **strategy_options(resume_config(out, STEPS), run.world_size)))
     result, ids = train_recorded(run, splits, out / "straight", STEPS)
     dump(run, result, ids, out / f"straight-rank{r}.pt")
     result, ids = train_recorded(run, splits, out / "halves", HALF)

@@ -18,7 +18,7 @@ import phalanx
 from phalanx.config import build_config
 from phalanx.data.corpus import prepare
 from phalanx.errors import DistributedError
-from phalanx.strategies import DDPStrategy
+from phalanx.strategies.ddp import DDPStrategy
 from phalanx.train.loop import train
 
 from common import sgd_trajectory
@@ -53,7 +53,7 @@ def unused_parameter(run, out: Path) -> None:
         def forward(self, x):
             return self.used(x)
 
-    static, run.strategy = run.strategy, DDPStrategy(run)  # torch's default: not static
+    static, run.strategy = run.strategy, DDPStrategy(run.topology)  # torch's default: not static
     model = run.setup(Net())
     run.strategy = static
     message = "no error"

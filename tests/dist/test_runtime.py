@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -57,17 +59,21 @@ def test_loader_epochs_reshuffle_and_batches_sit_on_the_device(run):
 
 
 def test_sync_batchnorm_on_cpu_says_so_plainly():
-    with phalanx.init(seed=0, threads=1, strategy="ddp", sync_batchnorm=True) as r:
-        with pytest.raises(UserError, match="`--sync-batchnorm` needs CUDA GPUs"):
-            r.setup(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    with pytest.raises(UserError, match="`--sync-batchnorm` needs CUDA GPUs"):
+        phalanx.init(seed=0, threads=1, strategy="ddp", sync_batchnorm=True)
+
+
+def test_an_unknown_strategy_option_is_named():
+    with pytest.raises(UserError, match="`bucket_cap_mb` is not an option of strategy `fsdp`"):
+        phalanx.init(seed=0, threads=1, strategy="fsdp", bucket_cap_mb=10.0)
 
 
 def test_single_strategy_refuses_many_ranks(run):
-    from phalanx.strategies import SingleStrategy
+    from phalanx.strategies.single import SingleStrategy
 
-    run.world_size = 2
+    two = dataclasses.replace(run.topology, world_size=2)
     with pytest.raises(UserError, match="unrelated copies"):
-        SingleStrategy(run).check()
+        SingleStrategy(two).check()
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx.bench.peers import phalanx
+from phalanx.strategies.specs import DDPOptions
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,13 @@ def variants(run) -> list[Variant]:
     """The defaults Phalanx sets differently from torch, for this run's strategy/device."""
     found = []
     opts = run.strategy.options
-    if run.strategy.name == "ddp":
-        if opts.get("static_graph"):
+    if isinstance(opts, DDPOptions):  # ddp and zero
+        if opts.static_graph:
             found.append(Variant("DDP static_graph", "True", "False", {"static_graph": False}))
-        if opts.get("gradient_as_bucket_view", True):
+        if opts.gradient_as_bucket_view:
             found.append(Variant("DDP gradient_as_bucket_view", "True", "False",
                                  {"gradient_as_bucket_view": False}))
-        cap = opts.get("bucket_cap_mb", 25.0)
+        cap = opts.bucket_cap_mb
         found.append(Variant("DDP bucket sizes", f"{cap:g} MiB, every bucket",
                              "25 MiB, the first 1 MiB", {"bucket_cap_mb": None}))
     if run.device.type in ("cpu", "cuda"):

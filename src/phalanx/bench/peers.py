@@ -9,6 +9,7 @@ micro-batches of `micro_batch_size` windows, AdamW, gradient clipping — same m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from contextlib import contextmanager
 
@@ -60,7 +61,7 @@ def plain(cfg, tokens, run):
     """What the field guides write by hand: DDP(model), AdamW, DistributedSampler."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     model = DDP(build_model(cfg).to(run.device))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
@@ -81,7 +82,7 @@ def plain(cfg, tokens, run):
 def accelerate(cfg, tokens, run):
     from accelerate import Accelerator
 
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     acc = Accelerator(gradient_accumulation_steps=cfg.train.grad_accum, cpu=run.device.type == "cpu")
     model = build_model(cfg)
@@ -105,7 +106,7 @@ def accelerate(cfg, tokens, run):
 def fabric(cfg, tokens, run):
     from lightning.fabric import Fabric
 
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     fab = Fabric(accelerator="cuda" if run.device.type == "cuda" else "cpu",
                  devices=run.local_world_size, num_nodes=run.world_size // run.local_world_size,
@@ -139,27 +140,28 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
     run's strategy (how `--scaling` times one rank alone inside a larger launch).
     """
     from phalanx.data import TokenWindows
-    from phalanx.train.loop import build_model, micro_steps, optimizer_step
+    from phalanx.models import build_model
+    from phalanx.train.loop import micro_steps, optimizer_step
     from phalanx.train.optim import adamw
-    from phalanx.train.precision import Precision
 
     t = cfg.train
     with _swapped_strategy(run, strategy, ddp or {}):
         model, opt = run.setup(build_model(cfg), lambda p: adamw(
             p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-            device=run.device, fused=fused))
+            device=run.device, fused=fused), precision=t.precision)
         acc = run.accumulate(model, t.grad_accum)
+        precision = run.precision
     batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
                               stream=True))
-    precision = Precision(t.precision, run.device)
 
     def step():
         micro_steps(model, acc, batches, precision)
         run.checkpoint_staged()
-        optimizer_step(model, opt, precision, t.grad_clip)
+        optimizer_step(run, model, opt, t.grad_clip)
     step.model, step.acc, step.opt, step.batches, step.precision = (  # for the profiler
         model, acc, opt, batches, precision)
-    step.grad_clip = t.grad_clip
+    step.grad_clip, step.run = t.grad_clip, run
+    step.strategy = run.strategy if strategy is None else strategy
     return step
 
 
@@ -168,7 +170,7 @@ def _swapped_strategy(run, strategy, overrides: dict):
     saved = run.strategy
     using = run.strategy = strategy or saved
     options = using.options
-    using.options = {**options, **overrides}
+    using.options = dataclasses.replace(options, **overrides)
     try:
         yield
     finally:

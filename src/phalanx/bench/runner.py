@@ -51,7 +51,7 @@ def compare(run, steps: dict, repeats: int, n: int, warmup: int) -> dict[str, li
 
 def _labelled_step(step, sync: bool = True):
     """One Phalanx step with its phases labelled for the profiler."""
-    from phalanx.strategies import BackwardSyncControl
+    from phalanx.strategies.base import BackwardSyncControl
     from phalanx.train.loop import optimizer_step
 
     model, acc, opt, batches, precision = (step.model, step.acc, step.opt, step.batches,
@@ -70,7 +70,7 @@ def _labelled_step(step, sync: bool = True):
                 with record_function("phalanx::backward"):
                     acc.backward(loss, precision.scaler)
         with record_function("phalanx::optimizer"):
-            optimizer_step(model, opt, precision, step.grad_clip)
+            optimizer_step(step.run, model, opt, step.grad_clip)
     return run_step
 
 

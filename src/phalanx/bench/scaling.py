@@ -21,7 +21,7 @@ import torch.distributed as dist
 from phalanx.bench import stats
 from phalanx.bench.peers import phalanx
 from phalanx.bench.runner import compare
-from phalanx.strategies import SingleStrategy
+from phalanx.strategies.single import SingleStrategy
 
 
 def sizes(cfg, world: int) -> list[tuple[str, int, int]]:
@@ -37,7 +37,7 @@ def _step(cfg, tokens, run, n: int, per_rank: int, group):
     conf = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
                                                               micro_batch_size=per_rank))
     if n == 1:
-        return phalanx(conf, tokens, run, strategy=SingleStrategy(run))
+        return phalanx(conf, tokens, run, strategy=SingleStrategy(run.topology))
     return phalanx(conf, tokens, run, ddp={"process_group": group} if group else {})
 
 

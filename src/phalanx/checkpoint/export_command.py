@@ -64,7 +64,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.checkpoint.export import export_weights
     from phalanx.checkpoint.resume import find_checkpoint
     from phalanx.checkpoint.store import load_checkpoint
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     target = _target(ns.out, ns.force)
     checkpoint = find_checkpoint(ns.source, lambda message: print(message, flush=True))

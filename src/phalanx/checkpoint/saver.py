@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -35,8 +35,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from phalanx.checkpoint.staging import ReusedBufferStager
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
-                                      fsync_dir, sha256, step_name, step_of, tensor_state,
-                                      write_synced)
+                                      fsync_dir, sha256, step_name, step_of, write_synced)
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
 
@@ -228,12 +227,13 @@ class CheckpointSaver:
         self._staging: ReusedBufferStager | None = None
         self.last_timings: dict[str, float] = {}  # of the newest save: stall, write, commit
 
-    def save(self, root: Path, step: int, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer | None, meta: dict[str, Any], *, keep: int = 3,
-             config_hash: str = "", asynchronous: bool = False,
-             replicated: bool = True, overlap_staging: bool = False) -> Path:
-        """Write and commit checkpoint `step` under `root` (a collective). `replicated`:
-        every rank holds the same full state (DDP), so each writes only its share."""
+    def save(self, root: Path, step: int, state_fn: Callable[[], dict], groups: list[dict],
+             meta: dict[str, Any], *, keep: int = 3, config_hash: str = "",
+             asynchronous: bool = False, deferred: set[str] | None = None) -> Path:
+        """Write and commit checkpoint `step` under `root` (a collective). `state_fn` gives
+        this rank's part of the tensors (the strategy's `save_state`), `groups` the
+        optimizer's hyperparameters. `deferred`: names of parameters whose staging copy
+        (and the optimizer state's) may finish during the next forward/backward."""
         if keep < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got {keep}.")
         self.wait()
@@ -241,17 +241,15 @@ class CheckpointSaver:
         self.last_timings = job.timings
         job.begin()
         job.timings["begin"] = time.perf_counter() - job._t0
-        state, osd = tensor_state(model, optimizer, replicated)
-        if replicated and job.world > 1:
-            state = share_of_replicated(state, job.rank, job.world)
+        state = state_fn()
         job.timings["state_dict"] = time.perf_counter() - job._t0 - job.timings["begin"]
-        job.groups = [dict(g) for g in osd["param_groups"]]
+        job.groups = groups
         fault_point("checkpoint", step)
         try:
             if asynchronous:
                 response = dcp.async_save(state, storage_writer=FileSystemWriter(
                     job.tmp, sync_files=True), process_group=self._background_group(),
-                    **self._stager(model if overlap_staging else None))
+                    **self._stager(deferred))
                 job.staged = getattr(response, "staging_completion", None)
                 self._pending = job
                 # the commit (checksums, fsync, rename) runs in DCP's thread too
@@ -294,18 +292,15 @@ class CheckpointSaver:
             job.staged = None
             job.timings["staged_wait"] = time.perf_counter() - t0
 
-    def _stager(self, overlap_model: torch.nn.Module | None) -> dict:
+    def _stager(self, deferred: set[str] | None) -> dict:
         """`async_stager=` for torch versions that take one (2.7+), with reused buffers;
-        with `overlap_model`, its parameters and the optimizer state are copied later."""
+        the `deferred` parameters and the optimizer state are copied later."""
         if "async_stager" not in inspect.signature(dcp.async_save).parameters:
             return {}
         if self._staging is None:
             self._staging = ReusedBufferStager()
-        params = set()
-        if overlap_model is not None:
-            params = {n for n, _ in getattr(overlap_model, "module", overlap_model)
-                      .named_parameters()}
-        self._staging.deferred = lambda path: overlap_model is not None and (
+        params = deferred or set()
+        self._staging.deferred = lambda path: deferred is not None and (
             path[0] == "optim" or (path[0] == "model" and ".".join(path[1:]) in params))
         return {"async_stager": self._staging}
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
 
 
 class ReusedBufferStager(AsyncStager):
@@ -53,6 +54,10 @@ class ReusedBufferStager(AsyncStager):
             return {k: self._copy(v, path + (k,), later) for k, v in value.items()}
         if not isinstance(value, torch.Tensor):
             return value
+        if isinstance(value, DTensor):  # a shard (FSDP): stage the local part, same layout
+            local = self._copy(value.to_local(), path, later)
+            return DTensor.from_local(local, value.device_mesh, value.placements,
+                                      run_check=False, shape=value.shape, stride=value.stride())
         buffer = self._buffers.get(path)
         if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
             buffer = torch.empty(value.shape, dtype=value.dtype, device="cpu",

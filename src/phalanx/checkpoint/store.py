@@ -58,38 +58,36 @@ def write_synced(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 replicated: bool = False):
-    """What DCP writes/reads: {"model": ..., "optim": ...}, and the optimizer state dict.
+def direct_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """{"model": ..., "optim": ...} read straight from a module whose parameters are plain,
+    whole tensors (single, DDP, ZeRO's replicated model): the same keys and tensors
+    `get_state_dict` gives (tested), in a tenth of the time — most of an async save's
+    stall. The optimizer part covers the parameters `optimizer` holds state for."""
+    msd = module.state_dict()
+    if optimizer is None:
+        return {"model": msd}
+    names = {id(p): n for n, p in module.named_parameters()}
+    return {"model": msd, "optim": {names[id(p)]: dict(s) for p, s in optimizer.state.items()}}
 
-    `replicated` (every rank holds plain, whole tensors: DDP, single) takes a direct
-    path that builds what `get_state_dict` would — the same keys, the same tensors
-    (tested) — in a tenth of the time, which is most of an async save's stall.
-    """
-    if replicated and _plain(model):
-        return _direct_state(model, optimizer)
+
+def dcp_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+                 ) -> tuple[dict, dict]:
+    """What DCP reads into, through torch's `get_state_dict` (which creates the
+    optimizer's state if it has none yet, and gives DTensor shards for sharded models)."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}, {"state": {}, "param_groups": []}
     msd, osd = get_state_dict(model, optimizer)
     return {"model": msd, "optim": osd["state"]}, osd
 
 
-def _plain(model: torch.nn.Module) -> bool:
-    inner = getattr(model, "module", model)
-    return not hasattr(inner, "_orig_mod") and all(
-        type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in inner.parameters())
-
-
-def _direct_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
-    inner = getattr(model, "module", model)
-    msd = inner.state_dict()
+def dcp_apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
+              osd: dict) -> None:
+    """Load what DCP read (`dcp_template`'s tensors) into the model and optimizer."""
     if optimizer is None:
-        return {"model": msd}, {"state": {}, "param_groups": []}
-    names = {id(p): n for n, p in inner.named_parameters()}
-    state = {names[id(p)]: dict(s) for p, s in optimizer.state.items()}
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
-    return {"model": msd, "optim": state}, {"state": state, "param_groups": groups}
+        set_model_state_dict(model, state["model"])
+        return
+    osd["state"] = state["optim"]
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=osd)
 
 
 def committed(root: Path) -> list[Path]:
@@ -213,11 +211,14 @@ def read_sidecar(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """Load a verified checkpoint into `model`/`optimizer` (any world size); return its meta."""
+                    optimizer: torch.optim.Optimizer | None, template=dcp_template,
+                    apply=dcp_apply) -> dict[str, Any]:
+    """Load a verified checkpoint into `model`/`optimizer` (any world size, any strategy
+    that wrote it); return its meta. `template`/`apply` are the strategy's (see
+    `Strategy.load_template`): what this rank reads, and how it goes into the model."""
     path = Path(path)
     metadata = check_metadata(path)
-    state, osd = tensor_state(model, optimizer)
+    state, osd = template(model, optimizer)
     _check_shapes(path, state, metadata)
     with warnings.catch_warnings():  # DCP warns when it loads outside a process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -230,17 +231,21 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
                 f"not written as Phalanx writes them. Move it out of `checkpoints/`, or "
                 f"give `--resume` another checkpoint.") from None
     sidecar = read_sidecar(path)
-    if optimizer is not None:
-        osd["state"] = state["optim"]
+    apply(model, optimizer, state, osd)
+    if optimizer is not None:  # hyperparameters, onto the optimizer the user steps with
         saved = sidecar.get("optimizer_param_groups", [])
-        if len(saved) == len(osd["param_groups"]):
-            for live, old in zip(osd["param_groups"], saved):
-                live.update({k: tuple(v) if isinstance(v, list) and k != "params" else v
-                             for k, v in old.items()})
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=osd)
-    else:
-        set_model_state_dict(model, state["model"])
+        if len(saved) == len(optimizer.param_groups):
+            for live, old in zip(optimizer.param_groups, saved):
+                live.update({k: tuple(v) if isinstance(v, list) else v
+                             for k, v in old.items() if k != "params" and k in live})
     return sidecar.get("meta", {})
+
+
+def param_groups(optimizer: torch.optim.Optimizer | None) -> list[dict]:
+    """The optimizer's hyperparameters per group (no parameters), for the sidecar."""
+    if optimizer is None:
+        return []
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
 
 def _check_shapes(path: Path, state: dict, metadata) -> None:

@@ -34,7 +34,7 @@ def load_factory(spec: str | None):
 
 def _minigpt():
     from phalanx.config import build_config
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     cfg = build_config({"model": {"preset": "tiny"}})
     model = build_model(cfg)

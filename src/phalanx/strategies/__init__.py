@@ -1,21 +1,30 @@
-"""Strategy registry: the only place that maps a strategy name to its class."""
+"""Strategy registry: the only place that maps a strategy name to its class.
+
+This package's top level does not import torch (config validation uses the specs);
+`strategy_class` imports a strategy's module only when a worker builds it.
+"""
 
 from __future__ import annotations
 
-from phalanx.errors import UserError
-from phalanx.strategies.base import BackwardSyncControl, Strategy
-from phalanx.strategies.ddp import DDPStrategy
-from phalanx.strategies.single import SingleStrategy
+import importlib
+from typing import TYPE_CHECKING, Any
 
-REGISTRY: dict[str, type[Strategy]] = {"single": SingleStrategy, "ddp": DDPStrategy}
+from phalanx.strategies.specs import SPECS, StrategySpec, default_name, spec
+
+if TYPE_CHECKING:
+    from phalanx.strategies.base import Strategy
+    from phalanx.topology import Topology
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    if name not in REGISTRY:
-        raise UserError(f"unknown strategy `{name}`; available: {', '.join(REGISTRY)} "
-                        f"(`--strategy`).")
-    return REGISTRY[name]
+    module, _, cls = spec(name).impl.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["REGISTRY", "BackwardSyncControl", "DDPStrategy", "SingleStrategy", "Strategy",
-           "strategy_class"]
+def make_strategy(name: str, topology: Topology, **options: Any) -> Strategy:
+    """Strategy `name` for this topology, from keyword options (checked against its spec)."""
+    found = spec(name)
+    return strategy_class(name)(topology, found.make_options(**options))
+
+
+__all__ = ["SPECS", "StrategySpec", "default_name", "make_strategy", "spec", "strategy_class"]

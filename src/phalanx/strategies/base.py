@@ -1,61 +1,135 @@
-"""The strategy interface: how a model is placed, wrapped and synchronised.
+"""The strategy interface: everything that differs between ways of splitting a job.
 
-A strategy is small: `wrap` a model that is already on its device, `unwrap` it back
-to the user's module, and say what it can do through capability interfaces. Gradient
-accumulation needs `BackwardSyncControl`; a strategy that cannot skip gradient
-synchronisation simply does not implement it.
+A strategy is built from the job's `Topology` and its options (see `specs`), and owns:
+placing and wrapping the module (`setup_module`, in one stated order), the optimizer it
+needs (`setup_optimizer`), the precision policy and loss scaler (`precision`), gradient
+clipping (`clip_grad_norm_`), the state it writes to and reads from checkpoints, the
+full weights for export, unwrapping, and how ranks are compared. `Run` passes these
+through; the built-in trainer calls only `Run`'s methods. Gradient accumulation needs
+the `BackwardSyncControl` capability; a strategy that cannot skip synchronisation does
+not implement it.
+
+The defaults here are those of a replicated strategy (every rank holds the whole
+model and optimizer state, as single and DDP do).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 import torch.nn as nn
 
-if TYPE_CHECKING:
-    from phalanx.runtime import Run
+from phalanx.checkpoint import store
+from phalanx.precision import Precision
+from phalanx.strategies.specs import StrategySpec, spec
+from phalanx.topology import Topology
 
 
 class Strategy(ABC):
     """Wraps a model for one kind of parallelism.
 
     Args:
-        run: the process's `Run` (rank, world size, device, backend).
-        options: strategy-specific settings (e.g. DDP's bucket size).
+        topology: this process's place in the job (ranks, device, backend, mesh).
+        options: the strategy's options dataclass (`specs`); None: its defaults.
     """
 
     name: str = ""
-    # every rank holds the whole model and optimizer state (DDP, single): checkpoints
-    # then split the writing between ranks instead of each rank writing all of it
-    replicated_state: bool = True
 
-    def __init__(self, run: Run, **options: Any) -> None:
-        self.run = run
-        self.options = options
+    def __init__(self, topology: Topology, options: Any = None) -> None:
+        self.topology = topology
+        self.options = options if options is not None else self.spec.options()
+
+    @property
+    def spec(self) -> StrategySpec:
+        return spec(self.name)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are split across ranks (no rank holds the whole model)."""
+        return self.spec.sharded
 
     def check(self) -> None:
         """Refuse a world this strategy cannot run in (raise `UserError`)."""
+        self.spec.check(self.options, self.topology.world_size,
+                        self.topology.device.type == "cuda")
+
+    # -- setup ------------------------------------------------------------------------
+    def precision(self, name: str) -> Precision:
+        """The autocast context and loss scaler for precision `name` (fp32/bf16/fp16)."""
+        return Precision(name, self.topology.device)
+
+    def setup_module(self, model: nn.Module, precision: Precision,
+                     blocks: list[nn.Module] | None = None) -> nn.Module:
+        """Move to the device → prepare (e.g. SyncBatchNorm) → wrap: the order the field
+        guides prescribe. `blocks` (repeated submodules) matter to sharded strategies."""
+        return self.wrap(self.prepare(model.to(self.topology.device)))
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Changes to the module before it is wrapped (e.g. SyncBatchNorm). Default: none."""
+        """Changes to the module before it is wrapped. Default: none."""
         return model
 
     @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Wrap a module that already sits on `run.device`.
+        """Wrap a module that already sits on the device.
 
         Args:
             model: the user's module, moved and prepared.
         """
 
-    def release(self) -> None:
-        """Before the process group is destroyed: drop references to it. Default: none."""
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer training steps with (ZeRO wraps it). Default: as given."""
+        return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `wrap` returned."""
         return getattr(model, "module", model)
+
+    def release(self) -> None:
+        """Before the process group is destroyed: drop references to it. Default: none."""
+
+    # -- the step -------------------------------------------------------------------------
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Scale gradients so their global 2-norm is at most `max_norm`; return the norm
+        before clipping (the same value on every rank)."""
+        return torch.nn.utils.clip_grad_norm_(self.unwrap(model).parameters(), max_norm)
+
+    # -- state ----------------------------------------------------------------------------
+    def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+        """This rank's part of {"model": ..., "optim": ...} for DCP to write. Replicated:
+        each tensor is dealt to one rank, so it is written once (see `share_of_replicated`)."""
+        from phalanx.checkpoint.saver import share_of_replicated
+
+        state = store.direct_state(self.unwrap(model), optimizer)
+        world = self.topology.world_size
+        return share_of_replicated(state, self.topology.rank, world) if world > 1 else state
+
+    def load_template(self, model: nn.Module, optimizer: torch.optim.Optimizer | None
+                      ) -> tuple[dict, dict]:
+        """What this rank reads from a checkpoint: ({"model", "optim"}, optimizer state dict)."""
+        return store.dcp_template(model, optimizer)
+
+    def apply_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    state: dict, osd: dict) -> None:
+        """Put what `load_template` read into the model and optimizer."""
+        store.dcp_apply(model, optimizer, state, osd)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights on rank 0 ({} elsewhere). A collective for sharded
+        strategies: call it on every rank."""
+        if not self.topology.is_main:
+            return {}
+        return {k: v.detach() for k, v in self.unwrap(model).state_dict().items()}
+
+    def check_consistency(self, model: nn.Module) -> None:
+        """Raise `DistributedError` naming the first tensor that differs where ranks must
+        agree (replicas: every parameter and buffer, bit for bit). A collective."""
+        from phalanx.guards import check_consistency
+
+        t = self.topology
+        check_consistency(self.unwrap(model), t.device, t.world_size)
 
 
 class BackwardSyncControl(ABC):
@@ -66,6 +140,6 @@ class BackwardSyncControl(ABC):
         """Context in which backward does not synchronise gradients when `enabled`.
 
         Args:
-            model: the wrapped module returned by `wrap`.
+            model: the wrapped module returned by `setup_module`.
             enabled: True on micro-steps that must not synchronise.
         """

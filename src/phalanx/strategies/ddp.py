@@ -52,30 +52,26 @@ def unused_message(module: nn.Module, found: re.Match) -> str:
 class DDPStrategy(Strategy, BackwardSyncControl):
     name = "ddp"
 
-    def __init__(self, run, **options) -> None:
-        super().__init__(run, **options)
+    def __init__(self, topology, options=None) -> None:
+        super().__init__(topology, options)
         self._wrapped: weakref.WeakSet = weakref.WeakSet()
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        if not self.options.get("sync_batchnorm"):
+        """SyncBatchNorm when asked (CUDA only: `check` refuses it elsewhere)."""
+        if not self.options.sync_batchnorm:
             return model
-        if self.run.device.type != "cuda":
-            raise UserError(
-                "`--sync-batchnorm` needs CUDA GPUs: torch's SyncBatchNorm only runs on GPU "
-                f"modules, and this run is on {self.run.device.type} ({self.run.backend}). "
-                "On CPU, drop the flag (each rank then normalises over its own batch).")
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        device = self.run.device
+        device, o = self.topology.device, self.options
         wrapped = PhalanxDDP(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=self.options.get("bucket_cap_mb", 25.0),
-            gradient_as_bucket_view=self.options.get("gradient_as_bucket_view", True),
-            static_graph=self.options.get("static_graph", False),
-            find_unused_parameters=self.options.get("find_unused_parameters", False),
-            process_group=self.options.get("process_group") or _unverified_group(),
+            bucket_cap_mb=o.bucket_cap_mb,
+            gradient_as_bucket_view=o.gradient_as_bucket_view,
+            static_graph=o.static_graph,
+            find_unused_parameters=o.find_unused_parameters,
+            process_group=o.process_group or _unverified_group(),
         )
         self._wrapped.add(wrapped)
         return wrapped

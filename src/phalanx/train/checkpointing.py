@@ -60,7 +60,7 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
          precision: Precision) -> None:
     meta = {"train_state": dataclasses.asdict(state), "config": cfg.to_dict(),
             "scaler": precision.scaler.state_dict() if precision.scaler else None,
-            "world_size": run.world_size}
+            "world_size": run.world_size, "strategy": run.strategy.name}
     run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
              keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg),
              asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
@@ -126,7 +126,8 @@ def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
         precision.scaler.load_state_dict(meta["scaler"])
     state = TrainState(**meta["train_state"])
     run.print(f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
-              f"rank(s), now {run.world_size})" + (f"; changed: {', '.join(changes)}"
+              f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "
+              f"{run.strategy.name})" + (f"; changed: {', '.join(changes)}"
                                                     if changes else ""))
     return state
 

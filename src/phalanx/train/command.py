@@ -4,6 +4,7 @@ workers (or, under torchrun/SLURM, be one) and train on the public API."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import signal
@@ -18,6 +19,7 @@ from phalanx.errors import Interrupted, UserError
 from phalanx.faults import check_faults
 from phalanx.lifecycle import exit_code
 from phalanx.options import add_config_flags, resolve
+from phalanx.strategies import default_name, spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,13 +52,10 @@ def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
 
 
 def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
-    """Checks that need the world size and device kind, done before any worker starts."""
-    if cfg.dist.strategy == "single" and nproc > 1:
-        raise UserError(f"`--strategy single` with `--nproc-per-node {nproc}` would train "
-                        f"{nproc} unrelated copies. Use `--strategy ddp` or `--nproc-per-node 1`.")
-    if cfg.dist.sync_batchnorm and not cuda:
-        raise UserError("`--sync-batchnorm` needs CUDA GPUs (torch's SyncBatchNorm only runs on "
-                        "GPU modules) and none is visible. Drop the flag on CPU.")
+    """Checks that need the world size and device kind, done before any worker starts:
+    the strategy's own (its spec's, the same a worker runs) and the backend's."""
+    found = spec(cfg.dist.strategy or default_name(nproc))
+    found.check(found.options_from(cfg.dist), nproc, cuda)
     if cfg.dist.backend == "nccl" and not cuda:
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
 
@@ -171,19 +170,23 @@ def init_run(cfg: Config, threads: int | None, out: Path | None = None):
                         debug_collectives=d.debug_collectives, **strategy_options(cfg))
 
 
-def strategy_options(cfg: Config) -> dict:
-    """The strategy's options from the config.
+def strategy_options(cfg: Config, world: int | None = None) -> dict:
+    """The chosen strategy's options from the config (its spec's fields only).
 
-    `static_graph` applies only without accumulation: under it torch cannot skip the
-    gradient sync before its first synchronised iteration, so the first window would
+    DDP's `static_graph` applies only without accumulation: under it torch cannot skip
+    the gradient sync before its first synchronised iteration, so the first window would
     sync every micro-step — the same gradient up to float rounding, but not bit-for-bit
     the windows that follow or a resumed run's first one.
     """
-    d = cfg.dist
-    return {"bucket_cap_mb": d.bucket_cap_mb, "gradient_as_bucket_view": d.gradient_as_bucket_view,
-            "static_graph": d.static_graph and cfg.train.grad_accum == 1,
-            "find_unused_parameters": d.find_unused_parameters,
-            "sync_batchnorm": d.sync_batchnorm}
+    name = cfg.dist.strategy or default_name(world if world is not None else _world())
+    options = dataclasses.asdict(spec(name).options_from(cfg.dist))
+    if "static_graph" in options:
+        options["static_graph"] = options["static_graph"] and cfg.train.grad_accum == 1
+    return options
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None,
@@ -205,6 +208,6 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
             if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher
                 print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
                       file=sys.stderr, flush=True)
-        elif run.is_main:
-            finish(cfg, run, result, out)
+        else:
+            finish(cfg, run, result, out)  # every rank: sharded weights are gathered
     return exit_code(result.stopped) if result.stopped else 0  # closing the run waits for rank 0's writing (a barrier)

@@ -10,6 +10,7 @@ import torch
 from phalanx.checkpoint.export import export_weights
 from phalanx.config import Config
 from phalanx.data import ByteTokenizer, TokenSplits
+from phalanx.models import build_model
 from phalanx.report.plots import plot_losses
 from phalanx.runtime import Run, derive_seed
 from phalanx.train.loop import TrainResult
@@ -19,7 +20,7 @@ SAMPLE_PROMPT = "def "
 
 def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
     t, m = cfg.train, cfg.model
-    gb = t.micro_batch_size * t.grad_accum * run.world_size
+    gb = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     return (f"phalanx: {run.world_size} rank(s) · {run.backend} on {run.device.type} · "
             f"strategy {run.strategy.name} · {run.threads} thread(s)/rank\n"
             f"model:   MiniGPT {m.n_layer}L × {m.n_head}H × {m.n_embd}d, block {m.block_size}, "
@@ -41,7 +42,14 @@ def sample_text(model: torch.nn.Module, cfg: Config, run: Run) -> str:
 
 
 def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
-    model = run.unwrap(result.model)
+    """Every rank: gather the weights (a collective when sharded); rank 0 then writes
+    them, samples text from them and plots the losses."""
+    weights = run.full_state_dict(result.model)
+    if not run.is_main:
+        return
+    model = build_model(cfg)  # a plain MiniGPT, whatever the strategy did to the trained one
+    model.load_state_dict(weights)
+    model.to(run.device)
     export_weights(model, out, {"phalanx": cfg.to_dict()})
     text = sample_text(model, cfg, run)
     if text:

@@ -22,13 +22,13 @@ from phalanx.config import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
 from phalanx.faults import fault_point
-from phalanx.models import GPTConfig, MiniGPT
+from phalanx.models import build_model
+from phalanx.precision import Precision
 from phalanx.report.metrics import MetricsWriter
 from phalanx.report.progress import ProgressReporter
 from phalanx.runtime import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.optim import adamw
-from phalanx.train.precision import Precision
 from phalanx.train.schedule import lr_at
 
 
@@ -47,36 +47,24 @@ class TrainResult:
     val_losses: dict[int, float] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
     stopped: int = 0  # the signal (SIGINT/SIGTERM) that ended the loop early, or 0
+    grad_norms: list = field(default_factory=list)  # per step, before clipping (tensors)
 
 
-def gpt_config(cfg: Config) -> GPTConfig:
-    m = cfg.model
-    return GPTConfig(block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
-                     n_embd=m.n_embd, dropout=m.dropout, bias=m.bias,
-                     activation_checkpointing=m.activation_checkpointing)
-
-
-def build_model(cfg: Config) -> MiniGPT:
-    """MiniGPT initialised from the config's seed alone (identical on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.train.seed)
-        return MiniGPT(gpt_config(cfg))
-
-
-def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, precision: Precision,
-                   grad_clip: float) -> None:
-    """Unscale (fp16) → clip → step → zero, in that order."""
-    scaler = precision.scaler
+def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer,
+                   grad_clip: float) -> torch.Tensor | None:
+    """Unscale (fp16) → clip (the strategy's: the global norm, sharded or not) → step →
+    zero, in that order. Returns the gradient norm before clipping (None: no clipping)."""
+    scaler = run.precision.scaler
     if scaler is not None:
         scaler.unscale_(opt)
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    norm = run.clip_grad_norm_(model, grad_clip) if grad_clip > 0 else None
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
     else:
         opt.step()
     opt.zero_grad(set_to_none=True)
+    return norm
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision
@@ -135,7 +123,7 @@ class Logger:
         mean = self.run.all_reduce_mean(torch.stack(self.pending)).tolist()
         losses.extend(mean)
         elapsed = time.perf_counter() - self.t_last
-        tokens = self.steps_since * self.cfg.tokens_per_step(self.run.world_size)
+        tokens = self.steps_since * self.cfg.tokens_per_step(self.run.topology.dp_size)
         record = {"step": step, "loss": sum(mean) / len(mean), "lr": lr,
                   "tokens_per_s": tokens / max(elapsed, 1e-9)}
         if self.progress is not None:
@@ -195,8 +183,8 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     model, opt = run.setup(build_model(cfg), lambda params: adamw(
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-        device=run.device))
-    precision = Precision(t.precision, run.device)
+        device=run.device), precision=t.precision)
+    precision = run.precision
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
     if run.is_main and out_dir is not None:
         if state.step:
@@ -226,7 +214,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     inner = run.unwrap(model)
     step_model = torch.compile(model) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
-    global_batch = t.micro_batch_size * t.grad_accum * run.world_size
+    global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     for step in range(state.step, t.max_steps):
         run.seed_step(step)
         lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
@@ -235,7 +223,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
             group["lr"] = lr
         log.step_done(micro_steps(step_model, acc, batches, precision))
         run.checkpoint_staged()  # a background save's copy must be done before the step
-        optimizer_step(model, opt, precision, t.grad_clip)
+        result.grad_norms.append(optimizer_step(run, model, opt, t.grad_clip))
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
         fault_point("step", state.step, inner)

@@ -1,4 +1,9 @@
-"""Mixed precision: `torch.autocast` for bf16/fp16, a GradScaler only for fp16."""
+"""Mixed precision: `torch.autocast` for bf16/fp16, a loss scaler only for fp16.
+
+The strategy makes the `Precision` (`Strategy.precision`): a sharded strategy needs a
+scaler that agrees on overflow across gradient shards, and FSDP also gathers parameters
+in `dtype` (its mixed-precision policy, set at wrap time).
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,14 @@ class Precision:
     """
 
     def __init__(self, name: str, device: torch.device) -> None:
+        if name not in DTYPES:
+            raise ValueError(f"precision must be one of {', '.join(DTYPES)}, got {name!r}")
         self.name, self.device = name, device
         self.dtype = DTYPES[name]
-        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.scaler = self.make_scaler() if name == "fp16" else None
+
+    def make_scaler(self):
+        return torch.amp.GradScaler(self.device.type)
 
     def autocast(self) -> AbstractContextManager:
         if self.dtype is None:

@@ -1,0 +1,149 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): full sharding, ZeRO stage 3.
+
+Each parameter becomes a DTensor sharded on dim 0 over the "dp" mesh: a rank stores 1/N
+of the parameters, gradients and optimizer state. Before a block's forward (and again
+for its backward, with `reshard_after_forward`) its parameters are all-gathered; after
+backward its gradients are reduce-scattered. `--no-fsdp-reshard-after-forward` keeps the
+gathered parameters from forward to backward (ZeRO-2-like: one all-gather fewer per
+block, more memory).
+
+Wrapping order (torchtitan's, and torch's documentation): activation checkpointing (the
+model's own, MiniGPT's `--activation-checkpointing`) → compile (the trainer compiles the
+wrapped root) → `fully_shard` on every block, then on the root, with the mixed-precision
+policy given at wrap time. The optimizer must be built after this, on the sharded
+parameters: `run.setup(model, factory)` does that.
+
+This is FSDP2, not FSDP1: no `FullyShardedDataParallel` wrapper class, no
+`auto_wrap_policy`, no `use_orig_params`, and `sharding_strategy` is expressed by where
+`fully_shard` is called and `reshard_after_forward` (seed 003's FSDP1 advice is outdated).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+import torch
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from phalanx.checkpoint import store
+from phalanx.errors import UserError
+from phalanx.precision import Precision
+from phalanx.strategies.base import BackwardSyncControl, Strategy
+from phalanx.strategies.blocks import describe, find_blocks
+
+
+class ShardedPrecision(Precision):
+    """fp16 needs a scaler that agrees on inf/NaN across ranks' gradient shards."""
+
+    def make_scaler(self):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(self.device.type)
+
+
+class FSDPStrategy(Strategy, BackwardSyncControl):
+    name = "fsdp"
+
+    def precision(self, name: str) -> Precision:
+        return ShardedPrecision(name, self.topology.device)
+
+    def setup_module(self, model: nn.Module, precision: Precision,
+                     blocks: list[nn.Module] | None = None) -> nn.Module:
+        """Blocks first, then the root; meta-device models are materialised after."""
+        if not any(p.requires_grad for p in model.parameters()):
+            raise UserError(f"`--strategy fsdp` shards parameters, and this "
+                            f"{type(model).__name__} has no trainable ones. Use `--strategy "
+                            f"ddp` (or single), or give run.setup() the model to train.")
+        on_meta = any(p.is_meta for p in model.parameters())
+        if not on_meta:
+            model = model.to(self.topology.device)
+        chosen = list(blocks) if blocks is not None else find_blocks(model)
+        self.note = f"fsdp: sharding {describe(model, chosen)}, then the root"
+        kwargs = self._shard_kwargs(precision)
+        for block in chosen:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        if on_meta:
+            _materialise(model, self.topology.device)
+        return model
+
+    def _shard_kwargs(self, precision: Precision) -> dict:
+        o = self.options
+        policy = MixedPrecisionPolicy()
+        if precision.dtype is not None:  # gather low-precision params, reduce in fp32
+            reduce = torch.bfloat16 if o.bf16_reduce else torch.float32
+            policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=reduce)
+        kwargs = {"mesh": self.topology.mesh, "reshard_after_forward": o.reshard_after_forward,
+                  "mp_policy": policy}
+        if o.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        return kwargs
+
+    def wrap(self, model: nn.Module) -> nn.Module:  # setup_module does the work
+        return model
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "_orig_mod", model)
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager:
+        """grad_sync "every": reduce-scatter on every micro-step (gradients stay sharded);
+        "last": skip until the last micro-step (full unsharded gradients are held)."""
+        if not isinstance(model, FSDPModule):
+            raise UserError("no_backward_sync() needs the module returned by run.setup(), "
+                            f"got a plain {type(model).__name__}.")
+        if self.options.grad_sync == "every" or not enabled:
+            return nullcontext()
+        return _no_gradient_sync(model)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """The global norm over every rank's gradient shards (one all-reduce), then each
+        rank scales its shards: the same number as DDP's, on every rank."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    def save_state(self, model: nn.Module, optimizer) -> dict:
+        """Every rank's own shards (DTensors): DCP writes each once, with their offsets."""
+        return store.dcp_template(model, optimizer)[0]
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """All-gathered weights on rank 0, in CPU memory (a collective)."""
+        full = get_model_state_dict(model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        return full if self.topology.is_main else {}
+
+    def check_consistency(self, model: nn.Module) -> None:
+        """Sharded parameters have one copy: each rank must hold the shard its placement
+        says, and every rank the same layout; unsharded tensors (buffers) must agree."""
+        from phalanx.guards import check_sharded
+
+        t = self.topology
+        check_sharded(model, t.device, t.world_size, t.rank)
+
+
+@contextmanager
+def _no_gradient_sync(model: FSDPModule):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _materialise(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device gets storage for its shards, then its own init:
+    `init_weights()` if it has one, else every submodule's `reset_parameters()`."""
+    model.to_empty(device=device)
+    if hasattr(model, "init_weights"):
+        model.init_weights()
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()

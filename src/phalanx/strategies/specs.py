@@ -1,0 +1,152 @@
+"""What each strategy is, without torch: its name, its options, its pre-launch checks.
+
+The registry (`SPECS`) is the only place that knows the strategies by name. Config
+validation (before any worker starts) and the strategy itself (inside a worker) read the
+same spec: the same options dataclass, filled from the same flags, and the same `check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from phalanx.errors import UserError
+
+
+@dataclass(kw_only=True)
+class NoOptions:
+    """`single` has nothing to tune."""
+
+
+@dataclass(kw_only=True)
+class DDPOptions:
+    bucket_cap_mb: float | None = 25.0  # None: torch's default (25 MiB, first bucket 1 MiB)
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    sync_batchnorm: bool = False
+    process_group: Any = None  # a subgroup to replicate over (bench --scaling); None: all
+
+
+@dataclass(kw_only=True)
+class ZeroOptions(DDPOptions):
+    """ZeRO-1 = DDP's gradient all-reduce + a ZeroRedundancyOptimizer; DDP's options apply."""
+
+
+@dataclass(kw_only=True)
+class FSDPOptions:
+    reshard_after_forward: bool = True
+    bf16_reduce: bool = False
+    cpu_offload: bool = False
+    grad_sync: str = "every"  # "every": reduce-scatter each micro-step; "last": only the last
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One strategy: `impl` ("module:Class") is imported only inside a worker."""
+
+    name: str
+    summary: str
+    impl: str
+    options: type
+    sharded: bool = False  # parameters (and gradients, optimizer state) split across ranks
+    flag_prefix: str = ""  # config field of option `x` is `flag_prefix + x`
+    checks: tuple[Callable[[Any, int, bool], None], ...] = field(default=())
+
+    def make_options(self, **given: Any) -> Any:
+        """The options dataclass from keyword arguments (`phalanx.init(**options)`)."""
+        known = {f.name for f in dataclasses.fields(self.options)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise UserError(f"`{unknown[0]}` is not an option of strategy `{self.name}`; its "
+                            f"options are: {', '.join(sorted(known)) or 'none'}.")
+        return self.options(**given)
+
+    def options_from(self, dist_cfg: Any) -> Any:
+        """The options from the `[dist]` config section (fields `flag_prefix + name`)."""
+        values = {f.name: getattr(dist_cfg, self.flag_prefix + f.name)
+                  for f in dataclasses.fields(self.options)
+                  if hasattr(dist_cfg, self.flag_prefix + f.name)}
+        return self.options(**values)
+
+    def check(self, options: Any, world: int, cuda: bool) -> None:
+        """Refuse a world or device this strategy cannot run on (UserError naming the flag)."""
+        for check in self.checks:
+            check(options, world, cuda)
+
+
+def _one_rank(options: Any, world: int, cuda: bool) -> None:
+    if world > 1:
+        raise UserError(f"`--strategy single` with {world} ranks would train {world} unrelated "
+                        f"copies of the model. Use `--strategy ddp` (or zero/fsdp), or run one "
+                        f"process (`--nproc-per-node 1`).")
+
+
+def _sync_bn_on_cuda(options: Any, world: int, cuda: bool) -> None:
+    if options.sync_batchnorm and not cuda:
+        raise UserError("`--sync-batchnorm` needs CUDA GPUs (torch's SyncBatchNorm only runs on "
+                        "GPU modules) and none is visible. Drop the flag on CPU (each rank then "
+                        "normalises over its own batch).")
+
+
+def _zero_needs_ranks(options: Any, world: int, cuda: bool) -> None:
+    if world < 2:
+        raise UserError("`--strategy zero` at world size 1 means nothing: ZeRO splits the "
+                        "optimizer state across ranks, and one rank keeps all of it. Use "
+                        "`--strategy single`, or start more ranks (`--nproc-per-node 2`).")
+
+
+def _offload_on_cuda(options: Any, world: int, cuda: bool) -> None:
+    if options.cpu_offload and not cuda:
+        raise UserError("`--fsdp-cpu-offload` moves parameters and optimizer state from GPU "
+                        "memory to CPU memory; this run is on CPU already. Drop the flag.")
+
+
+def _grad_sync_known(options: Any, world: int, cuda: bool) -> None:
+    if options.grad_sync not in GRAD_SYNC:
+        raise UserError(f"`--fsdp-grad-sync` must be one of {', '.join(GRAD_SYNC)}, got "
+                        f"{options.grad_sync!r}.")
+
+
+GRAD_SYNC = ("every", "last")
+
+SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
+    StrategySpec("single", "one process, nothing to synchronise",
+                 "phalanx.strategies.single:SingleStrategy", NoOptions, checks=(_one_rank,)),
+    StrategySpec("ddp", "DistributedDataParallel: a full replica per rank, gradients "
+                        "all-reduced", "phalanx.strategies.ddp:DDPStrategy", DDPOptions,
+                 checks=(_sync_bn_on_cuda,)),
+    StrategySpec("zero", "ZeRO-1: DDP + ZeroRedundancyOptimizer, each rank keeps 1/N of the "
+                         "optimizer state", "phalanx.strategies.zero:ZeroStrategy", ZeroOptions,
+                 checks=(_sync_bn_on_cuda, _zero_needs_ranks)),
+    StrategySpec("fsdp", "FSDP2 (fully_shard): parameters, gradients and optimizer state "
+                         "sharded (ZeRO-3)", "phalanx.strategies.fsdp:FSDPStrategy", FSDPOptions,
+                 sharded=True, flag_prefix="fsdp_", checks=(_offload_on_cuda, _grad_sync_known)),
+)}
+
+
+def spec(name: str) -> StrategySpec:
+    if name not in SPECS:
+        raise UserError(f"unknown strategy `{name}`; available: {', '.join(SPECS)} "
+                        f"(`--strategy`).")
+    return SPECS[name]
+
+
+def default_name(world: int) -> str:
+    """The strategy when none is named: ddp for several ranks, single for one."""
+    return "ddp" if world > 1 else "single"
+
+
+def foreign_options(dist_cfg: Any, chosen: str, defaults: Any) -> list[str]:
+    """Config fields set away from their default that belong only to strategies other than
+    `chosen` (e.g. `--fsdp-cpu-offload` with ddp): [field name, ...]."""
+    mine = {SPECS[chosen].flag_prefix + f.name for f in dataclasses.fields(SPECS[chosen].options)}
+    found = []
+    for other in SPECS.values():
+        for f in dataclasses.fields(other.options):
+            name = other.flag_prefix + f.name
+            if name not in mine and hasattr(dist_cfg, name) and name not in found \
+                    and getattr(dist_cfg, name) != getattr(defaults, name):
+                found.append(name)
+    return found
