@@ -15,6 +15,8 @@ zero checkpoint resumes under ddp or fsdp and at any world size, and the other w
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -36,9 +38,10 @@ class ZeroStrategy(DDPStrategy):
             raise UserError("`--strategy zero` re-creates the optimizer partitioned across "
                             "ranks, and this one has stepped already (it holds state). Build "
                             "it in run.setup() (pass a factory) before the first step.")
-        groups = [{k: v for k, v in g.items()} for g in optimizer.param_groups]
-        return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer),
-                                       **optimizer.defaults)
+        groups = [dict(g) for g in optimizer.param_groups]
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
     def save_state(self, model: nn.Module, optimizer) -> dict:
         """The model like DDP's (each tensor written by one rank); the optimizer state of
