@@ -37,14 +37,14 @@ CLIP = 0.05  # small enough that every step clips (the test checks)
 
 
 def config(micro: int, accum: int, steps: int, out: Path | None = None, resume="never",
-           strategy: str = "ddp"):
+           strategy: str = "ddp", precision: str = "fp32"):
     return build_config({
         "model": TINY,
         "train": {"micro_batch_size": micro, "grad_accum": accum, "max_steps": steps,
                   "lr_decay_steps": 4, "warmup_steps": 1, "eval_every": 1000, "eval_batches": 1,
                   "lr": 3e-3, "min_lr": 3e-4, "seed": 7, "grad_clip": CLIP, "log_every": 1,
                   "checkpoint_every": 2, "keep_checkpoints": 3, "resume": resume,
-                  "out": str(out or "unused"), "sample_tokens": 0},
+                  "out": str(out or "unused"), "sample_tokens": 0, "precision": precision},
         "dist": {"strategy": strategy}})
 
 
@@ -87,6 +87,11 @@ def equivalence(run, splits, out: Path) -> None:
             with using(run, label):
                 result = train(config(4 // accum, accum, 3), run, splits)
                 dump(run, result, out / f"eq-{label}-k{accum}.pt")
+    for precision in ("bf16", "fp16"):  # FSDP's policy + sharded scaler vs DDP's autocast
+        for label in ("ddp", "fsdp", "zero"):
+            with using(run, label):
+                result = train(config(2, 2, 3, precision=precision), run, splits)
+                dump(run, result, out / f"mp-{label}-{precision}.pt")
     sharded_guard(run, out)
 
 

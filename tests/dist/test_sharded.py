@@ -71,6 +71,19 @@ def test_every_strategy_equals_ddp_and_one_process(sharded, corpus_file, cache_d
         assert found["norms"] == pytest.approx(reference["norms"], rel=1e-5), label
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_with_every_strategy(sharded, precision):
+    """fsdp gathers bf16/fp16 parameters (its mixed-precision policy, fp32 reduction) and
+    steps through a sharded loss scaler for fp16; ddp/zero keep fp32 weights under
+    autocast. Same low-precision matmuls: the losses agree to low-precision rounding."""
+    ddp = load(sharded / f"mp-ddp-{precision}.pt")
+    for label in ("fsdp", "zero"):
+        found = load(sharded / f"mp-{label}-{precision}.pt")
+        assert all(torch.isfinite(torch.tensor(found["losses"]))), label
+        assert found["losses"] == pytest.approx(ddp["losses"], rel=2e-2), label
+        assert found["losses"][-1] < found["losses"][0], label
+
+
 def test_consistency_check_on_sharded_state(sharded):
     messages = [(sharded / f"sharded-guard-rank{r}.txt").read_text() for r in (0, 1)]
     assert messages[0] == messages[1]

@@ -36,16 +36,21 @@ def doctor(*args: str, cwd) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(cwd)})
 
 
-def test_doctor_passes_on_the_builtin_model(tmp_path):
-    proc = doctor("--json", cwd=tmp_path)
+@pytest.mark.parametrize("strategy", ["ddp", "zero", "fsdp"])
+def test_doctor_passes_on_the_builtin_model(tmp_path, strategy):
+    proc = doctor("--json", "--strategy", strategy, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     status = {c["name"]: c["status"] for c in report["checks"]}
     assert report["failed"] == 0 and set(status.values()) <= {"pass", "warn"}
+    grads = "gradients after backward" if strategy == "fsdp" else \
+        "gradients identical after backward (different data per rank)"
     for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
-                 "parameters and buffers identical", "every parameter gets a gradient",
-                 "gradients identical after backward (different data per rank)"):
+                 "parameters and buffers consistent across ranks",
+                 "every parameter gets a gradient", grads):
         assert status[name] == "pass", (name, report)
+    if strategy != "ddp":
+        return
     sizes = [row["bytes"] for row in report["bandwidth"]]
     assert sizes == sorted(sizes) and len(sizes) >= 5
     for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2

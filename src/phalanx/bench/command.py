@@ -94,14 +94,15 @@ def worker(spec: dict) -> int:
     from phalanx.config import from_dict
     from phalanx.data.corpus import prepare
     from phalanx.train.command import strategy_options
-    from phalanx.train.loop import build_model
+    from phalanx.models import build_model
 
     cfg = from_dict(spec["config"])
     tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")
     run = phalanx.init(cfg.train.seed, backend=cfg.dist.backend, threads=spec["threads"],
-                       **strategy_options(cfg))
+                       strategy=cfg.dist.strategy, **strategy_options(cfg))
     with run:
         steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
+        steps.update(baseline_step(cfg, tokens, run))
         variants = defaults.setups(cfg, tokens, run) if spec["defaults"] else {}
         times = runner.compare(run, {**steps, **variants}, spec["repeats"], spec["steps"],
                                spec["warmup"])
@@ -120,6 +121,7 @@ def worker(spec: dict) -> int:
                 else "CPU"
             tps = tokens_per_step / statistics.median(times["phalanx"])
             res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
+                   "strategy": run.strategy.name,
                    "device_name": device, "versions": peers.versions(), "repeats": spec["repeats"],
                    "steps": spec["steps"], "tokens_per_step": tokens_per_step,
                    "matmul_params": n_params, "flops_per_token": per_token,
@@ -131,3 +133,17 @@ def worker(spec: dict) -> int:
                                 for d in variant_info]}
             Path(spec["result"]).write_text(json.dumps(res))
     return 0
+
+
+def baseline_step(cfg, tokens, run) -> dict:
+    """With a strategy other than the default (e.g. `--strategy fsdp`), the same step under
+    the default strategy too (`phalanx-ddp`), timed in the same rounds: the ratio is the
+    strategy's cost or gain on this machine."""
+    from phalanx.bench import peers
+    from phalanx.strategies import default_name, make_strategy
+
+    name = default_name(run.world_size)
+    if run.strategy.name == name:
+        return {}
+    return {f"phalanx-{name}": peers.phalanx(cfg, tokens, run,
+                                             strategy=make_strategy(name, run.topology))}

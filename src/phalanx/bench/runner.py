@@ -88,15 +88,30 @@ def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
     prof.export_chrome_trace(str(out / f"trace-rank{run.rank}.json"))
     phases = {e.key.split("::")[1]: e.cpu_time_total / 1e3 / n for e in prof.key_averages()
               if e.key.startswith("phalanx::")}
+    collectives = {k: v / n for k, v in _collective_ms(prof).items()}
+    if step.strategy.sharded:  # its all-gathers cannot be left out: no ablation
+        return {"phases_ms": phases, "collectives_ms": collectives}
     times = compare(run, {"synced": synced, "no communication": unsynced}, repeats, n, 1)
     with_comm = statistics.median(times["synced"])
     without = statistics.median(times["no communication"])
-    return {"phases_ms": phases, "step_ms": with_comm * 1e3,
+    return {"phases_ms": phases, "collectives_ms": collectives, "step_ms": with_comm * 1e3,
             "no_comm_step_ms": without * 1e3,
             "exposed_comm_ms": max(0.0, with_comm - without) * 1e3,
             "exposed_comm_fraction": max(0.0, with_comm - without) / with_comm,
             "allreduce_alone_ms": allreduce_alone(run, step.model) * 1e3,
             "rank_wait_ms": rank_wait(run, unsynced, 3 * n) * 1e3}
+
+
+def _collective_ms(prof) -> dict[str, float]:
+    """Profiler time (ms, all steps) in FSDP's own phases and in c10d collectives, by name:
+    where a sharded step's extra time goes (all-gather, reduce-scatter, copies)."""
+    found = {}
+    for e in prof.key_averages():
+        if e.key.startswith(("FSDP::", "c10d::")) or "all_gather" in e.key \
+                or "reduce_scatter" in e.key or "allreduce" in e.key:
+            kind = e.key.split(" (")[0]  # FSDP names each block: sum them by kind
+            found[kind] = found.get(kind, 0.0) + e.cpu_time_total / 1e3
+    return dict(sorted(found.items(), key=lambda kv: -kv[1])[:8])
 
 
 def _sync(run) -> None:

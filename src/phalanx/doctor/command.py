@@ -10,6 +10,7 @@ import os
 import time
 
 from phalanx.options import count, seconds
+from phalanx.strategies import SPECS, default_name, spec
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
            "model across ranks.")
@@ -24,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "input); default: the built-in MiniGPT")
     parser.add_argument("--init-timeout-s", type=seconds, default=60.0, metavar="S",
                         help="how long ranks wait for each other to join (default: 60)")
+    parser.add_argument("--strategy", choices=[n for n in SPECS if n != default_name(1)],
+                        default=default_name(2),
+                        help="how the model checks wrap --model (default: %(default)s)")
 
 
 def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
@@ -58,8 +62,8 @@ def worker(ns: argparse.Namespace) -> int:
 
         wait_for_peers(job_store(_world(), "doctor"), int(os.environ["RANK"]), _world(),
                        ns.init_timeout_s)
-    run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy="ddp",
-                       static_graph=False) if _world() > 1 else phalanx.init(0)
+    run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy=ns.strategy,
+                       **_torch_defaults(ns.strategy)) if _world() > 1 else phalanx.init(0)
     found = [report.Check("rendezvous", "process group init", "pass",
                           f"{run.world_size} rank(s) joined, {run.backend}, "
                           f"{time.perf_counter() - t0:.2f} s")]
@@ -80,6 +84,11 @@ def worker(ns: argparse.Namespace) -> int:
                 with open(os.environ["PHALANX_DOCTOR_RESULT"], "w") as f:
                     f.write("1" if failed else "0")
     return 1 if failed and "PHALANX_DOCTOR_RESULT" not in os.environ else 0
+
+
+def _torch_defaults(name: str) -> dict:
+    """The strategy's options left at torch's defaults (DDP: not a static graph)."""
+    return {"static_graph": False} if hasattr(spec(name).options(), "static_graph") else {}
 
 
 def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:

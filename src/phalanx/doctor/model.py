@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from phalanx.doctor.checks import Check
 from phalanx.errors import DistributedError, UserError
-from phalanx.guards import check_same, diagnose_devices, named_state
+from phalanx.guards import check_same, diagnose_devices
 
 
 def load_factory(spec: str | None):
@@ -105,7 +105,7 @@ def model_checks(run, spec: str | None) -> list[Check]:
     model, example = make_model(spec)
     checks = structure_checks(model, run.device.type == "cuda")
     wrapped = run.setup(model)
-    checks.append(_same(run, named_state(model), "parameters and buffers identical"))
+    checks.append(_consistent(run, wrapped))
     batch = _rank_batch(example, run.rank, run.device) if example is not None else None
     misplaced = diagnose_devices(model, run.device, batch)
     checks.append(Check("model", f"devices (expected {run.device})",
@@ -122,10 +122,30 @@ def model_checks(run, spec: str | None) -> list[Check]:
                         f"{sum(1 for _ in model.parameters())} parameters",
                         "use them in forward, or DDP(find_unused_parameters=True)" if unused
                         else ""))
-    grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-    checks.append(_same(run, grads, "gradients identical after backward (different data "
-                                    "per rank)"))
+    grads = [(n, p.grad) for n, p in model.named_parameters()
+             if p.grad is not None and not hasattr(p.grad, "to_local")]  # shards differ
+    if grads:
+        checks.append(_same(run, grads, "gradients identical after backward (different "
+                                        "data per rank)"))
+    else:
+        checks.append(Check("model", "gradients after backward", "pass",
+                            f"sharded ({run.strategy.name}): each rank holds its own "
+                            f"reduce-scattered shard, nothing to compare"))
     return checks
+
+
+def _consistent(run, wrapped) -> Check:
+    """The strategy's own consistency check (replicas: identical; sharded: each rank's
+    shard where its placement says, unsharded tensors identical)."""
+    name = "parameters and buffers consistent across ranks"
+    try:
+        run.check_consistency(wrapped)
+    except DistributedError as exc:
+        return Check("model", name, "fail", str(exc).split("] ", 1)[-1][:300],
+                     "see the evidence: which tensor, which ranks")
+    what = "sharded layout + unsharded tensors" if run.strategy.sharded else "bitwise"
+    return Check("model", name, "pass", f"{run.strategy.name}: {what}, across "
+                                        f"{run.world_size} ranks")
 
 
 def _same(run, state, name: str) -> Check:

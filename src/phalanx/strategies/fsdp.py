@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import store
@@ -39,9 +40,19 @@ class ShardedPrecision(Precision):
     """fp16 needs a scaler that agrees on inf/NaN across ranks' gradient shards."""
 
     def make_scaler(self):
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        return _FusedSafeScaler(self.device.type)
 
-        return ShardedGradScaler(self.device.type)
+
+class _FusedSafeScaler(ShardedGradScaler):
+    """torch's ShardedGradScaler (it all-reduces the overflow flag), whose flag has the
+    scalar shape a fused optimizer's step expects (torch 2.13 gives it shape [1], and a
+    fused AdamW then fails with "output with shape [] doesn't match ... [1]")."""
+
+    def unscale_(self, optimizer) -> None:
+        super().unscale_(optimizer)
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = {device: flag.reshape(()) for device, flag
+                                         in state["found_inf_per_device"].items()}
 
 
 class FSDPStrategy(Strategy, BackwardSyncControl):

@@ -53,7 +53,7 @@ def first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     if a.keys() != b.keys():
         return f"different entries: {sorted(set(a) ^ set(b))[:3]}"
     for name in a:
-        x, y = a[name], b[name]
+        x, y = _local(a[name]), _local(b[name])
         if x.shape != y.shape:
             return f"`{name}` has shape {tuple(x.shape)} vs {tuple(y.shape)}"
         if not torch.equal(x, y):
@@ -62,8 +62,16 @@ def first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     return None
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (DTensor), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """This rank's optimizer state (for ZeRO: its partition's), by parameter index."""
     import torch
+
+    opt = getattr(opt, "optim", opt)
 
     names = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
     flat = {}
