@@ -74,8 +74,8 @@ class Run:
         """
         self.precision = self.strategy.precision(precision)
         wrapped = self.strategy.setup_module(model, self.precision, blocks)
-        if getattr(self.strategy, "note", None):
-            self.print(self.strategy.note)
+        if getattr(self.strategy, "note", None) and self.is_main:  # stderr: not the output
+            print(f"phalanx: {self.strategy.note}", file=sys.stderr, flush=True)
         if optimizer is None:
             return wrapped
         if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):

@@ -45,7 +45,7 @@ def config(micro: int, accum: int, steps: int, out: Path | None = None, resume="
                   "lr": 3e-3, "min_lr": 3e-4, "seed": 7, "grad_clip": CLIP, "log_every": 1,
                   "checkpoint_every": 2, "keep_checkpoints": 3, "resume": resume,
                   "out": str(out or "unused"), "sample_tokens": 0, "precision": precision},
-        "dist": {"strategy": strategy}})
+        "dist": {"strategy": strategy, "check_consistency_every": 1}})
 
 
 def matrix_shape(world: int) -> tuple[int, int]:

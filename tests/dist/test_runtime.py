@@ -92,3 +92,19 @@ def test_cuda_device_is_pinned_from_local_rank():
     with phalanx.init(seed=0) as r:
         assert r.backend == "nccl" and r.device == torch.device("cuda", 0)
         assert torch.cuda.current_device() == 0
+
+
+def test_fsdp_setup_refuses_what_cannot_be_sharded_and_materialises_meta_models():
+    with phalanx.init(seed=0, threads=1, strategy="fsdp") as r:
+        with pytest.raises(UserError, match="has no trainable ones"):
+            r.setup(nn.ReLU())
+        model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        stale = torch.optim.SGD(model.parameters(), lr=0.1)  # built before sharding
+        with pytest.raises(UserError, match="an optimizer built before setup updates nothing"):
+            r.setup(model, stale)
+        with torch.device("meta"):  # a model too big to build whole: init after sharding
+            big = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        wrapped, opt = r.setup(big, lambda p: torch.optim.SGD(p, lr=0.1))
+        weights = [p.full_tensor() for p in wrapped.parameters()]
+        assert all(not w.is_meta and torch.isfinite(w).all() and w.abs().sum() > 0
+                   for w in weights)

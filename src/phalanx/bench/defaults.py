@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx.bench.peers import phalanx
-from phalanx.strategies.specs import DDPOptions
+from phalanx.strategies.specs import DDPOptions, FSDPOptions
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Variant:
     setting: str  # what differs, e.g. "DDP static_graph"
     ours: str  # Phalanx's value here
     torch: str  # torch's default
-    ddp: dict = field(default_factory=dict)  # strategy options for the variant
+    ddp: dict = field(default_factory=dict)  # strategy options for the variant (any strategy)
     fused: bool | None = None  # AdamW for the variant
 
     @property
@@ -40,6 +40,13 @@ def variants(run) -> list[Variant]:
         cap = opts.bucket_cap_mb
         found.append(Variant("DDP bucket sizes", f"{cap:g} MiB, every bucket",
                              "25 MiB, the first 1 MiB", {"bucket_cap_mb": None}))
+    if isinstance(opts, FSDPOptions):
+        other = "last" if opts.grad_sync == "every" else "every"
+        found.append(Variant("FSDP gradient sync under accumulation", opts.grad_sync, other,
+                             {"grad_sync": other}))
+        found.append(Variant("FSDP reshard_after_forward", str(opts.reshard_after_forward),
+                             str(not opts.reshard_after_forward),
+                             {"reshard_after_forward": not opts.reshard_after_forward}))
     if run.device.type in ("cpu", "cuda"):
         loop = "for-loop" if run.device.type == "cpu" else "foreach"
         found.append(Variant("AdamW implementation", "fused", loop, fused=False))
