@@ -41,11 +41,12 @@ def variants(run) -> list[Variant]:
         found.append(Variant("DDP bucket sizes", f"{cap:g} MiB, every bucket",
                              "25 MiB, the first 1 MiB", {"bucket_cap_mb": None}))
     if isinstance(opts, FSDPOptions):
+        # not torch defaults (torch's are ours here): the alternatives users choose between
         other = "last" if opts.grad_sync == "every" else "every"
-        found.append(Variant("FSDP gradient sync under accumulation", opts.grad_sync, other,
-                             {"grad_sync": other}))
+        found.append(Variant("FSDP gradient sync under accumulation", opts.grad_sync,
+                             f"{other} (alternative)", {"grad_sync": other}))
         found.append(Variant("FSDP reshard_after_forward", str(opts.reshard_after_forward),
-                             str(not opts.reshard_after_forward),
+                             f"{not opts.reshard_after_forward} (alternative)",
                              {"reshard_after_forward": not opts.reshard_after_forward}))
     if run.device.type in ("cpu", "cuda"):
         loop = "for-loop" if run.device.type == "cpu" else "foreach"
