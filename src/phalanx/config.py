@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.errors import UserError
-from phalanx.strategies.specs import GRAD_SYNC, SPECS, foreign_options
+from phalanx.strategies.specs import GRAD_SYNC, SPECS, default_name, foreign_options
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = tuple(SPECS)
@@ -249,7 +249,7 @@ class DistConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
                                 f"{getattr(self, name)}.")
-        chosen = self.strategy or "ddp"  # single when one rank: DDP's options are harmless
+        chosen = self.strategy or default_name(self.nproc_per_node or 2)  # auto: likely ddp
         defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
         foreign = foreign_options(self, chosen, defaults)
         if foreign:

@@ -96,7 +96,7 @@ def render(res: dict) -> str:
              f"MiniGPT {c['model']['n_layer']} layers × {c['model']['n_embd']} wide, block "
              f"{c['model']['block_size']}, micro-batch {c['train']['micro_batch_size']} × "
              f"accumulation {c['train']['grad_accum']} per rank, {res['world_size']} rank(s) "
-             f"({res.get('strategy', 'ddp')}) on "
+             f"({res.get('strategy', 'default strategy')}) on "
              f"{res['device_name']}, {res['threads']} thread(s) per rank, precision "
              f"{c['train']['precision']}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + ".",
