@@ -50,3 +50,26 @@ def test_bench_refuses_bad_counts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "phalanx", "bench", "--repeats", "0",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--repeats: must be between 1 and 10000, got 0" in proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero"])
+def test_bench_times_a_sharded_strategy_beside_ddp(tmp_path, small_corpus_file, cache_dir,
+                                                    strategy):
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "bench", *TINY, "--data", str(small_corpus_file),
+         "--cache-dir", str(cache_dir), "--out", str(tmp_path), "--profile", "--defaults",
+         "--strategy", strategy, "--repeats", "2", "--steps", "1", "--warmup", "0"],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert res["strategy"] == strategy and list(res["peers"]) == ["phalanx", "phalanx-ddp"]
+    report = (tmp_path / "bench" / "report.md").read_text()
+    assert "| phalanx-ddp |" in report and f"({strategy}) on" in report
+    collectives = res["profile"]["collectives_ms"]
+    if strategy == "fsdp":  # where the extra time goes, by kind
+        assert collectives.get("FSDP::all_gather", 0) > 0, collectives
+        assert "FSDP::post_backward_reduce" in collectives
+        assert {d["setting"] for d in res["defaults"]} >= {
+            "FSDP gradient sync under accumulation", "FSDP reshard_after_forward"}
+    else:
+        assert res["profile"]["exposed_comm_ms"] >= 0 and "c10d::broadcast_" in collectives
