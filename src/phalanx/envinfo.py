@@ -19,6 +19,7 @@ class LaunchEnv:
     world_size: int
     local_world_size: int
     launcher: str  # "phalanx", "torchrun", "slurm" or "none"
+    rendezvous: tuple[tuple[str, str], ...] = ()  # variables to set if unset (srun: MASTER_*)
 
 
 def usable_cores() -> int:
@@ -32,8 +33,14 @@ def usable_cores() -> int:
 def under_launcher(environ: dict | None = None) -> bool:
     """True when a launcher (torchrun, Phalanx's elastic agent, SLURM) started us."""
     e = os.environ if environ is None else environ
-    return "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e) or (
-        "SLURM_PROCID" in e and "SLURM_NTASKS" in e and "MASTER_ADDR" in e)
+    return "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e) or \
+        srun_task(e)
+
+
+def srun_task(environ: dict) -> bool:
+    """A task of an `srun` job step (not the batch script, which has no step id)."""
+    return "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ and (
+        "SLURM_STEP_NUM_TASKS" in environ or "SLURM_NTASKS" in environ)
 
 
 def _int(environ: dict, name: str, default: int | None = None) -> int:
@@ -57,10 +64,8 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
             "torchrun" if "TORCHELASTIC_RUN_ID" in e else "env")
         env = LaunchEnv(_int(e, "RANK"), _int(e, "LOCAL_RANK", 0), _int(e, "WORLD_SIZE"),
                         _int(e, "LOCAL_WORLD_SIZE", _int(e, "WORLD_SIZE")), launcher)
-    elif "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
-        env = LaunchEnv(_int(e, "SLURM_PROCID"), _int(e, "SLURM_LOCALID", 0),
-                        _int(e, "SLURM_NTASKS"), _int(e, "SLURM_NTASKS_PER_NODE", 1)
-                        if e.get("SLURM_NTASKS_PER_NODE", "1").isdigit() else 1, "slurm")
+    elif srun_task(e):
+        env = _slurm(e)
     else:
         return LaunchEnv(0, 0, 1, 1, "none")
     if not 0 <= env.rank < env.world_size or not 0 <= env.local_rank < env.local_world_size:
@@ -69,3 +74,18 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
                         f"LOCAL_WORLD_SIZE={env.local_world_size}; expected 0 <= RANK < "
                         f"WORLD_SIZE and 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE.")
     return env
+
+
+def _slurm(e: dict) -> LaunchEnv:
+    """Ranks of an srun task: SLURM_PROCID / LOCALID / STEP_NUM_TASKS, this node's task
+    count from SLURM_STEP_TASKS_PER_NODE, and MASTER_ADDR/PORT when srun set none."""
+    from phalanx import slurm_env
+
+    world = _int(e, "SLURM_STEP_NUM_TASKS", _int(e, "SLURM_NTASKS", 1))
+    per_node = slurm_env.tasks_per_node(e.get("SLURM_STEP_TASKS_PER_NODE")
+                                        or e.get("SLURM_TASKS_PER_NODE") or str(world))
+    node = _int(e, "SLURM_NODEID", 0)
+    local_world = per_node[node] if node < len(per_node) else per_node[-1]
+    meet = {} if "MASTER_ADDR" in e and "MASTER_PORT" in e else slurm_env.rendezvous(e)
+    return LaunchEnv(_int(e, "SLURM_PROCID"), _int(e, "SLURM_LOCALID", 0), world, local_world,
+                     "slurm", tuple(meet.items()))

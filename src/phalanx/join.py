@@ -67,6 +67,8 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
     env = detect_launch_env()
+    for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
+        os.environ.setdefault(name, value)
     from phalanx.lifecycle import die_with_agent
 
     die_with_agent()
