@@ -23,7 +23,9 @@ import time
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGUSR1: SLURM's warning before a time limit or preemption (`phalanx slurm`'s
+# `--signal=USR1@S`): stop the same way, and the batch script requeues on exit code 138
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def die_with_agent() -> None:
@@ -56,7 +58,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def exit_code(signum: int) -> int:
-    """The shell's code for a process stopped by `signum`: 130 for SIGINT, 143 for SIGTERM."""
+    """The shell's code for a process stopped by `signum`: 130 for SIGINT, 143 for SIGTERM,
+    138 for SIGUSR1."""
     return 128 + int(signum)
 
 

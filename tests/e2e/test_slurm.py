@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,57 @@ def test_srun_two_tasks_train_as_one_two_rank_job(cluster, tmp_path, small_corpu
     a = load_file(str(tmp_path / "slurm" / "model.safetensors"))
     b = load_file(str(tmp_path / "local" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _job_state(cluster, job: str) -> tuple[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", job], env=cluster.env,
+                           capture_output=True, text=True).stdout
+    state = shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "?"
+    reason = shown.split("Reason=")[1].split()[0] if "Reason=" in shown else ""
+    return state, reason
+
+
+def test_slurm_submit_warning_signal_requeues_and_resumes_exactly(
+        cluster, tmp_path, small_corpus_file, cache_dir):
+    """`phalanx slurm --submit`; SIGUSR1 (what `--signal=USR1@S` sends before the time
+    limit) mid-run: every rank commits a checkpoint and exits 138, the script requeues the
+    job, and the requeued job resumes to the same weights as an uninterrupted run."""
+    args = [*ARGS, "--max-steps", "400", "--checkpoint-every", "1000", "--eval-every", "1000",
+            "--log-every", "1", "--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
+    out = tmp_path / "job"
+    submitted = subprocess.run([sys.executable, "-m", "phalanx", "slurm", *args, "--out",
+                                str(out), "--ntasks-per-node", "2", "--time", "00:20:00",
+                                "--submit"], env=cluster.env, capture_output=True, text=True,
+                               timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.split()[2].rstrip(":")
+    script = (out / "phalanx.sbatch").read_text()
+    assert "#SBATCH --signal=USR1@90" in script and "scontrol requeue" in script
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+            (out / "metrics.jsonl").is_file()
+            and len((out / "metrics.jsonl").read_text().splitlines()) >= 30):
+        time.sleep(0.2)
+    assert subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env).returncode == 0
+    seen, deadline = [], time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state, reason = _job_state(cluster, job)
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state == "PENDING" and reason == "BeginTime":  # SLURM delays a requeued job
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                           env=cluster.env, capture_output=True)  # (~2 min); not in a test
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        time.sleep(0.3)
+    log = (out / f"slurm-{job}.out").read_text()
+    assert seen[-1] == "COMPLETED" and "PENDING" in seen, (seen, log[-3000:])
+    assert log.count("phalanx: stopped by SIGUSR1: checkpoint step-") == 1, log[-3000:]
+    assert "resumed from" in log and log.count("done: 400 steps") == 1
+    straight = subprocess.run([sys.executable, "-m", "phalanx", "train", *args,
+                               "--nproc-per-node", "2", "--out", str(tmp_path / "straight")],
+                              capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a = load_file(str(out / "model.safetensors"))
+    b = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in b)

@@ -1,0 +1,147 @@
+"""`phalanx slurm [train options] [--nodes N] [--time T] ... [--submit]`: an sbatch
+script a person can read and edit, running `srun phalanx train` (each task one rank).
+
+Preemption and time limits: the script asks SLURM for a warning signal (`--signal=USR1@S`,
+sent to every task, not only the batch shell as `B:` would). On it every rank finishes
+its step, they agree at the step boundary (one small all-reduce), a checkpoint is
+committed and the tasks exit with 138 (128 + SIGUSR1); the script then requeues the job
+(`scontrol requeue`) and the requeued job resumes from that checkpoint. One requeue per
+signal; any other failure is not requeued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from phalanx.errors import UserError
+from phalanx.lifecycle import exit_code
+from phalanx.options import add_config_flags, count, resolve
+
+SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
+REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+# flag → takes a value (the rest of the command line goes to `phalanx train`)
+OWN_FLAGS = {"--nodes": True, "--ntasks-per-node": True, "--gpus-per-node": True,
+             "--cpus-per-task": True, "--time": True, "--partition": True,
+             "--signal-s": True, "--job-name": True, "--script": True, "--submit": False}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+    g = parser.add_argument_group("slurm")
+    g.add_argument("--nodes", type=count(1, 100000), default=1, help="nodes (default: 1)")
+    g.add_argument("--ntasks-per-node", type=count(1, 4096), default=None,
+                   help="ranks per node (default: --gpus-per-node, else --nproc-per-node, "
+                        "else 1)")
+    g.add_argument("--gpus-per-node", type=count(0, 64), default=0,
+                   help="GPUs per node to request (default: 0)")
+    g.add_argument("--cpus-per-task", type=count(1, 4096), default=1,
+                   help="CPU cores per rank (default: 1)")
+    g.add_argument("--time", default="01:00:00",
+                   help="time limit, as sbatch takes it: [D-]HH:MM:SS, MM (default: 01:00:00)")
+    g.add_argument("--partition", default=None, help="partition (default: the cluster's)")
+    g.add_argument("--job-name", default="phalanx", help="job name (default: phalanx)")
+    g.add_argument("--signal-s", type=count(10, 86400), default=90,
+                   help="seconds before the time limit at which SLURM warns the ranks "
+                        "(SIGUSR1): they checkpoint, exit and the job requeues (default: 90)")
+    g.add_argument("--script", default=None, metavar="FILE",
+                   help="write the script here (default: OUT/phalanx.sbatch)")
+    g.add_argument("--submit", action="store_true",
+                   help="submit it with sbatch and print the job id")
+
+
+def train_argv(argv: list[str]) -> list[str]:
+    """The command line minus this verb's own flags: what `phalanx train` gets."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in OWN_FLAGS:
+            skip = OWN_FLAGS[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
+    if not _TIME.match(ns.time):
+        raise UserError(f"`--time {ns.time}` is not a SLURM time; use [D-]HH:MM:SS, e.g. "
+                        f"`--time 02:00:00` or `--time 1-00:00:00`.")
+    tasks = ns.ntasks_per_node or ns.gpus_per_node or cfg.dist.nproc_per_node or 1
+    rest = train_argv(argv)
+    for flag in ("--out", "--nproc-per-node"):  # OUT is made absolute; SLURM sets the ranks
+        rest = [a for a in _without_value(rest, flag) if not a.startswith(flag + "=")]
+    command = [sys.executable, "-m", "phalanx", "train", *rest, "--out", str(out)]
+    lines = ["#!/bin/bash",
+             "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
+             f"#SBATCH --job-name={ns.job_name}", f"#SBATCH --nodes={ns.nodes}",
+             f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={ns.cpus_per_task}",
+             f"#SBATCH --time={ns.time}"]
+    lines += [f"#SBATCH --gpus-per-node={ns.gpus_per_node}"] if ns.gpus_per_node else []
+    lines += [f"#SBATCH --partition={ns.partition}"] if ns.partition else []
+    lines += [f"#SBATCH --signal=USR1@{ns.signal_s}",
+              "#SBATCH --requeue", "#SBATCH --open-mode=append",
+              f"#SBATCH --output={out}/slurm-%j.out", "",
+              "# every task is one rank (phalanx reads SLURM_PROCID/LOCALID/STEP_NUM_TASKS and",
+              "# meets on the first host). Not --kill-on-bad-exit: on the warning signal every",
+              "# rank exits 138 after the checkpoint, and killing the slower ones would turn",
+              "# that code into a failure; a rank that fails makes the others fail in turn.",
+              f"srun {shlex.join(command)}", "code=$?",
+              f"if [ \"$code\" -eq {REQUEUE_CODE} ]; then",
+              "  # stopped by the warning signal with a checkpoint committed: back in the queue",
+              "  if command -v scontrol >/dev/null; then",
+              "    scontrol requeue \"$SLURM_JOB_ID\"",
+              "  else",
+              "    echo \"phalanx: scontrol is not available here (a container?): cannot "
+              "requeue; submit this script again to resume\" >&2",
+              "  fi", "fi", "exit $code", ""]
+    return "\n".join(lines)
+
+
+def _without_value(args: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
+    from phalanx.train.command import prepare_out_dir
+
+    cfg = resolve(ns)
+    out = prepare_out_dir(cfg.train.out).resolve()
+    text = render(ns, cfg, argv, out)
+    script = Path(ns.script).expanduser() if ns.script else out / "phalanx.sbatch"
+    try:
+        script.write_text(text)
+    except OSError as exc:
+        raise UserError(f"cannot write `{script}` (`--script`): {exc.strerror}.") from None
+    if not ns.submit:
+        print(text, end="")
+        print(f"# written to {script}; submit with: sbatch {script}", file=sys.stderr)
+        return 0
+    if shutil.which("sbatch") is None:
+        raise UserError(f"`--submit` needs `sbatch`, which is not on PATH here. The script is "
+                        f"at `{script}`: submit it from a SLURM login node.")
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise UserError(f"sbatch refused `{script}`: {said[-1] if said else 'no reason given'}")
+    job = done.stdout.strip().split(";")[0]
+    print(f"submitted job {job}: {script}; output in {out}/slurm-{job}.out")
+    return 0
