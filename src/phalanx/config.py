@@ -226,6 +226,19 @@ class DistConfig:
                                        "(less communication, but each rank holds the full "
                                        "unsharded gradients). See docs/strategies.md.",
                               choices=GRAD_SYNC)
+    nnodes: str = opt("1", "Machines in the job: N, or MIN:MAX to let it run on between MIN "
+                           "and MAX (torch's elastic agent, c10d rendezvous). The same command "
+                           "runs on every machine; needs --rdzv-endpoint when more than one.",
+                      metavar="N|MIN:MAX")
+    node_rank: int | None = opt(None, "This machine's index (0 .. nnodes-1), for the output "
+                                      "and to say that node 0 hosts the rendezvous (default: "
+                                      "the machine whose address is the endpoint's).")
+    rdzv_endpoint: str | None = opt(None, "HOST:PORT where the machines meet: an address of "
+                                          "node 0 that every node can reach.",
+                                    metavar="HOST:PORT")
+    rdzv_id: str = opt("phalanx", "The job's rendezvous id: the same on every machine, "
+                                  "different for two jobs sharing an endpoint.", metavar="ID")
+    rdzv_timeout_s: float = opt(300.0, "How long the machines wait for each other to join.")
     timeout_s: float = opt(600.0, "Collective timeout in seconds.")
     max_restarts: int = opt(0, "Times torch's elastic agent restarts failed workers.")
     hang_timeout_s: float = opt(300.0, "Hang watchdog: when no rank progresses for this "
@@ -249,6 +262,17 @@ class DistConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
                                 f"{getattr(self, name)}.")
+        _positive(self, "rdzv_timeout_s")
+        _at_most(self, "rdzv_timeout_s", MAX_TIMEOUT_S, "the machines would wait that long")
+        low, high = self.node_range()
+        if high > 1 and not self.rdzv_endpoint:
+            raise UserError(f"`--nnodes {self.nnodes}` needs `--rdzv-endpoint HOST:PORT`: an "
+                            f"address of node 0 that every machine can reach, the same on all.")
+        if self.node_rank is not None and not 0 <= self.node_rank < high:
+            raise UserError(f"`--node-rank {self.node_rank}` must be in 0 .. {high - 1} with "
+                            f"`--nnodes {self.nnodes}`.")
+        if self.rdzv_endpoint:
+            endpoint(self.rdzv_endpoint)
         chosen = self.strategy or default_name(self.nproc_per_node or 2)  # auto: likely ddp
         defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
         foreign = foreign_options(self, chosen, defaults)
@@ -264,6 +288,29 @@ class DistConfig:
             raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
                             f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "
                             f"fire first and the watchdog never report. Lower it (or 0: off).")
+
+
+    def node_range(self) -> tuple[int, int]:
+        """(min, max) machines from `--nnodes N` or `MIN:MAX`."""
+        parts = self.nnodes.split(":")
+        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+            raise UserError(f"`--nnodes {self.nnodes}` must be N or MIN:MAX (whole numbers), "
+                            f"e.g. `--nnodes 2` or `--nnodes 1:4`.")
+        low, high = int(parts[0]), int(parts[-1])
+        if not 1 <= low <= high <= MAX_PROCS:
+            raise UserError(f"`--nnodes {self.nnodes}` must satisfy 1 <= MIN <= MAX <= "
+                            f"{MAX_PROCS}.")
+        return low, high
+
+
+def endpoint(text: str) -> tuple[str, int]:
+    """HOST:PORT ([v6]:PORT) → (host, port), or a UserError naming `--rdzv-endpoint`."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UserError(f"`--rdzv-endpoint {text}` must be HOST:PORT with a port in 1..65535, "
+                        f"e.g. `--rdzv-endpoint 10.0.0.1:29400`.")
+    return host, int(port)
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "dist": DistConfig}

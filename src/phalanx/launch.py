@@ -63,8 +63,27 @@ def threads_per_rank(nproc: int, requested: int | None) -> int:
     return requested or max(1, usable_cores() // nproc)
 
 
+def launch_config(nproc: int, max_restarts: int, nodes=None):
+    """torch's LaunchConfig: one node on loopback, or several meeting at `nodes.endpoint`
+    (this node's stores bound to its address towards the endpoint)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from phalanx.rendezvous import register
+
+    common = dict(nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
+                  monitor_interval=0.1)
+    if nodes is None:  # every store and gloo listen on loopback only
+        return LaunchConfig(min_nodes=1, max_nodes=1, run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
+                            local_addr="127.0.0.1", rdzv_endpoint="127.0.0.1:0", **common)
+    return LaunchConfig(min_nodes=nodes.min_nodes, max_nodes=nodes.max_nodes,
+                        run_id=nodes.run_id, local_addr=nodes.local_addr,
+                        rdzv_endpoint=nodes.endpoint, rdzv_timeout=int(nodes.timeout_s),
+                        rdzv_configs={"is_host": nodes.is_host,
+                                      "join_timeout": int(nodes.timeout_s)}, **common)
+
+
 def launch_workers(python_args: list[str], nproc: int, *, threads: int,
-                   max_restarts: int = 0) -> None:
+                   max_restarts: int = 0, nodes=None) -> None:
     """Run `python <python_args>` as `nproc` ranks under the elastic agent
     (e.g. `["-m", "phalanx", "train", ...]` or `["script.py", ...]`).
 
@@ -73,22 +92,20 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
         if name.startswith("torch.distributed.elastic"):  # each sets its own level
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    from phalanx.rendezvous import register
-
-    # one node: every store and gloo listen on loopback only (see phalanx.rendezvous)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-        run_id=f"phalanx-{uuid.uuid4().hex[:8]}", local_addr="127.0.0.1",
-        rdzv_backend=register(), rdzv_endpoint="127.0.0.1:0",
-        max_restarts=max_restarts, monitor_interval=0.1)
+    config = launch_config(nproc, max_restarts, nodes)
     env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads)}
-    if "GLOO_SOCKET_IFNAME" not in os.environ and loopback_interface():
-        env["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    ifname = loopback_interface() if nodes is None else nodes.ifname
+    if "GLOO_SOCKET_IFNAME" not in os.environ and ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+    if nodes is not None:  # the run directory's writer is global rank 0, not a launcher
+        env["PHALANX_MULTINODE"] = "1"
+        if os.environ.get("PHALANX_QUIET_CPP"):  # set for the launcher only
+            env["TORCH_CPP_LOG_LEVEL"] = "WARNING"
     try:
         with _worker_env(env):  # the workers' environment, not this process's afterwards
             elastic_launch(config, sys.executable)(*python_args)

@@ -53,15 +53,35 @@ def _create_handler(params):
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     timeout_s = float(params.get_as_int("read_timeout", 60))
-    store = bound_store(host, port, timeout_s)
+    is_host = params.get_as_bool("is_host", True)  # one node: always; several: node 0
+    store = bound_store(host, port, timeout_s) if is_host else _client(host, port, params)
     class Backend(C10dRendezvousBackend):  # torch's backend under the name it was asked by
         name = BACKEND
 
     handler = create_handler(store, Backend(store, params.run_id), params)
     if hasattr(handler, "_create_tcp_store_server"):  # torch >= 2.4: the shared agent store
-        handler._create_tcp_store_server = lambda addr, port: bound_store(host, port,
+        # bound to the address this node advertises (--local-addr): loopback for one node
+        handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port,
                                                                           timeout_s)
     return handler
+
+
+def _client(host: str, port: int, params):
+    """A client of node 0's rendezvous store; waits up to the join timeout for it, then
+    one line naming the endpoint."""
+    import torch.distributed as dist
+
+    wait = float(params.get_as_int("join_timeout", 600))
+    try:
+        return dist.TCPStore(host, port, is_master=False, use_libuv=True,
+                             timeout=datetime.timedelta(seconds=wait))
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        from phalanx.errors import UserError
+
+        raise UserError(f"cannot reach the rendezvous at {host}:{port} within {wait:g} s "
+                        f"(`--rdzv-endpoint`, `--rdzv-timeout-s`): is node 0's `phalanx` "
+                        f"running with the same endpoint, and is the port open between the "
+                        f"machines? ({str(exc).splitlines()[0][:120]})") from None
 
 
 def register() -> str:

@@ -65,13 +65,21 @@ def owns_run_dir() -> bool:
     under another launcher (torchrun, SLURM) the global rank 0. Phalanx's own workers
     run under a launcher that holds the lock already."""
     if not under_launcher():
-        return True
-    return not os.environ.get("PHALANX_LAUNCHED") and os.environ.get(
+        return not os.environ.get("PHALANX_NODES")  # several machines: rank 0 locks
+    own_launcher = os.environ.get("PHALANX_LAUNCHED") and not os.environ.get(
+        "PHALANX_MULTINODE")
+    return not own_launcher and os.environ.get(
         "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
+    if cfg.dist.node_range()[1] > 1 and not under_launcher():
+        os.environ["PHALANX_NODES"] = cfg.dist.nnodes  # the launcher does not lock OUT
+        # the agent's store client prints a C++ trace per retry while other machines are
+        # not up yet; Phalanx says what is wrong in one line (workers keep torch's level)
+        if "TORCH_CPP_LOG_LEVEL" not in os.environ:
+            os.environ.update(TORCH_CPP_LOG_LEVEL="FATAL", PHALANX_QUIET_CPP="1")
     check_faults()
     source_files(cfg.data.path)  # `--data` is readable before anything is written
     created = not Path(cfg.train.out).expanduser().exists()
@@ -146,15 +154,21 @@ def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
 
     from phalanx.launch import default_nproc, launch_workers, threads_per_rank
 
+    from phalanx.nodes import node_plan
+
     nproc = cfg.dist.nproc_per_node or default_nproc()
-    check_world(cfg, nproc, torch.cuda.is_available())
+    nodes = node_plan(cfg.dist)
+    check_world(cfg, nproc * (nodes.max_nodes if nodes else 1), torch.cuda.is_available())
     threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
     if cfg.dist.debug_collectives:  # read when workers import torch.distributed
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    if nproc == 1:
+    if nproc == 1 and nodes is None:
         return work(threads)
+    if nodes is not None:
+        print(f"phalanx: {nodes.label}; waiting up to {nodes.timeout_s:g} s for "
+              f"{nodes.min_nodes} node(s) to join", flush=True)
     launch_workers(["-m", "phalanx", verb, *argv], nproc, threads=threads,
-                   max_restarts=cfg.dist.max_restarts)
+                   max_restarts=cfg.dist.max_restarts, nodes=nodes)
     return 0
 
 

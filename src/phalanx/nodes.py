@@ -1,0 +1,86 @@
+"""More than one machine: where this node meets the others, and which of its addresses
+and interfaces the job uses (torch's elastic agent does the rendezvous itself).
+
+One node binds everything to loopback (see phalanx.rendezvous); several nodes bind to
+the address this machine uses to reach the rendezvous endpoint — not to every
+interface — and gloo uses that address's interface (GLOO_SOCKET_IFNAME).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from dataclasses import dataclass
+
+from phalanx.config import DistConfig, endpoint
+from phalanx.errors import UserError
+
+SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    min_nodes: int
+    max_nodes: int
+    endpoint: str  # HOST:PORT
+    run_id: str
+    local_addr: str  # this machine's address towards the endpoint
+    ifname: str | None  # the interface that holds local_addr
+    is_host: bool  # this machine hosts the rendezvous store
+    node_rank: int | None
+    timeout_s: float
+
+    @property
+    def label(self) -> str:
+        rank = f"node {self.node_rank}" if self.node_rank is not None else "a node"
+        nodes = str(self.max_nodes) if self.min_nodes == self.max_nodes else \
+            f"{self.min_nodes}-{self.max_nodes}"
+        return (f"{rank} of {nodes} ({socket.gethostname()}, {self.local_addr}"
+                f"{' on ' + self.ifname if self.ifname else ''}), rendezvous at "
+                f"{self.endpoint}{' (hosted here)' if self.is_host else ''}")
+
+
+def interface_addresses() -> dict[str, str]:
+    """{IPv4 address: interface name} for this machine's interfaces."""
+    found = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR,
+                                  struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+        found[socket.inet_ntoa(raw[20:24])] = name
+    return found
+
+
+def route_to(host: str, port: int) -> str:
+    """The local address this machine would use to reach host:port (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise UserError(f"`--rdzv-endpoint {host}:{port}`: no route from this machine "
+                        f"({exc.strerror or exc}). Give an address of node 0 that this "
+                        f"machine can reach.") from None
+
+
+def node_plan(d: DistConfig) -> NodePlan | None:
+    """None for one machine; else where and how this node joins."""
+    low, high = d.node_range()
+    if high == 1:
+        return None
+    host, port = endpoint(d.rdzv_endpoint or "")
+    try:
+        target = socket.gethostbyname(host)
+    except OSError:
+        raise UserError(f"`--rdzv-endpoint {d.rdzv_endpoint}`: cannot resolve `{host}` on "
+                        f"{socket.gethostname()}. Use an IP address or a name every machine "
+                        f"resolves.") from None
+    local = route_to(target, port)
+    addresses = interface_addresses()
+    is_host = d.node_rank == 0 if d.node_rank is not None else target in addresses
+    return NodePlan(low, high, f"{target}:{port}", d.rdzv_id, local, addresses.get(local),
+                    is_host, d.node_rank, d.rdzv_timeout_s)

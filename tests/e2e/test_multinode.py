@@ -1,0 +1,138 @@
+"""Two machines made as Linux network namespaces (a veth pair, 10.x addresses, each with
+its own host name via `unshare --uts`): one `phalanx train --nnodes 2` per namespace, met
+through torch's elastic agent (c10d rendezvous) — the same command users run on two
+hosts. Traffic stays inside the pair; the run directory is shared, as on a cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "2", "--max-steps", "12", "--eval-every", "4",
+        "--checkpoint-every", "4", "--sample-tokens", "0"]
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not (shutil.which("ip") and shutil.which("unshare")):
+        return "iproute2 (`ip`) or util-linux (`unshare`) is missing"
+    probe = f"pxprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Two namespaces joined by a veth pair: {name: address}."""
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"pxa{tag}", f"pxb{tag}"
+    ip = lambda *args: subprocess.run(["ip", *args], check=True)  # noqa: E731
+    ip("netns", "add", a)
+    ip("netns", "add", b)
+    try:
+        ip("link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}")
+        for ns, dev, addr in ((a, f"va{tag}", "10.77.0.1/24"), (b, f"vb{tag}", "10.77.0.2/24")):
+            ip("link", "set", dev, "netns", ns)
+            ip("-n", ns, "addr", "add", addr, "dev", dev)
+            ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield {a: "10.77.0.1", b: "10.77.0.2"}
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def on_host(ns: str, hostname: str, args: list[str], logs: Path, env: dict | None = None):
+    """`phalanx train ARGS` in namespace `ns` as host `hostname`; (process, stdout path,
+    stderr path) — files, not pipes: a full pipe would stall the node."""
+    line = " ".join(["hostname", hostname, "&&", "exec", sys.executable, "-m", "phalanx",
+                     "train", *args])
+    logs.mkdir(parents=True, exist_ok=True)
+    out, err = logs / f"{hostname}.out", logs / f"{hostname}.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
+                                 line], stdout=o, stderr=e, env={**os.environ, **(env or {})})
+    return proc, out, err
+
+
+def finished(started) -> list[tuple[int, str, str]]:
+    return [(proc.wait(timeout=300), out.read_text(), err.read_text())
+            for proc, out, err in started]
+
+
+def two_nodes(hosts, out, port: int, extra: list[str], env: dict | None = None):
+    (a, _), (b, _) = hosts.items()
+    args = [*ARGS, *extra, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
+            f"10.77.0.1:{port}", "--rdzv-timeout-s", "60", "--out", str(out)]
+    logs = out.parent / f"{out.name}-logs"
+    return finished([on_host(a, "node-a", args, logs, env), on_host(b, "node-b", args, logs,
+                                                                    env)])
+
+
+def local(tmp_path, data: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-m", "phalanx", "train", *ARGS, *data,
+                           "--nproc-per-node", "2", "--out", str(tmp_path / "local")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return load_file(str(tmp_path / "local" / "model.safetensors"))
+
+
+def same(out, reference: dict) -> bool:
+    got = load_file(str(out / "model.safetensors"))
+    return got.keys() == reference.keys() and all(torch.equal(got[k], reference[k])
+                                                  for k in reference)
+
+
+def test_two_machines_train_like_two_local_ranks(hosts, tmp_path, small_corpus_file,
+                                                 cache_dir):
+    data = ["--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
+    results = two_nodes(hosts, tmp_path / "two", 29611, data)
+    for code, stdout, stderr in results:
+        assert code == 0, stdout[-1500:] + stderr[-1500:]
+    (_, out_a, _), (_, out_b, _) = results
+    assert "(node-a, 10.77.0.1 on va" in out_a and "(hosted here)" in out_a
+    assert "(node-b, 10.77.0.2 on vb" in out_b and "(hosted here)" not in out_b
+    assert (out_a + out_b).count("done: 12 steps") == 1  # one job, one rank 0
+    assert same(tmp_path / "two", local(tmp_path, data))
+
+
+def test_a_killed_rank_on_one_machine_recovers_from_the_checkpoint(hosts, tmp_path,
+                                                                   small_corpus_file,
+                                                                   cache_dir):
+    data = ["--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
+    results = two_nodes(hosts, tmp_path / "killed", 29612, [*data, "--max-restarts", "1"],
+                        env={"PHALANX_FAULT": "rank=1,step=6,phase=step,action=kill"})
+    for code, stdout, stderr in results:
+        assert code == 0, stdout[-1500:] + stderr[-1500:]
+    said = "".join(r[1] for r in results)
+    assert "restart 1 of at most 1" in said and "resumed from" in said and "step-00000004" in said
+    assert same(tmp_path / "killed", local(tmp_path, data))
+
+
+def test_an_unreachable_endpoint_is_one_line_after_the_timeout(hosts, tmp_path):
+    (_, _), (b, _) = hosts.items()
+    [(code, _, stderr)] = finished([on_host(
+        b, "node-b", ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                      "10.77.0.1:29613", "--rdzv-timeout-s", "3", "--out",
+                      str(tmp_path / "alone")], tmp_path / "logs")])
+    assert code == 2, stderr
+    assert stderr.strip().splitlines()[-1].startswith(
+        "phalanx: error: cannot reach the rendezvous at 10.77.0.1:29613 within 3 s")
+    assert "Traceback" not in stderr and "frame #" not in stderr, stderr
