@@ -269,7 +269,7 @@ class DistConfig:
             raise UserError(f"`--nnodes {self.nnodes}` needs `--rdzv-endpoint HOST:PORT`: an "
                             f"address of node 0 that every machine can reach, the same on all.")
         if self.node_rank is not None and not 0 <= self.node_rank < high:
-            raise UserError(f"`--node-rank {self.node_rank}` must be in 0 .. {high - 1} with "
+            raise UserError(f"`--node-rank` {self.node_rank} must be in 0 .. {high - 1} with "
                             f"`--nnodes {self.nnodes}`.")
         if self.rdzv_endpoint:
             endpoint(self.rdzv_endpoint)

@@ -122,10 +122,15 @@ def _without_value(args: list[str], flag: str) -> list[str]:
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.train.command import prepare_out_dir
 
+    from phalanx.paths import kind
+
     cfg = resolve(ns)
-    out = prepare_out_dir(cfg.train.out).resolve()
-    text = render(ns, cfg, argv, out)
+    out = Path(cfg.train.out).expanduser().resolve()
+    text = render(ns, cfg, argv, out)  # every check before anything is written
     script = Path(ns.script).expanduser() if ns.script else out / "phalanx.sbatch"
+    if kind(script) not in ("missing", "a regular file"):
+        raise UserError(f"cannot write `{script}` (`--script`): it is {kind(script)}.")
+    prepare_out_dir(cfg.train.out)
     try:
         script.write_text(text)
     except OSError as exc:

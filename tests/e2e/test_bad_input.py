@@ -76,6 +76,15 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("ddp-flag-with-fsdp", ["--strategy", "fsdp", "--bucket-cap-mb", "50"],
          "`--bucket-cap-mb` is an option of `--strategy ddp/zero`"),
         ("fsdp-grad-sync", ["--fsdp-grad-sync", "sometimes"], "invalid choice: 'sometimes'"),
+        ("nnodes-no-endpoint", ["--nnodes", "2"], "`--nnodes 2` needs `--rdzv-endpoint"),
+        ("node-rank-too-big", ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400",
+                               "--node-rank", "2"], "`--node-rank` 2 must be in 0 .. 1"),
+        ("nnodes-backwards", ["--nnodes", "3:2"], "`--nnodes 3:2` must satisfy"),
+        ("nnodes-word", ["--nnodes", "two"], "`--nnodes two` must be N or MIN:MAX"),
+        ("endpoint-no-port", ["--nnodes", "2", "--rdzv-endpoint", "node0"],
+         "`--rdzv-endpoint node0` must be HOST:PORT"),
+        ("endpoint-unresolvable", ["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:1"],
+         "cannot resolve `no-such-host.invalid`"),
         ("nccl", ["--backend", "nccl", "--nproc-per-node", "1"], "`--backend nccl` needs CUDA"),
         ("data-missing", ["--data", "{d}/nope.txt"], "`--data` path `{d}/nope.txt` does not"),
         ("data-fifo", ["--data", "{d}/fifo"], "is a FIFO (named pipe), not a text file"),
@@ -113,6 +122,13 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         add(f"{verb}-heads", [verb, "--n-head", "3"], "must be divisible")
         add(f"{verb}-data-fifo", [verb, "--data", "{d}/fifo"], "is a FIFO")
     add("verify-resume-one-step", ["verify-resume", "--max-steps", "1"], "at least 2")
+    for name, argv, needle in (
+            ("time", ["--time", "1h"], "`--time 1h` is not a SLURM time"),
+            ("nodes", ["--nodes", "0"], "must be between 1"),
+            ("heads", ["--n-head", "3"], "must be divisible"),
+            ("signal", ["--signal-s", "5"], "must be between 10"),
+            ("script-dir", ["--script", "{d}/emptydir"], "cannot write `{d}/emptydir`")):
+        add(f"slurm-{name}", ["slurm", *argv], needle)
     for flag, bad in (("--repeats", "0"), ("--steps", "0"), ("--warmup", "-1"),
                       ("--repeats", "abc"), ("--steps", "100000")):
         add(f"bench{flag}={bad}", ["bench", flag, bad], f"argument {flag}:")

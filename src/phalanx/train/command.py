@@ -4,6 +4,7 @@ workers (or, under torchrun/SLURM, be one) and train on the public API."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -60,12 +61,13 @@ def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
 
 
-def owns_run_dir() -> bool:
-    """Whether this process is the run directory's one writer-to-be: the launcher, or
-    under another launcher (torchrun, SLURM) the global rank 0. Phalanx's own workers
-    run under a launcher that holds the lock already."""
+def owns_run_dir(cfg: Config) -> bool:
+    """Whether this process is the run directory's one writer-to-be: the launcher of a
+    one-machine job, or under a launcher (torchrun, SLURM, Phalanx's own for several
+    machines) the global rank 0. Phalanx's own one-machine workers run under a launcher
+    that holds the lock already."""
     if not under_launcher():
-        return not os.environ.get("PHALANX_NODES")  # several machines: rank 0 locks
+        return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
     own_launcher = os.environ.get("PHALANX_LAUNCHED") and not os.environ.get(
         "PHALANX_MULTINODE")
     return not own_launcher and os.environ.get(
@@ -74,18 +76,13 @@ def owns_run_dir() -> bool:
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
-    if cfg.dist.node_range()[1] > 1 and not under_launcher():
-        os.environ["PHALANX_NODES"] = cfg.dist.nnodes  # the launcher does not lock OUT
-        # the agent's store client prints a C++ trace per retry while other machines are
-        # not up yet; Phalanx says what is wrong in one line (workers keep torch's level)
-        if "TORCH_CPP_LOG_LEVEL" not in os.environ:
-            os.environ.update(TORCH_CPP_LOG_LEVEL="FATAL", PHALANX_QUIET_CPP="1")
     check_faults()
     source_files(cfg.data.path)  # `--data` is readable before anything is written
     created = not Path(cfg.train.out).expanduser().exists()
     out = prepare_out_dir(cfg.train.out)
     try:
-        return _train_in(cfg, out, argv)
+        with quiet_store_retries(cfg):
+            return _train_in(cfg, out, argv)
     except UserError:
         if created:  # refused before anything ran: leave no empty run directory behind
             remove_if_unused(out)
@@ -96,7 +93,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
     from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
 
-    if not owns_run_dir():  # torchrun/SLURM rank > 0: rank 0 checks and says it
+    if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if _complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
@@ -170,6 +167,24 @@ def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
     launch_workers(["-m", "phalanx", verb, *argv], nproc, threads=threads,
                    max_restarts=cfg.dist.max_restarts, nodes=nodes)
     return 0
+
+
+@contextlib.contextmanager
+def quiet_store_retries(cfg: Config):
+    """A launcher of several machines, before it imports torch: torch's store client
+    prints a C++ trace per retry while the other machines are not up yet; Phalanx says
+    what is wrong in one line (`launch_workers` gives workers torch's level back). The
+    variables are put back afterwards (torch reads the level once, at import)."""
+    quiet = cfg.dist.node_range()[1] > 1 and not under_launcher() \
+        and "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ.update(TORCH_CPP_LOG_LEVEL="FATAL", PHALANX_QUIET_CPP="1")
+    try:
+        yield
+    finally:
+        if quiet:
+            for name in ("TORCH_CPP_LOG_LEVEL", "PHALANX_QUIET_CPP"):
+                os.environ.pop(name, None)
 
 
 def init_run(cfg: Config, threads: int | None, out: Path | None = None):
