@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import signal
 
+from phalanx.rendezvous import restart_attempt
+
 from phalanx.errors import UserError
 
 
@@ -58,7 +60,7 @@ def check_faults() -> None:
 
 
 def _this_attempt(attempts: str) -> bool:
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = str(restart_attempt())
     return attempts == "always" or attempt == {"first": "0"}.get(attempts, attempts)
 
 

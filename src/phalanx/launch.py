@@ -22,6 +22,7 @@ from phalanx.envinfo import usable_cores
 from phalanx.errors import DistributedError, Interrupted, UserError
 from phalanx.hang.mismatch import PEER_LOST
 from phalanx.hang.watchdog import HANG_EXIT_CODE
+from phalanx.rendezvous import ROUND
 
 
 @contextlib.contextmanager
@@ -98,7 +99,7 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         if name.startswith("torch.distributed.elastic"):  # each sets its own level
             logging.getLogger(name).setLevel(logging.CRITICAL)
     config = launch_config(nproc, max_restarts, nodes)
-    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads)}
+    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads), ROUND: "0"}
     ifname = loopback_interface() if nodes is None else nodes.ifname
     if "GLOO_SOCKET_IFNAME" not in os.environ and ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname

@@ -20,6 +20,7 @@ import os
 import socket
 
 BACKEND = "phalanx-c10d"
+ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
 
 
 def bound_store(host: str, port: int, timeout_s: float = 60.0):
@@ -59,11 +60,30 @@ def _create_handler(params):
         name = BACKEND
 
     handler = create_handler(store, Backend(store, params.run_id), params)
+    _publish_round(handler)
     if hasattr(handler, "_create_tcp_store_server"):  # torch >= 2.4: the shared agent store
         # bound to the address this node advertises (--local-addr): loopback for one node
         handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port,
                                                                           timeout_s)
     return handler
+
+
+def _publish_round(handler) -> None:
+    """After each rendezvous, put its round number in this agent's environment, which
+    the workers it then starts inherit (`attempt_store`). Every node of a round has the
+    same number; TORCHELASTIC_RESTART_COUNT is per agent, and an agent that restarts its
+    healthy workers because another node failed does not count a restart — with several
+    machines the two would then wait in different key spaces forever (seen: gloo's init
+    hung after a rank was killed on one of two machines)."""
+    inner = handler.next_rendezvous
+
+    def next_rendezvous(*args, **kwargs):
+        info = inner(*args, **kwargs)
+        state = getattr(getattr(handler, "_state_holder", None), "state", None)
+        if state is not None and hasattr(state, "round"):
+            os.environ[ROUND] = str(state.round)
+        return info
+    handler.next_rendezvous = next_rendezvous
 
 
 def _client(host: str, port: int, params):
@@ -92,6 +112,13 @@ def register() -> str:
     return BACKEND
 
 
+def restart_attempt() -> int:
+    """0 for the workers of a job's first start, N after the N-th restart (the same number
+    on every machine: the rendezvous round, when the agent is Phalanx's)."""
+    value = os.environ.get(ROUND) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(value) if value.isdigit() else 0
+
+
 def attempt_store(world_size: int, timeout: datetime.timedelta):
     """Under torch's elastic agent, a store namespaced by the restart attempt.
 
@@ -104,7 +131,7 @@ def attempt_store(world_size: int, timeout: datetime.timedelta):
 
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_attempt()
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                            world_size, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/phalanx/attempt-{attempt}", client)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from phalanx.rendezvous import restart_attempt
 from phalanx.checkpoint.safety import UnsafeCheckpoint
 from phalanx.checkpoint.store import (MANIFEST, commit_order, committed_at, read_latest,
                                       verify)
@@ -58,7 +59,7 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
 
 def resolve_resume(arg: str, out_dir: Path, warn: Callable[[str], None]) -> Path | None:
     """The checkpoint directory to resume from, or None to start fresh."""
-    if arg != "auto" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if arg != "auto" and restart_attempt() > 0:
         own = newest_valid(checkpoints_dir(out_dir), warn)
         if own is not None:
             return own

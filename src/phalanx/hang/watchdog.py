@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx.rendezvous import restart_attempt
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
 
 HANG_EXIT_CODE = 3
@@ -217,7 +218,7 @@ def job_store(world_size: int, namespace: str = "watchdog"):
     a prefix of its own; an in-process store for a 1-process job."""
     import torch.distributed as dist
 
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = str(restart_attempt())
     if world_size == 1 or "MASTER_ADDR" not in os.environ:
         return dist.HashStore()
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),

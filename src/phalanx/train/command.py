@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+from phalanx.rendezvous import restart_attempt
 from phalanx.config import Config
 from phalanx.checkpoint.rundir import remove_if_unused
 from phalanx.data.corpus import TokenSplits, prepare, source_files
@@ -226,7 +227,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        attempt = restart_attempt()
         if attempt:  # the agent's own messages are silenced: say that it restarted
             run.print(f"phalanx: restart {attempt} of at most "
                       f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: a rank failed; "
