@@ -74,7 +74,7 @@ class Run:
         """
         self.precision = self.strategy.precision(precision)
         wrapped = self.strategy.setup_module(model, self.precision, blocks)
-        if getattr(self.strategy, "note", None) and self.is_main:  # stderr: not the output
+        if self.strategy.note and self.is_main:  # on stderr: not the program's output
             print(f"phalanx: {self.strategy.note}", file=sys.stderr, flush=True)
         if optimizer is None:
             return wrapped

@@ -16,7 +16,6 @@ run they belong to instead of starting it over.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable
 

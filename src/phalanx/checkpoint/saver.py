@@ -108,41 +108,6 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
-def _leaves(tree: Any, path: tuple = ()):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _leaves(value, path + (key,))
-    else:
-        yield path, tree
-
-
-def share_of_replicated(state: dict, rank: int, world: int) -> dict:
-    """This rank's part of a state every rank holds in full: tensors dealt out largest
-    first to the least-loaded rank (the same answer on every rank), non-tensors to rank
-    0. DCP then writes and stages each tensor once, and loads at any world size."""
-    leaves = list(_leaves(state))
-    load, owner = [0] * world, {}
-    tensors = sorted((p for p, v in leaves if isinstance(v, torch.Tensor)),
-                     key=lambda p: (-_nbytes(state, p), p))
-    for path in tensors:
-        r = min(range(world), key=lambda i: (load[i], i))
-        owner[path], load[r] = r, load[r] + _nbytes(state, path)
-    mine: dict = {}
-    for path, value in leaves:
-        if owner.get(path, 0) == rank:
-            node = mine
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-    return mine
-
-
-def _nbytes(state: dict, path: tuple) -> int:
-    for key in path:
-        state = state[key]
-    return state.numel() * state.element_size()
-
-
 class _Job:
     """One checkpoint on its way from a temporary directory to a committed one."""
 

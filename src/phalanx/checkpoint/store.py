@@ -70,6 +70,48 @@ def direct_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | Non
     return {"model": msd, "optim": {names[id(p)]: dict(s) for p, s in optimizer.state.items()}}
 
 
+def _leaves(tree: Any, path: tuple = ()):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, path + (key,))
+    else:
+        yield path, tree
+
+
+def share_of_replicated(state: dict, rank: int, world: int) -> dict:
+    """This rank's part of a state every rank holds in full: tensors dealt out largest
+    first to the least-loaded rank (the same answer on every rank), non-tensors to rank
+    0. DCP then writes and stages each tensor once, and loads at any world size."""
+    leaves = list(_leaves(state))
+    load, owner = [0] * world, {}
+    tensors = sorted((p for p, v in leaves if isinstance(v, torch.Tensor)),
+                     key=lambda p: (-_nbytes(state, p), p))
+    for path in tensors:
+        r = min(range(world), key=lambda i: (load[i], i))
+        owner[path], load[r] = r, load[r] + _nbytes(state, path)
+    mine: dict = {}
+    for path, value in leaves:
+        if owner.get(path, 0) == rank:
+            node = mine
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+    return mine
+
+
+def _nbytes(state: dict, path: tuple) -> int:
+    for key in path:
+        state = state[key]
+    return state.numel() * state.element_size()
+
+
+def plain(module: torch.nn.Module) -> bool:
+    """Whether `direct_state` reads `module` as `get_state_dict` would: not compiled (its
+    names would carry `_orig_mod.`), every parameter a plain, whole tensor."""
+    return not hasattr(module, "_orig_mod") and all(
+        type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in module.parameters())
+
+
 def dcp_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                  ) -> tuple[dict, dict]:
     """What DCP reads into, through torch's `get_state_dict` (which creates the

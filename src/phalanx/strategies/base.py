@@ -37,6 +37,7 @@ class Strategy(ABC):
     """
 
     name: str = ""
+    note: str = ""  # what setup chose, said once on rank 0 (e.g. FSDP's blocks)
 
     def __init__(self, topology: Topology, options: Any = None) -> None:
         self.topology = topology
@@ -100,11 +101,13 @@ class Strategy(ABC):
     def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
         """This rank's part of {"model": ..., "optim": ...} for DCP to write. Replicated:
         each tensor is dealt to one rank, so it is written once (see `share_of_replicated`)."""
-        from phalanx.checkpoint.saver import share_of_replicated
-
-        state = store.direct_state(self.unwrap(model), optimizer)
+        module = self.unwrap(model)
+        if not store.plain(module):  # e.g. compiled before setup: torch's names, all ranks
+            return store.dcp_template(model, optimizer)[0]  # (DCP writes duplicates once)
+        state = store.direct_state(module, optimizer)
         world = self.topology.world_size
-        return share_of_replicated(state, self.topology.rank, world) if world > 1 else state
+        return store.share_of_replicated(state, self.topology.rank, world) if world > 1 \
+            else state
 
     def load_template(self, model: nn.Module, optimizer: torch.optim.Optimizer | None
                       ) -> tuple[dict, dict]:

@@ -46,11 +46,9 @@ class ZeroStrategy(DDPStrategy):
     def save_state(self, model: nn.Module, optimizer) -> dict:
         """The model like DDP's (each tensor written by one rank); the optimizer state of
         the parameters this rank owns, under their names."""
-        from phalanx.checkpoint.saver import share_of_replicated
-
         module = self.unwrap(model)
         t = self.topology
-        state = share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size)
+        state = store.share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size)
         if optimizer is not None:
             state["optim"] = store.direct_state(module, _local(optimizer))["optim"]
         return state
