@@ -14,7 +14,7 @@ from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
 from phalanx.hang import command as watch_command
 from phalanx.lint import command as lint_command
-from phalanx import slurm_script
+from phalanx import k8s, slurm_script
 from phalanx.train import command as train_command
 from phalanx.train import verify_resume
 
@@ -28,6 +28,7 @@ VERBS = {
     "doctor": (doctor_command.add_arguments, doctor_command.run_doctor, doctor_command.SUMMARY),
     "watch": (watch_command.add_arguments, watch_command.run_watch, watch_command.SUMMARY),
     "slurm": (slurm_script.add_arguments, slurm_script.run_slurm, slurm_script.SUMMARY),
+    "k8s": (k8s.add_arguments, k8s.run_k8s, k8s.SUMMARY),
     "export": (export_command.add_arguments, export_command.run_export,
                "Write a checkpoint's weights as one .safetensors file plus config.json."),
 }

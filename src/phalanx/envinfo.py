@@ -33,8 +33,18 @@ def usable_cores() -> int:
 def under_launcher(environ: dict | None = None) -> bool:
     """True when a launcher (torchrun, Phalanx's elastic agent, SLURM) started us."""
     e = os.environ if environ is None else environ
-    return "TORCHELASTIC_RUN_ID" in e or ("RANK" in e and "WORLD_SIZE" in e) or \
-        srun_task(e)
+    if "TORCHELASTIC_RUN_ID" in e:
+        return True
+    if operator_pod(e):  # RANK/WORLD_SIZE there count pods: this process is a node's launcher
+        return False
+    return ("RANK" in e and "WORLD_SIZE" in e) or srun_task(e)
+
+
+def operator_pod(environ: dict) -> bool:
+    """A pod of Kubeflow's PyTorchJob started for torchrun-style launching: the operator
+    sets PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK / PET_MASTER_ADDR/PORT, and its
+    RANK is the pod's index — a node rank, not a process rank."""
+    return "PET_NPROC_PER_NODE" in environ and "PET_NNODES" in environ
 
 
 def srun_task(environ: dict) -> bool:

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import sys
 import typing
 from typing import Any
@@ -114,8 +115,13 @@ def _suggest(word: str, options: Any) -> str:
 
 
 def resolve(ns: argparse.Namespace) -> Config:
-    """TOML file (if any) overlaid with the command-line flags, validated once."""
-    merged: dict[str, dict[str, Any]] = load_toml(ns.config) if ns.config else {}
+    """Kubeflow operator's variables (in a PyTorchJob pod), then the TOML file (if any),
+    then the command-line flags, validated once."""
+    from phalanx.k8s import operator_dist
+
+    merged: dict[str, dict[str, Any]] = {"dist": operator_dist(dict(os.environ))}
+    for section, values in (load_toml(ns.config) if ns.config else {}).items():
+        merged.setdefault(section, {}).update(values)
     for section, values in cli_overrides(ns).items():
         merged.setdefault(section, {}).update(values)
     try:

@@ -129,6 +129,13 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
             ("signal", ["--signal-s", "5"], "must be between 10"),
             ("script-dir", ["--script", "{d}/emptydir"], "cannot write `{d}/emptydir`")):
         add(f"slurm-{name}", ["slurm", *argv], needle)
+    for name, argv, needle in (
+            ("name", ["--image", "x", "--name", "Bad_Name"], "is not a Kubernetes name"),
+            ("no-image", [], "the following arguments are required: --image"),
+            ("out-off-volume", ["--image", "x", "--volume-claim", "runs", "--out", "/tmp/r"],
+             "`--out /tmp/r` is not under `--mount-path /phalanx`"),
+            ("nodes", ["--image", "x", "--nodes", "0"], "must be between 1")):
+        add(f"k8s-{name}", ["k8s", *argv], needle)
     for flag, bad in (("--repeats", "0"), ("--steps", "0"), ("--warmup", "-1"),
                       ("--repeats", "abc"), ("--steps", "100000")):
         add(f"bench{flag}={bad}", ["bench", flag, bad], f"argument {flag}:")
