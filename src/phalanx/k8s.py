@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import UserError
-from phalanx.options import add_config_flags, count, resolve
+from phalanx.options import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render a Kubeflow PyTorchJob manifest that runs `phalanx train` on N nodes."
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")  # a DNS-1123 label, room for suffixes
+NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
 OWN_FLAGS = {"--nodes": True, "--image": True, "--name": True, "--gpus-per-node": True,
              "--volume-claim": True, "--mount-path": True, "--manifest": True}
 
@@ -62,21 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="write the manifest here too (default: print only)")
 
 
-def _train_args(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        name = arg.split("=", 1)[0]
-        if skip:
-            skip = False
-        elif name in OWN_FLAGS:
-            skip = OWN_FLAGS[name] and "=" not in arg
-        elif name in ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint"):
-            skip = "=" not in arg  # the operator gives these to each pod
-        else:
-            out.append(arg)
-    return out
-
-
 def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
     if not _NAME.match(ns.name):
         raise UserError(f"`--name {ns.name}` is not a Kubernetes name: lower-case letters, "
@@ -86,7 +72,9 @@ def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator finds the training container by this name
         "image": ns.image,
-        "command": ["python", "-m", "phalanx", "train", *_train_args(argv)],
+        # the operator gives each pod its shape (PET_*): those flags are not repeated
+        "command": ["python", "-m", "phalanx", "train", *without_flags(argv, {
+            **OWN_FLAGS, **dict.fromkeys(NODE_FLAGS, True)})],
     }
     pod: dict[str, Any] = {"containers": [container]}
     if ns.gpus_per_node:

@@ -153,3 +153,19 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0 (at most "
                                          f"30 days), got {text}")
     return value
+
+
+def without_flags(argv: list[str], flags: dict[str, bool]) -> list[str]:
+    """`argv` minus the given flags (`{flag: takes a value}`), in both `--f V` and `--f=V`
+    forms: e.g. a verb's own flags, before the rest goes to `phalanx train`."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            skip = flags[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from phalanx.errors import UserError
 from phalanx.lifecycle import exit_code
-from phalanx.options import add_config_flags, count, resolve
+from phalanx.options import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
@@ -57,29 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="submit it with sbatch and print the job id")
 
 
-def train_argv(argv: list[str]) -> list[str]:
-    """The command line minus this verb's own flags: what `phalanx train` gets."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in OWN_FLAGS:
-            skip = OWN_FLAGS[name] and "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
 def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
     if not _TIME.match(ns.time):
         raise UserError(f"`--time {ns.time}` is not a SLURM time; use [D-]HH:MM:SS, e.g. "
                         f"`--time 02:00:00` or `--time 1-00:00:00`.")
     tasks = ns.ntasks_per_node or ns.gpus_per_node or cfg.dist.nproc_per_node or 1
-    rest = train_argv(argv)
-    for flag in ("--out", "--nproc-per-node"):  # OUT is made absolute; SLURM sets the ranks
-        rest = [a for a in _without_value(rest, flag) if not a.startswith(flag + "=")]
+    # OUT is made absolute below; SLURM sets the ranks
+    rest = without_flags(argv, {**OWN_FLAGS, "--out": True, "--nproc-per-node": True})
     command = [sys.executable, "-m", "phalanx", "train", *rest, "--out", str(out)]
     lines = ["#!/bin/bash",
              "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
@@ -105,18 +89,6 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
               "requeue; submit this script again to resume\" >&2",
               "  fi", "fi", "exit $code", ""]
     return "\n".join(lines)
-
-
-def _without_value(args: list[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == flag:
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
