@@ -88,6 +88,10 @@ class Strategy(ABC):
         """The user's module inside whatever `wrap` returned."""
         return getattr(model, "module", model)
 
+    def local_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer holding this rank's state (ZeRO: its partition's). Default: itself."""
+        return optimizer
+
     def release(self) -> None:
         """Before the process group is destroyed: drop references to it. Default: none."""
 
