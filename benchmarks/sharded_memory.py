@@ -52,7 +52,7 @@ def worker(strategy: str, preset: str, out: str) -> None:
         step()
         tracker = FSDPMemTracker(model, opt) if run.strategy.sharded else MemTracker()
         if not run.strategy.sharded:  # ZeRO: the optimizer over this rank's partition
-            tracker.track_external(model, getattr(opt, "optim", opt))
+            tracker.track_external(model, run.strategy.local_optimizer(opt))
         with tracker:
             step()
         peak = next(iter(tracker.get_tracker_snapshot("peak").values()))

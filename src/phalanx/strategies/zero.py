@@ -43,6 +43,10 @@ class ZeroStrategy(DDPStrategy):
         defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
         return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
+    def local_optimizer(self, optimizer):
+        """The optimizer over this rank's partition (inside a ZeroRedundancyOptimizer)."""
+        return getattr(optimizer, "optim", optimizer)
+
     def save_state(self, model: nn.Module, optimizer) -> dict:
         """The model like DDP's (each tensor written by one rank); the optimizer state of
         the parameters this rank owns, under their names."""
@@ -50,7 +54,8 @@ class ZeroStrategy(DDPStrategy):
         t = self.topology
         state = store.share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size)
         if optimizer is not None:
-            state["optim"] = store.direct_state(module, _local(optimizer))["optim"]
+            local = self.local_optimizer(optimizer)
+            state["optim"] = store.direct_state(module, local)["optim"]
         return state
 
     def load_template(self, model: nn.Module, optimizer) -> tuple[dict, dict]:
@@ -58,13 +63,9 @@ class ZeroStrategy(DDPStrategy):
         msd = get_model_state_dict(model)
         if optimizer is None:
             return {"model": msd}, {"state": {}, "param_groups": []}
-        osd = get_optimizer_state_dict(model, _local(optimizer))
+        osd = get_optimizer_state_dict(model, self.local_optimizer(optimizer))
         return {"model": msd, "optim": osd["state"]}, osd
 
     def apply_state(self, model: nn.Module, optimizer, state: dict, osd: dict) -> None:
-        store.dcp_apply(model, None if optimizer is None else _local(optimizer), state, osd)
-
-
-def _local(optimizer) -> torch.optim.Optimizer:
-    """The optimizer over this rank's partition (inside a ZeroRedundancyOptimizer)."""
-    return getattr(optimizer, "optim", optimizer)
+        local = None if optimizer is None else self.local_optimizer(optimizer)
+        store.dcp_apply(model, local, state, osd)

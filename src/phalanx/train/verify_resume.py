@@ -68,10 +68,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """This rank's optimizer state (for ZeRO: its partition's), by parameter index."""
+    """This rank's optimizer state (`opt`: the strategy's local optimizer), by parameter
+    index."""
     import torch
 
-    opt = getattr(opt, "optim", opt)
 
     names = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
     flat = {}
@@ -91,15 +91,16 @@ def first_list_difference(what: str, a: list, b: list, per_step: int) -> str | N
     return None
 
 
-def compare(straight, halves: list, ids: tuple[list[int], list[int]], per_step: int) -> list[str]:
+def compare(straight, halves: list, ids: tuple[list[int], list[int]], per_step: int,
+            local=lambda opt: opt) -> list[str]:
     """Every difference found on this rank, most telling first ([] = exact)."""
     resumed_losses = halves[0].losses + halves[1].losses
     found = [
         first_list_difference("training samples", ids[0], ids[1], per_step),
         first_list_difference("losses", straight.losses, resumed_losses, 1),
         first_difference(straight.model.state_dict(), halves[1].model.state_dict()),
-        first_difference(optimizer_tensors(straight.optimizer),
-                         optimizer_tensors(halves[1].optimizer)),
+        first_difference(optimizer_tensors(local(straight.optimizer)),
+                         optimizer_tensors(local(halves[1].optimizer))),
     ]
     labels = ["data order", "losses", "weights", "optimizer state"]
     return [f"{label}: {text}" for label, text in zip(labels, found) if text]
@@ -125,7 +126,8 @@ def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
         second = train(phase_config(cfg, root / "halves", n, "auto"), run, splits,
                        root / "halves", samples=resumed_ids)
         per_step = cfg.train.micro_batch_size * cfg.train.grad_accum
-        problems = compare(straight, [first, second], (straight_ids, resumed_ids), per_step)
+        problems = compare(straight, [first, second], (straight_ids, resumed_ids), per_step,
+                           run.strategy.local_optimizer)
         verdicts = run.gather_objects(problems)
         code = report(run, verdicts, n, len(straight_ids))
         if run.is_main:
