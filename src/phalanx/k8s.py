@@ -8,6 +8,9 @@ PET_MASTER_ADDR/PORT), which become `--nnodes`, `--nproc-per-node`, `--node-rank
 `--rdzv-endpoint` (flags given explicitly still win). The operator also sets RANK and
 WORLD_SIZE — but to the pod's index and the number of pods, so Phalanx does not read them
 as a process's rank there (`envinfo.operator_pod`).
+
+The manifest is checked in the tests against the operator's published API (the models
+that Kubeflow's `kubeflow-training` SDK generates from the CRD's OpenAPI schema).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
     }
     pod: dict[str, Any] = {"containers": [container]}
     if ns.gpus_per_node:
-        container["resources"] = {"limits": {"nvidia.com/gpu": ns.gpus_per_node}}
+        # a Kubernetes quantity, which the API types as a string
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(ns.gpus_per_node)}}
     if ns.volume_claim:
         mount = ns.mount_path.rstrip("/") or "/"
         if not (cfg.train.out + "/").startswith(mount + "/"):
@@ -95,7 +99,9 @@ def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
         specs["Worker"] = replica(ns.nodes - 1)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": ns.name},
-            "spec": {"nprocPerNode": str(procs), "pytorchReplicaSpecs": specs}}
+            "spec": {"nprocPerNode": str(procs), "pytorchReplicaSpecs": specs,
+                     # the schema requires it; "None" keeps finished pods for their logs
+                     "runPolicy": {"cleanPodPolicy": "None"}}}
 
 
 def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:

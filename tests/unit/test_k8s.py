@@ -34,6 +34,40 @@ def test_the_manifest_is_a_pytorchjob_with_a_master_and_workers(capsys):
     assert specs["Master"]["restartPolicy"] == "OnFailure"
 
 
+
+def against_the_operators_api(job: dict) -> None:
+    """Read `job` as the training operator's API does (the models Kubeflow generates from
+    the PyTorchJob CRD's OpenAPI schema): a missing required field or a wrong type raises,
+    and a field the schema does not know is dropped, so the round trip must give `job`."""
+    training = pytest.importorskip("kubeflow.training", reason="kubeflow-training (the test "
+                                   "extra) holds the PyTorchJob API models")
+
+    class Response:
+        data = json.dumps(job)
+
+    client = training.ApiClient()
+    parsed = client.deserialize(Response, "KubeflowOrgV1PyTorchJob")
+    assert client.sanitize_for_serialization(parsed) == job
+
+
+@pytest.mark.parametrize("argv", [
+    ["--nodes", "1", "--image", "img:1"],
+    ["--nodes", "4", "--image", "img:1", "--gpus-per-node", "8", "--max-steps", "10",
+     "--out", "/phalanx/r", "--volume-claim", "runs", "--name", "gpt-run-2"]])
+def test_the_manifest_validates_against_the_pytorchjob_schema(capsys, argv):
+    against_the_operators_api(render(capsys, *argv))
+
+
+def test_the_schema_check_rejects_what_the_operator_would(capsys):
+    job = render(capsys, "--nodes", "2", "--image", "img:1")
+    misspelt = json.loads(json.dumps(job))
+    misspelt["spec"]["nprocsPerNode"] = misspelt["spec"].pop("nprocPerNode")
+    with pytest.raises(AssertionError):  # an unknown field is not what the operator reads
+        against_the_operators_api(misspelt)
+    del job["spec"]["runPolicy"]
+    with pytest.raises(ValueError, match="run_policy"):
+        against_the_operators_api(job)
+
 def pod_env(index: int, nodes: int = 3, procs: str = "2") -> dict:
     """What the training operator sets in pod `index` of a PyTorchJob (torchrun style)."""
     return {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": procs,
