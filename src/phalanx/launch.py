@@ -1,28 +1,84 @@
-"""Start local workers through torch's own elastic agent (what torchrun runs).
+"""One launch path for every verb: launch the ranks through torch's own elastic agent
+(what torchrun runs), or, already under a launcher, be one of them.
 
-Phalanx does not spawn processes or run a rendezvous itself: it fills in a
-`LaunchConfig` — torch's c10d rendezvous on 127.0.0.1 (its stores bound to loopback
-only, see phalanx.rendezvous), `max_restarts` — and hands
-the worker command line to `elastic_launch`. Each worker re-enters the same CLI verb,
-finds the launcher's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...) and becomes a rank.
+Phalanx does not spawn processes or run a rendezvous itself. A `LaunchPlan` — processes
+per node, the nodes and where they meet, threads per rank, restarts, and the variables
+the workers get — is made once from the `[dist]` config; `launch_workers` fills in torch's
+`LaunchConfig` (c10d rendezvous: on 127.0.0.1 for one node, its stores bound to loopback
+only, see phalanx.rendezvous) and hands the worker command line to `elastic_launch`.
+Each worker re-enters the same CLI verb, finds the agent's environment (RANK,
+LOCAL_RANK, WORLD_SIZE, ...) and becomes a rank. What a failed job reports is built in
+phalanx.failures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import os
-import signal
 import socket
 import sys
 import uuid
+from dataclasses import dataclass, field
+from typing import Callable
 
-from phalanx.envinfo import usable_cores
-from phalanx.errors import DistributedError, Interrupted, UserError
-from phalanx.hang.mismatch import PEER_LOST
-from phalanx.hang.watchdog import HANG_EXIT_CODE
+from phalanx.envinfo import usable_cores, under_launcher
+from phalanx.errors import Interrupted
 from phalanx.rendezvous import ROUND
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    nproc: int  # ranks on this node
+    threads: int  # torch threads per rank
+    max_restarts: int = 0
+    nodes: object | None = None  # a phalanx.nodes.NodePlan; None: this machine only
+    env: dict[str, str] = field(default_factory=dict)  # for the workers only
+
+    @property
+    def world(self) -> int:
+        """The most ranks the job can have."""
+        return self.nproc * (self.nodes.max_nodes if self.nodes is not None else 1)
+
+    @property
+    def one_process(self) -> bool:
+        return self.nproc == 1 and self.nodes is None
+
+
+def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
+    """The launch of a `DistConfig`: `--nproc-per-node` (default: one per GPU, else per
+    usable core), the nodes (`--nnodes`, `--rdzv-endpoint`, …), `--threads-per-rank`,
+    `--max-restarts`, `--debug-collectives`."""
+    from phalanx.nodes import node_plan
+
+    nproc = dist.nproc_per_node or default_nproc()
+    env = dict(env or {})
+    if dist.debug_collectives:  # read when workers import torch.distributed
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    return LaunchPlan(nproc, threads_per_rank(nproc, dist.threads_per_rank),
+                      dist.max_restarts, node_plan(dist), env)
+
+
+def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], int] | None,
+                   *, env: dict[str, str] | None = None,
+                   check: Callable[[LaunchPlan], None] | None = None) -> int:
+    """Under a launcher: be the worker (`work(None)`). Otherwise plan the launch from
+    `dist`, `check(plan)`, and run one process in-process (`work(threads)`) or start the
+    ranks, each running `python PYTHON_ARGS` (e.g. `-m phalanx train ...`). `work=None`:
+    always start them (the worker is another entry point)."""
+    if under_launcher() and work is not None:
+        return work(None)
+    plan = plan_launch(dist, env)
+    if check is not None:
+        check(plan)
+    if work is not None and plan.one_process:
+        with _worker_env(plan.env):
+            return work(plan.threads)
+    if plan.nodes is not None:
+        print(f"phalanx: {plan.nodes.label}; waiting up to {plan.nodes.timeout_s:g} s for "
+              f"{plan.nodes.min_nodes} node(s) to join", flush=True)
+    start_workers(python_args, plan)
+    return 0
 
 
 @contextlib.contextmanager
@@ -83,23 +139,11 @@ def launch_config(nproc: int, max_restarts: int, nodes=None):
                                       "join_timeout": int(nodes.timeout_s)}, **common)
 
 
-def launch_workers(python_args: list[str], nproc: int, *, threads: int,
-                   max_restarts: int = 0, nodes=None) -> None:
-    """Run `python <python_args>` as `nproc` ranks under the elastic agent
-    (e.g. `["-m", "phalanx", "train", ...]` or `["script.py", ...]`).
-
-    Raises `UserError` with the first rank's message when every failed rank exited with
-    code 2 (a user error), `DistributedError` naming the failed ranks otherwise.
-    """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith("torch.distributed.elastic"):  # each sets its own level
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = launch_config(nproc, max_restarts, nodes)
-    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads), ROUND: "0"}
+def workers_env(plan: LaunchPlan) -> dict[str, str]:
+    """What every worker of `plan` finds in its environment besides the agent's own."""
+    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(plan.threads), ROUND: "0",
+           **plan.env}
+    nodes = plan.nodes
     ifname = loopback_interface() if nodes is None else nodes.ifname
     if "GLOO_SOCKET_IFNAME" not in os.environ and ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
@@ -107,111 +151,41 @@ def launch_workers(python_args: list[str], nproc: int, *, threads: int,
         env["PHALANX_MULTINODE"] = "1"
         if os.environ.get("PHALANX_QUIET_CPP"):  # set for the launcher only
             env["TORCH_CPP_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+def launch_workers(python_args: list[str], nproc: int, *, threads: int,
+                   max_restarts: int = 0) -> None:
+    """Run `python <python_args>` as `nproc` local ranks under the elastic agent (the
+    tests' and benchmarks' way in; the verbs go through `launch_or_work`)."""
+    start_workers(python_args, LaunchPlan(nproc, threads, max_restarts))
+
+
+def start_workers(python_args: list[str], plan: LaunchPlan) -> None:
+    """Run `python <python_args>` as `plan.nproc` ranks under the elastic agent
+    (e.g. `["-m", "phalanx", "train", ...]` or `["script.py", ...]`).
+
+    Raises `UserError` with the first rank's message when every failed rank exited with
+    code 2 (a user error), `DistributedError` naming the failed ranks (and, across
+    machines, this one) otherwise.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from phalanx.failures import job_failed
+
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):  # each sets its own level
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    config = launch_config(plan.nproc, plan.max_restarts, plan.nodes)
     try:
-        with _worker_env(env):  # the workers' environment, not this process's afterwards
+        with _worker_env(workers_env(plan)):  # the workers', not this process's afterwards
             elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None
     except ChildFailedError as exc:
-        failures = exc.failures
-        culprits, victims, stopped = _blame(failures)
-        user = [r for r in culprits if failures[r].exitcode == 2]
-        if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
-            first = min(culprits)  # a user error (a rank stopped while exiting with it too)
-            message = _message(failures[first]).split(": ", 1)[-1]
-            raise UserError(f"[rank {first}] {message}" if message else
-                            f"ranks {culprits} stopped with a usage error.") from None
-        detail = _describe_all(culprits, failures)
-        if victims:
-            detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
-                       f"to it{_victims_at(victims, failures)}")
-        if stopped:
-            detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
-        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
-        raise DistributedError(f"the job failed{restarts}: {detail}.", culprits) from None
-
-
-
-
-_SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")
-
-
-def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
-    """(culprits, victims, stopped) among the failed ranks.
-
-    A culprit recorded an error of its own (even if the agent then stopped it), or, when
-    none did, exited by itself; a victim's error says it lost a peer; the rest were
-    stopped by the agent (SIGTERM) without an error of their own.
-    """
-    ranks = sorted(failures)
-    messages = {r: _message(failures[r]) for r in ranks}
-    victims = [r for r in ranks if any(m in messages[r] for m in PEER_LOST)]
-    culprits = [r for r in ranks if messages[r] and r not in victims]
-    if not culprits:
-        culprits = [r for r in ranks if failures[r].exitcode != -signal.SIGTERM
-                    and r not in victims] or victims or ranks
-        victims = [r for r in victims if r not in culprits]
-    stopped = [r for r in ranks if r not in culprits and r not in victims]
-    return culprits, victims, stopped
-
-
-def _describe_all(culprits: list[int], failures: dict) -> str:
-    """Each culprit's account; ranks that failed with the same error are named together."""
-    same = {_message(failures[r]).split("] ", 1)[-1] for r in culprits}
-    if len(culprits) > 1 and len(same) == 1 and "" not in same:
-        return f"ranks {', '.join(map(str, culprits))} failed with: {same.pop()}"
-    return "; ".join(_describe(r, failures[r]) for r in culprits)
-
-
-def _victims_at(victims: list[int], failures: dict) -> str:
-    """` (rank 1 in backward at train.py:143 in main())`, from their recorded tracebacks."""
-    from phalanx.hang.crash import failed_at
-
-    where = []
-    for r in victims:
-        raw = failures[r].message
-        info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
-        act = failed_at(str(info.get("py_callstack", "")))
-        if act is not None and act.site is not None:
-            what = f"in {act.collective} " if act.collective else ""
-            where.append(f"rank {r} {what}at {act.where()}")
-    return f" ({'; '.join(where)})" if where else ""
-
-
-def _crashed_in(rank: int, code: int) -> str:
-    """` in all_reduce at train.py:133 in run_val() (...), under ...` for a rank that
-    died of a signal and left a crash record (see phalanx.hang.crash)."""
-    from phalanx.hang.crash import crashed_at
-
-    act = crashed_at(os.environ.get("PHALANX_HANG_REPORT_DIR"), rank)
-    if act is None or act.site is None:
-        return ""
-    what = f" in {act.collective}" if act.collective else ""
-    gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
-            "ran different collectives") if act.collective and code == -signal.SIGABRT else ""
-    return f"{what} at {act.where()}{act.context()}{gloo}"
-
-
-def _describe(rank: int, failure) -> str:
-    """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
-    code, message = failure.exitcode, _message(failure)
-    if code == HANG_EXIT_CODE and message:
-        return f"the hang watchdog on rank {rank} stopped it: {message.split('] ', 1)[-1]}"
-    if message and code == -signal.SIGTERM:
-        text = f"rank {rank} failed (then the agent stopped it)"
-    else:
-        text = f"rank {rank} exited with code {code}"
-        if code is not None and code < 0:
-            text += f" (killed by signal {-code}){_crashed_in(rank, code)}"
-    return f"{text}: {message[:300]}" if message else text
-
-
-def _message(failure) -> str:
-    """The first line of the error a worker recorded for the agent ('' if none)."""
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    if isinstance(message, str) and message and not message.startswith("To enable traceback") \
-            and not _SIGNALLED.match(message):  # a signal says it was stopped, not why
-        return message.strip().splitlines()[0]
-    return ""
+        host = socket.gethostname() if plan.nodes is not None else None
+        reports = plan.env.get("PHALANX_HANG_REPORT_DIR") or os.environ.get(
+            "PHALANX_HANG_REPORT_DIR")  # where ranks killed by a signal left their stacks
+        raise job_failed(exc.failures, plan.max_restarts, host, reports) from None

@@ -40,19 +40,37 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(f"{section} options")
         for f in dataclasses.fields(cls):
-            kind = _field_type(cls, f)
-            default = "auto" if f.default is None else f.default
-            help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
-            dest = f"{section}.{f.name}"
-            names = [flag_of(f)]
-            if kind is bool:
-                group.add_argument(*names, dest=dest, default=None, help=help_text,
-                                   action=argparse.BooleanOptionalAction)
-            else:
-                metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind, "STR")
-                group.add_argument(*names, dest=dest, default=None, type=kind,
-                                   choices=f.metadata.get("choices"), help=help_text,
-                                   metavar=None if f.metadata.get("choices") else metavar)
+            _add_field(group, section, cls, f)
+
+
+LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
+                 "rdzv_timeout_s")
+
+
+def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = ()) -> None:
+    """The `[dist]` flags that say where ranks run (`--nproc-per-node`, `--nnodes`, …),
+    for verbs without a training config (doctor, watch); read back with `dist_config`."""
+    from phalanx.config import DistConfig
+
+    group = parser.add_argument_group("launch options")
+    for f in dataclasses.fields(DistConfig):
+        if f.name in LAUNCH_FIELDS + extra:
+            _add_field(group, "dist", DistConfig, f)
+
+
+def _add_field(group, section: str, cls: type, f: dataclasses.Field) -> None:
+    kind = _field_type(cls, f)
+    default = "auto" if f.default is None else f.default
+    help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
+    dest = f"{section}.{f.name}"
+    if kind is bool:
+        group.add_argument(flag_of(f), dest=dest, default=None, help=help_text,
+                           action=argparse.BooleanOptionalAction)
+    else:
+        metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind, "STR")
+        group.add_argument(flag_of(f), dest=dest, default=None, type=kind,
+                           choices=f.metadata.get("choices"), help=help_text,
+                           metavar=None if f.metadata.get("choices") else metavar)
 
 
 def cli_overrides(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -120,7 +138,8 @@ def resolve(ns: argparse.Namespace) -> Config:
     from phalanx.k8s import operator_dist
 
     merged: dict[str, dict[str, Any]] = {"dist": operator_dist(dict(os.environ))}
-    for section, values in (load_toml(ns.config) if ns.config else {}).items():
+    for section, values in (load_toml(ns.config) if getattr(ns, "config", None) else
+                            {}).items():
         merged.setdefault(section, {}).update(values)
     for section, values in cli_overrides(ns).items():
         merged.setdefault(section, {}).update(values)
@@ -128,6 +147,12 @@ def resolve(ns: argparse.Namespace) -> Config:
         return build_config(merged)
     except TypeError as exc:  # a TOML value of the wrong shape reaching a dataclass
         raise UserError(f"invalid configuration: {exc}") from None
+
+
+def dist_config(ns: argparse.Namespace):
+    """The `[dist]` section from `add_launch_flags`' flags (and a PyTorchJob pod's
+    variables), validated."""
+    return resolve(ns).dist
 
 
 def count(low: int = 1, high: int = 4096):

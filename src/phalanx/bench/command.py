@@ -5,6 +5,7 @@ traces."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -56,7 +57,7 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
 def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
     from phalanx.bench.peers import PEERS
-    from phalanx.launch import default_nproc, threads_per_rank
+    from phalanx.launch import plan_launch
     from phalanx.data.corpus import source_files
     from phalanx.train.command import prepare_out_dir
 
@@ -64,13 +65,12 @@ def parent(ns: argparse.Namespace) -> int:
     source_files(cfg.data.path)  # `--data` is readable before anything is written
     out = prepare_out_dir(cfg.train.out) / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    nproc = cfg.dist.nproc_per_node or default_nproc()
-    threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
+    plan = plan_launch(cfg.dist)  # as `phalanx train` launches; always workers here
     spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
-            "warmup": ns.warmup, "out": str(out), "threads": threads}
+            "warmup": ns.warmup, "out": str(out), "threads": plan.threads}
     impls = list(PEERS) if ns.peers else ["phalanx"]
     res = _phase({**spec, "impls": impls, "profile": ns.profile, "defaults": ns.defaults,
-                  "scaling": ns.scaling}, nproc, threads, out / "raw.json")
+                  "scaling": ns.scaling}, plan, out / "raw.json")
     (out / "results.json").write_text(json.dumps(res, indent=2))
     path = report.write(res, out)
     print(path.read_text())
@@ -78,11 +78,12 @@ def parent(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _phase(spec: dict, nproc: int, threads: int, result: Path) -> dict:
-    from phalanx.launch import launch_workers
+def _phase(spec: dict, plan, result: Path) -> dict:
+    from phalanx.launch import start_workers
 
-    os.environ["PHALANX_BENCH_PHASE"] = json.dumps({**spec, "result": str(result)})
-    launch_workers(["-m", "phalanx", "bench"], nproc, threads=threads)
+    phase = json.dumps({**spec, "result": str(result)})
+    start_workers(["-m", "phalanx", "bench"],
+                  dataclasses.replace(plan, env={**plan.env, "PHALANX_BENCH_PHASE": phase}))
     return json.loads(result.read_text())
 
 

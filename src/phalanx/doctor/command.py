@@ -6,10 +6,11 @@ JSON); exit 1 when any check fails."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
-from phalanx.options import count, seconds
+from phalanx.options import add_launch_flags, dist_config, seconds
 from phalanx.strategies import SPECS, default_name, spec
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
@@ -17,8 +18,7 @@ SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc-per-node", type=count(), default=None, metavar="N",
-                        help="ranks on this machine (default: one per GPU, else per core)")
+    add_launch_flags(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--model", default=None, metavar="MODULE:FACTORY",
                         help="your model: a function returning a module or (module, example "
@@ -31,22 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.envinfo import under_launcher
-    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+    """Launched as `phalanx train` is (phalanx.launch); rank 0's verdict comes back in a
+    file, as the workers exit 0 so that the agent does not restart them."""
+    from phalanx.launch import launch_or_work
 
-    if under_launcher():
-        return worker(ns)
-    nproc = ns.nproc_per_node or default_nproc()
-    if nproc == 1:
-        return worker(ns)
-    os.environ["PHALANX_DOCTOR_RESULT"] = path = os.path.join(
-        os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
-    launch_workers(["-m", "phalanx", "doctor", *argv], nproc,
-                   threads=threads_per_rank(nproc, None))
-    with open(path) as f:  # rank 0's verdict: workers exit 0 so the agent does not restart
-        code = int(f.read() or 0)
-    os.unlink(path)
-    return code
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
+    code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],
+                          lambda _threads: worker(ns), env={"PHALANX_DOCTOR_RESULT": path})
+    try:
+        with open(path) as f:
+            return int(f.read() or 0)
+    except FileNotFoundError:  # under another launcher, or rank 0 is on another machine
+        return code
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def worker(ns: argparse.Namespace) -> int:

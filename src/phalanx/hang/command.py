@@ -8,11 +8,10 @@ verification. The same is available under torchrun itself:
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.options import count, seconds
+from phalanx.options import add_launch_flags, dist_config, seconds
 from phalanx.paths import require_file
 
 SUMMARY = ("Run your own training script on N local ranks with the hang watchdog "
@@ -20,8 +19,7 @@ SUMMARY = ("Run your own training script on N local ranks with the hang watchdog
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc-per-node", type=count(), default=None, metavar="N",
-                        help="ranks on this machine (default: one per GPU, else per core)")
+    add_launch_flags(parser)
     parser.add_argument("--hang-timeout-s", type=seconds, default=300.0, metavar="S",
                         help="report and stop when no rank progresses for S seconds "
                              "(default: 300)")
@@ -50,14 +48,12 @@ def check_script(script: str) -> None:
 
 
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+    from phalanx.launch import launch_or_work
 
     check_script(ns.script)
-    nproc = ns.nproc_per_node or default_nproc()
-    os.environ["PHALANX_HANG_TIMEOUT"] = str(ns.hang_timeout_s)
-    os.environ["PHALANX_HANG_REPORT_DIR"] = str(Path(ns.report_dir).resolve())
+    env = {"PHALANX_HANG_TIMEOUT": str(ns.hang_timeout_s),
+           "PHALANX_HANG_REPORT_DIR": str(Path(ns.report_dir).resolve())}
     if ns.debug_collectives:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    launch_workers(["-m", "phalanx.hang", ns.script, *ns.args], nproc,
-                   threads=threads_per_rank(nproc, None))
-    return 0
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    return launch_or_work(dist_config(ns), ["-m", "phalanx.hang", ns.script, *ns.args], None,
+                          env=env)

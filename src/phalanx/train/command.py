@@ -98,7 +98,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
         if _complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
-        return launch_or_work(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
+        return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         check_data_fits(cfg, splits)
@@ -109,8 +109,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
         lock.record_holder()
         start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
         try:
-            return launch_or_work(cfg, "train", argv,
-                                  lambda t: worker(cfg, splits, out, t, argv))
+            return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv))
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
 
@@ -143,31 +142,17 @@ def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
             f"{shlex.join(['phalanx', 'train', *args])}")
 
 
-def launch_or_work(cfg: Config, verb: str, argv: list[str], work) -> int:
-    """Under a launcher: be the worker (`work(None)`). Otherwise start the ranks through
-    the elastic agent, each re-entering `phalanx VERB ARGV`; one rank runs in-process."""
-    if under_launcher():
-        return work(None)
-    import torch
+def run_ranks(cfg: Config, verb: str, argv: list[str], work) -> int:
+    """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.launch_or_work), after
+    the checks that need the world size (`check_world`)."""
+    from phalanx.launch import launch_or_work
 
-    from phalanx.launch import default_nproc, launch_workers, threads_per_rank
+    def check(plan) -> None:
+        import torch
 
-    from phalanx.nodes import node_plan
+        check_world(cfg, plan.world, torch.cuda.is_available())
 
-    nproc = cfg.dist.nproc_per_node or default_nproc()
-    nodes = node_plan(cfg.dist)
-    check_world(cfg, nproc * (nodes.max_nodes if nodes else 1), torch.cuda.is_available())
-    threads = threads_per_rank(nproc, cfg.dist.threads_per_rank)
-    if cfg.dist.debug_collectives:  # read when workers import torch.distributed
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    if nproc == 1 and nodes is None:
-        return work(threads)
-    if nodes is not None:
-        print(f"phalanx: {nodes.label}; waiting up to {nodes.timeout_s:g} s for "
-              f"{nodes.min_nodes} node(s) to join", flush=True)
-    launch_workers(["-m", "phalanx", verb, *argv], nproc, threads=threads,
-                   max_restarts=cfg.dist.max_restarts, nodes=nodes)
-    return 0
+    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work, check=check)
 
 
 @contextlib.contextmanager

@@ -152,7 +152,7 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int) -> int:
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.data.corpus import prepare, source_files
-    from phalanx.train.command import check_data_fits, launch_or_work, prepare_out_dir
+    from phalanx.train.command import check_data_fits, prepare_out_dir, run_ranks
 
     cfg = resolve(ns)
     if cfg.train.max_steps < 2:
@@ -162,8 +162,8 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     root = prepare_out_dir(cfg.train.out) / "verify-resume"
     splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
     check_data_fits(cfg, splits)
-    code = launch_or_work(cfg, "verify-resume", argv,
-                          lambda threads: work(cfg, splits, root, threads))
+    code = run_ranks(cfg, "verify-resume", argv,
+                     lambda threads: work(cfg, splits, root, threads))
     if code == 0 and (root / VERDICT).is_file():
         code = int((root / VERDICT).read_text())
     return code

@@ -1,0 +1,121 @@
+"""What a failed job reports: which ranks caused it (and where they were), which lost the
+connection to them, which were only stopped — from the failure records torch's elastic
+agent collects (each worker's recorded error, exit code, crash record).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from phalanx.errors import DistributedError, UserError
+from phalanx.hang.mismatch import PEER_LOST
+from phalanx.hang.watchdog import HANG_EXIT_CODE
+
+
+def job_failed(failures: dict, max_restarts: int, host: str | None = None,
+               reports: str | None = None) -> Exception:
+    """The error for a job whose ranks failed (`{rank: ProcessFailure}` of this node):
+    a `UserError` with the first rank's message when the cause is a usage error (exit 2),
+    else a `DistributedError` naming the ranks — and `host`, the machine they ran on,
+    when the job spans several. `reports`: where crash records are (phalanx.hang.crash)."""
+    culprits, victims, stopped = _blame(failures)
+    user = [r for r in culprits if failures[r].exitcode == 2]
+    if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
+        first = min(culprits)  # a user error (a rank stopped while exiting with it too)
+        message = _message(failures[first]).split(": ", 1)[-1]
+        return UserError(f"[rank {first}] {message}" if message else
+                         f"ranks {culprits} stopped with a usage error.")
+    detail = _describe_all(culprits, failures, reports)
+    if victims:
+        detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
+                   f"to it{_victims_at(victims, failures)}")
+    if stopped:
+        detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
+    restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+    where = f" on {host}" if host else ""
+    return DistributedError(f"the job failed{restarts}{where}: {detail}.", culprits)
+
+
+_SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")
+
+
+def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
+    """(culprits, victims, stopped) among the failed ranks.
+
+    A culprit recorded an error of its own (even if the agent then stopped it), or, when
+    none did, exited by itself; a victim's error says it lost a peer; the rest were
+    stopped by the agent (SIGTERM) without an error of their own.
+    """
+    ranks = sorted(failures)
+    messages = {r: _message(failures[r]) for r in ranks}
+    victims = [r for r in ranks if any(m in messages[r] for m in PEER_LOST)]
+    culprits = [r for r in ranks if messages[r] and r not in victims]
+    if not culprits:
+        culprits = [r for r in ranks if failures[r].exitcode != -signal.SIGTERM
+                    and r not in victims] or victims or ranks
+        victims = [r for r in victims if r not in culprits]
+    stopped = [r for r in ranks if r not in culprits and r not in victims]
+    return culprits, victims, stopped
+
+
+def _describe_all(culprits: list[int], failures: dict, reports: str | None) -> str:
+    """Each culprit's account; ranks that failed with the same error are named together."""
+    same = {_message(failures[r]).split("] ", 1)[-1] for r in culprits}
+    if len(culprits) > 1 and len(same) == 1 and "" not in same:
+        return f"ranks {', '.join(map(str, culprits))} failed with: {same.pop()}"
+    return "; ".join(_describe(r, failures[r], reports) for r in culprits)
+
+
+def _victims_at(victims: list[int], failures: dict) -> str:
+    """` (rank 1 in backward at train.py:143 in main())`, from their recorded tracebacks."""
+    from phalanx.hang.crash import failed_at
+
+    where = []
+    for r in victims:
+        raw = failures[r].message
+        info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
+        act = failed_at(str(info.get("py_callstack", "")))
+        if act is not None and act.site is not None:
+            what = f"in {act.collective} " if act.collective else ""
+            where.append(f"rank {r} {what}at {act.where()}")
+    return f" ({'; '.join(where)})" if where else ""
+
+
+def _crashed_in(rank: int, code: int, reports: str | None) -> str:
+    """` in all_reduce at train.py:133 in run_val() (...), under ...` for a rank that
+    died of a signal and left a crash record (see phalanx.hang.crash)."""
+    from phalanx.hang.crash import crashed_at
+
+    act = crashed_at(reports, rank)
+    if act is None or act.site is None:
+        return ""
+    what = f" in {act.collective}" if act.collective else ""
+    gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
+            "ran different collectives") if act.collective and code == -signal.SIGABRT else ""
+    return f"{what} at {act.where()}{act.context()}{gloo}"
+
+
+def _describe(rank: int, failure, reports: str | None) -> str:
+    """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
+    code, message = failure.exitcode, _message(failure)
+    if code == HANG_EXIT_CODE and message:
+        return f"the hang watchdog on rank {rank} stopped it: {message.split('] ', 1)[-1]}"
+    if message and code == -signal.SIGTERM:
+        text = f"rank {rank} failed (then the agent stopped it)"
+    else:
+        text = f"rank {rank} exited with code {code}"
+        if code is not None and code < 0:
+            text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
+    return f"{text}: {message[:300]}" if message else text
+
+
+def _message(failure) -> str:
+    """The first line of the error a worker recorded for the agent ('' if none)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    if isinstance(message, str) and message and not message.startswith("To enable traceback") \
+            and not _SIGNALLED.match(message):  # a signal says it was stopped, not why
+        return message.strip().splitlines()[0]
+    return ""
