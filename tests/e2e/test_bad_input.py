@@ -167,9 +167,16 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     for name, argv, needle in lint:
         add(f"lint-{name}", ["lint", *argv], needle)
     for verb, extra in (("doctor", []), ("watch", ["{d}/ok.py"])):
-        for bad in ("0", "-1", "abc", "100000"):
-            add(f"{verb}-nproc={bad}", [verb, "--nproc-per-node", bad, *extra],
-                "argument --nproc-per-node:")
+        for bad, needle in (("0", "must be a positive number, got 0"),
+                            ("-1", "must be a positive number, got -1"),
+                            ("abc", "argument --nproc-per-node: invalid int value"),
+                            ("100000", "100000 is more than 4096")):
+            add(f"{verb}-nproc={bad}", [verb, "--nproc-per-node", bad, *extra], needle)
+        add(f"{verb}-node-rank", [verb, "--nnodes", "2", "--node-rank", "2",
+                                  "--rdzv-endpoint", "127.0.0.1:29400", *extra],
+            "`--node-rank` 2 must be in 0 .. 1")
+        add(f"{verb}-no-endpoint", [verb, "--nnodes", "2", *extra],
+            "needs `--rdzv-endpoint HOST:PORT`")
         flag = "--init-timeout-s" if verb == "doctor" else "--hang-timeout-s"
         for bad in ("nan", "inf", "0", "-5", "1e12", "abc"):
             add(f"{verb}{flag}={bad}", [verb, flag, bad, *extra], f"argument {flag}:")
