@@ -34,7 +34,8 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
         detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
     restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
     where = f" on {host}" if host else ""
-    return DistributedError(f"the job failed{restarts}{where}: {detail}.", culprits)
+    return DistributedError(f"the job failed{restarts}{where}: {detail.rstrip('.')}.",
+                            culprits)
 
 
 _SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")

@@ -88,8 +88,11 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
                                     timeout=timeout, store=attempt_store(env.world_size, timeout))
     found = spec(strategy or default_name(env.world_size))
     options = found.make_options(**strategy_options)
+    from phalanx.peers import gather_peers
+
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
-                             device, backend, env.launcher, with_mesh=found.sharded)
+                             device, backend, env.launcher, with_mesh=found.sharded,
+                             peers=gather_peers(env.world_size))
     chosen = strategy_class(found.name)(topology, options)
     try:
         chosen.check()

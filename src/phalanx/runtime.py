@@ -312,7 +312,7 @@ class Run:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         from phalanx.hang.mismatch import explain, peer_lost
 
-        plain = (explain(exc) or peer_lost(exc, self.rank)) if exc is not None else None
+        plain = (explain(exc) or peer_lost(exc, self.rank, self.topology.peers)) if exc is not None else None
         if exc is not None:  # before the group goes: peers may then die of a lost connection
             record_for_agent(plain or exc)
         self.close(failed=exc_type is not None)

@@ -28,6 +28,7 @@ class Topology:
     dp_rank: int
     dp_size: int
     mesh: Any = None  # a 1-D DeviceMesh named "dp" over the world, when a strategy needs one
+    peers: Any = None  # a phalanx.peers.Peers: each rank's host, for errors that name it
 
     def __post_init__(self) -> None:
         if not (0 <= self.rank < self.world_size and 0 <= self.dp_rank < self.dp_size
@@ -48,7 +49,7 @@ class Topology:
 
 def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size: int,
                   device: torch.device, backend: str, launcher: str,
-                  with_mesh: bool = False) -> Topology:
+                  with_mesh: bool = False, peers: Any = None) -> Topology:
     """Pure data parallelism over the whole world; `with_mesh` builds the "dp" DeviceMesh
     (a collective-free call over the default group)."""
     mesh = None
@@ -58,4 +59,5 @@ def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size:
         mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
     return Topology(rank=rank, local_rank=local_rank, world_size=world_size,
                     local_world_size=local_world_size, device=device, backend=backend,
-                    launcher=launcher, dp_rank=rank, dp_size=world_size, mesh=mesh)
+                    launcher=launcher, dp_rank=rank, dp_size=world_size, mesh=mesh,
+                    peers=peers)

@@ -136,3 +136,19 @@ def test_an_unreachable_endpoint_is_one_line_after_the_timeout(hosts, tmp_path):
     assert stderr.strip().splitlines()[-1].startswith(
         "phalanx: error: cannot reach the rendezvous at 10.77.0.1:29613 within 3 s")
     assert "Traceback" not in stderr and "frame #" not in stderr, stderr
+
+
+def test_a_lost_machine_is_named_by_host_and_rank(hosts, tmp_path, small_corpus_file,
+                                                  cache_dir):
+    """Without restarts, node-b's rank is killed: node-b's launcher says the job failed
+    there and how; node-a's says its rank lost the connection to rank 1 on node-b."""
+    data = ["--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
+    (code_a, _, err_a), (code_b, _, err_b) = two_nodes(
+        hosts, tmp_path / "lost", 29614, data,
+        env={"PHALANX_FAULT": "rank=1,step=6,phase=step,action=kill"})
+    assert code_a == code_b == 1, err_a[-1500:] + err_b[-1500:]
+    last_b = err_b.strip().splitlines()[-1]
+    assert "the job failed on node-b: rank 1 exited with code -9" in last_b, err_b[-1500:]
+    last_a = err_a.strip().splitlines()[-1]
+    assert "the job failed on node-a" in last_a and \
+        "lost the connection to rank 1 on node-b (10.77.0.2)" in last_a, err_a[-1500:]

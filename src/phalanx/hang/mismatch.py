@@ -48,16 +48,18 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pi
              "remote worker", "connectFullMesh")
 
 
-def peer_lost(exc: BaseException, rank: int) -> DistributedError | None:
+def peer_lost(exc: BaseException, rank: int, peers=None) -> DistributedError | None:
     """One line for a collective that failed because another rank went away (its own
-    error is the cause, reported by the launcher), or None for any other error."""
+    error is the cause, reported by the launcher), or None for any other error. `peers`
+    (phalanx.peers.Peers) names the rank and its host from gloo's peer address."""
     text = str(exc)
     marker = next((m for m in PEER_LOST if m in text), None)
     if marker is None or not isinstance(exc, RuntimeError):
         return None
     site = _user_site(exc)
     where = f" at {short(site.file)}:{site.line}" if site else ""
-    return DistributedError(f"lost the connection to another rank in a collective{where} "
+    who = (peers.lost(text, rank) if peers is not None else None) or "another rank"
+    return DistributedError(f"lost the connection to {who} in a collective{where} "
                             f"({marker}): that rank failed or was stopped; its own error is "
                             f"the cause.", [rank])
 
