@@ -74,9 +74,9 @@ def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], in
     if work is not None and plan.one_process:
         with _worker_env(plan.env):
             return work(plan.threads)
-    if plan.nodes is not None:
+    if plan.nodes is not None:  # on stderr: `--json` output stays JSON
         print(f"phalanx: {plan.nodes.label}; waiting up to {plan.nodes.timeout_s:g} s for "
-              f"{plan.nodes.min_nodes} node(s) to join", flush=True)
+              f"{plan.nodes.min_nodes} node(s) to join", file=sys.stderr, flush=True)
     start_workers(python_args, plan)
     return 0
 

@@ -5,6 +5,7 @@ hosts. Traffic stays inside the pair; the run directory is shared, as on a clust
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,11 +60,12 @@ def hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def on_host(ns: str, hostname: str, args: list[str], logs: Path, env: dict | None = None):
-    """`phalanx train ARGS` in namespace `ns` as host `hostname`; (process, stdout path,
+def on_host(ns: str, hostname: str, args: list[str], logs: Path, env: dict | None = None,
+            verb: str = "train"):
+    """`phalanx VERB ARGS` in namespace `ns` as host `hostname`; (process, stdout path,
     stderr path) — files, not pipes: a full pipe would stall the node."""
     line = " ".join(["hostname", hostname, "&&", "exec", sys.executable, "-m", "phalanx",
-                     "train", *args])
+                     verb, *args])
     logs.mkdir(parents=True, exist_ok=True)
     out, err = logs / f"{hostname}.out", logs / f"{hostname}.err"
     with open(out, "w") as o, open(err, "w") as e:
@@ -106,9 +108,9 @@ def test_two_machines_train_like_two_local_ranks(hosts, tmp_path, small_corpus_f
     results = two_nodes(hosts, tmp_path / "two", 29611, data)
     for code, stdout, stderr in results:
         assert code == 0, stdout[-1500:] + stderr[-1500:]
-    (_, out_a, _), (_, out_b, _) = results
-    assert "(node-a, 10.77.0.1 on va" in out_a and "(hosted here)" in out_a
-    assert "(node-b, 10.77.0.2 on vb" in out_b and "(hosted here)" not in out_b
+    (_, out_a, err_a), (_, out_b, err_b) = results
+    assert "(node-a, 10.77.0.1 on va" in err_a and "(hosted here)" in err_a
+    assert "(node-b, 10.77.0.2 on vb" in err_b and "(hosted here)" not in err_b
     assert (out_a + out_b).count("done: 12 steps") == 1  # one job, one rank 0
     assert same(tmp_path / "two", local(tmp_path, data))
 
@@ -152,3 +154,47 @@ def test_a_lost_machine_is_named_by_host_and_rank(hosts, tmp_path, small_corpus_
     last_a = err_a.strip().splitlines()[-1]
     assert "the job failed on node-a" in last_a and \
         "lost the connection to rank 1 on node-b (10.77.0.2)" in last_a, err_a[-1500:]
+
+
+def doctor_on_two(hosts, tmp_path, port: int, env_a: dict | None = None):
+    (a, _), (b, _) = hosts.items()
+    args = ["--json", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
+            f"10.77.0.1:{port}", "--rdzv-timeout-s", "60", "--init-timeout-s", "30"]
+    logs = tmp_path / "logs"
+    return finished([on_host(a, "node-a", args, logs, env_a, verb="doctor"),
+                     on_host(b, "node-b", args, logs, verb="doctor")])
+
+
+def test_doctor_across_two_machines_checks_they_reach_each_other(hosts, tmp_path):
+    (code_a, out_a, err_a), (code_b, _, err_b) = doctor_on_two(hosts, tmp_path, 29615)
+    report = json.loads(out_a)  # stdout is the JSON alone
+    # both machines exit with rank 0's verdict (the timing checks may fail on 2 shared cores)
+    assert code_a == code_b == (1 if report["failed"] else 0), err_a[-1500:] + err_b[-1500:]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["process group init"]["status"] == "pass"
+    assert checks["machines reach each other"]["status"] == "pass"
+    assert "2 machine(s)" in checks["machines reach each other"]["evidence"]
+
+
+def test_doctor_names_the_machine_that_cannot_be_reached(hosts, tmp_path):
+    """node-a's collectives listen on an interface node-b has no route to (a wrong
+    GLOO_SOCKET_IFNAME): the rendezvous works, the process group would hang; doctor says
+    who cannot reach whom, on both machines, without making the group."""
+    (a, _), _ = hosts.items()
+    dummy = f"pxd{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "-n", a, "link", "add", dummy, "type", "veth", "peer", "name",
+                    f"{dummy}p"], check=True)  # an interface on a network node-b lacks
+    try:
+        subprocess.run(["ip", "-n", a, "addr", "add", "10.88.0.1/24", "dev", dummy], check=True)
+        for dev in (dummy, f"{dummy}p"):
+            subprocess.run(["ip", "-n", a, "link", "set", dev, "up"], check=True)
+        (code_a, out_a, err_a), (code_b, _, err_b) = doctor_on_two(
+            hosts, tmp_path, 29616, env_a={"GLOO_SOCKET_IFNAME": dummy})
+    finally:
+        subprocess.run(["ip", "-n", a, "link", "del", dummy], capture_output=True)
+    assert (code_a, code_b) == (1, 1), err_a[-1500:] + err_b[-1500:]
+    [check] = json.loads(out_a)["checks"]
+    assert check["status"] == "fail", check
+    assert check["evidence"].startswith(
+        f"node-b cannot reach node-a at 10.88.0.1:") and \
+        f"(GLOO_SOCKET_IFNAME={dummy} there)" in check["evidence"], check

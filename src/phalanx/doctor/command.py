@@ -41,7 +41,7 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
     try:
         with open(path) as f:
             return int(f.read() or 0)
-    except FileNotFoundError:  # under another launcher, or rank 0 is on another machine
+    except FileNotFoundError:  # under another launcher
         return code
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -59,13 +59,20 @@ def worker(ns: argparse.Namespace) -> int:
     if _world() > 1:
         from phalanx.hang.watchdog import job_store
 
-        wait_for_peers(job_store(_world(), "doctor"), int(os.environ["RANK"]), _world(),
-                       ns.init_timeout_s)
+        store = job_store(_world(), "doctor")
+        wait_for_peers(store, int(os.environ["RANK"]), _world(), ns.init_timeout_s)
+        unreachable, machines = reachability(store, ns)
+        if unreachable:
+            return _report_unreachable(unreachable, ns)
     run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy=ns.strategy,
                        **_torch_defaults(ns.strategy)) if _world() > 1 else phalanx.init(0)
     found = [report.Check("rendezvous", "process group init", "pass",
                           f"{run.world_size} rank(s) joined, {run.backend}, "
                           f"{time.perf_counter() - t0:.2f} s")]
+    if _world() > 1:
+        found.append(report.Check("network", "machines reach each other", "pass",
+                                  f"{machines} machine(s): each connected to the others "
+                                  f"where the collectives listen"))
     with run:
         facts = run.gather_objects(local_facts())
         found += versions(run.backend) + launch_checks(facts)
@@ -74,15 +81,48 @@ def worker(ns: argparse.Namespace) -> int:
         found.append(compute_check(run.device, run.world_size))
         found += network_advice(facts, run.backend)
         found += agree(model_checks(run, ns.model))  # the worst rank's result, named
-        failed = any(c.status == "fail" for c in found)
+        failed = run.broadcast(any(c.status == "fail" for c in found))  # rank 0's verdict
         if run.is_main:
             out = report.as_json(found, bandwidth) if ns.json else \
                 report.render_table(found, bandwidth)
             print(out, flush=True)
-            if "PHALANX_DOCTOR_RESULT" in os.environ:
-                with open(os.environ["PHALANX_DOCTOR_RESULT"], "w") as f:
-                    f.write("1" if failed else "0")
-    return 1 if failed and "PHALANX_DOCTOR_RESULT" not in os.environ else 0
+    return _verdict(failed)
+
+
+def _verdict(failed: bool) -> int:
+    """The exit code; under Phalanx's launcher, each machine's local rank 0 hands the
+    verdict to its launcher in a file (the workers exit 0: the agent does not restart)."""
+    path = os.environ.get("PHALANX_DOCTOR_RESULT")
+    if path is None:
+        return 1 if failed else 0
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        with open(path, "w") as f:
+            f.write("1" if failed else "0")
+    return 0
+
+
+def reachability(store, ns: argparse.Namespace) -> tuple[list[str], int]:
+    """Who cannot reach whom where the collectives connect (phalanx.doctor.reach), checked
+    before the process group is made: a failure there would hang its creation."""
+    from phalanx.doctor.reach import probe
+
+    import torch
+
+    var = "NCCL_SOCKET_IFNAME" if torch.cuda.is_available() else "GLOO_SOCKET_IFNAME"
+    return probe(store, int(os.environ["RANK"]), _world(), ns.init_timeout_s, var)
+
+
+def _report_unreachable(problems: list, ns: argparse.Namespace) -> int:
+    from phalanx.doctor import checks as report
+
+    found = [report.Check("network", "machines reach each other", "fail", line,
+                          "open the ports between the machines (firewall), or point "
+                          "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME at an interface the other "
+                          "machines can route to") for line in problems]
+    if os.environ.get("RANK") == "0":
+        print(report.as_json(found, []) if ns.json else report.render_table(found, []),
+              flush=True)
+    return _verdict(True)
 
 
 def _torch_defaults(name: str) -> dict:
