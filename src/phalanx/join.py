@@ -85,7 +85,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
                                     timeout=timeout)
         else:
             dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                    timeout=timeout, store=attempt_store(env.world_size, timeout))
+                                    timeout=timeout, store=_store(env, timeout))
     found = spec(strategy or default_name(env.world_size))
     options = found.make_options(**strategy_options)
     from phalanx.peers import gather_peers
@@ -109,3 +109,14 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     if hang > 0 and not os.environ.get("PHALANX_WATCHED"):
         run.watch(hang, hang_report_dir or os.environ.get("PHALANX_HANG_REPORT_DIR"))
     return run
+
+
+def _store(env, timeout: datetime.timedelta):
+    """The agent's store (one key space per restart), the store a plain `srun` step meets
+    on (its port found, not assumed: phalanx.slurm_store), or None: torch's env://."""
+    store = attempt_store(env.world_size, timeout)
+    if store is None and env.launcher == "slurm" and env.rendezvous:
+        from phalanx.slurm_store import srun_store
+
+        store = srun_store(env.rank, env.world_size, timeout)
+    return store

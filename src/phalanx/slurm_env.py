@@ -1,6 +1,7 @@
 """What a SLURM job step tells its tasks, read without `scontrol`: the host list
 (`node[01-03,7],gpu5` expanded as `scontrol show hostnames` does), tasks per node
-(`2(x3),1`), and where the ranks meet (the first host, a port derived from the job).
+(`2(x3),1`), and where the ranks meet (the first host; a port SLURM reserved for the
+step, or one derived from the job).
 
 `srun` sets no MASTER_ADDR/MASTER_PORT; torchrun does, and under `srun … torchrun` its
 variables win (they are read first).
@@ -85,8 +86,42 @@ def rendezvous(environ: dict) -> dict[str, str]:
     if not nodelist:
         raise UserError("under srun but SLURM_STEP_NODELIST/SLURM_JOB_NODELIST is not set: "
                         "cannot tell where rank 0 runs. Set MASTER_ADDR and MASTER_PORT.")
+    return {"MASTER_ADDR": expand_nodelist(nodelist)[0],
+            "MASTER_PORT": str(candidate_ports(environ)[0])}
+
+
+CANDIDATES = 8
+
+
+def candidate_ports(environ: dict) -> list[int]:
+    """Where the step's rank 0 may serve its store, in order, the same on every task.
+
+    SLURM_STEP_RESV_PORTS (srun's `--resv-ports`, or MpiParams=ports=… in slurm.conf) are
+    reserved for this step: no other step on the node has them. Otherwise ports derived
+    from the job and step ids — two jobs sharing a node can derive the same one, so rank 0
+    takes the first free candidate and the others find it by the step's id
+    (`phalanx.slurm_store`).
+    """
+    reserved = _port_list(environ.get("SLURM_STEP_RESV_PORTS", ""))
+    if reserved:
+        return reserved[:CANDIDATES]
     job = environ.get("SLURM_JOB_ID", "0")
     step = environ.get("SLURM_STEP_ID", "0")
     seed = (int(job) if job.isdigit() else 0) * 31 + (int(step) if step.isdigit() else 0)
-    return {"MASTER_ADDR": expand_nodelist(nodelist)[0],
-            "MASTER_PORT": str(PORT_BASE + seed % PORT_SPAN)}
+    return [PORT_BASE + (seed + k * 4099) % PORT_SPAN for k in range(CANDIDATES)]
+
+
+def _port_list(text: str) -> list[int]:
+    """`12000-12003,12010` → [12000, 12001, 12002, 12003, 12010] (malformed: [])."""
+    ports: list[int] = []
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return []
+        ports.extend(range(int(low), int(high or low) + 1))
+    return [p for p in ports if 0 < p < 65536]
+
+
+def step_id(environ: dict) -> str:
+    """`JOB.STEP`: what rank 0 writes in its store so that no other job's is taken for it."""
+    return f"{environ.get('SLURM_JOB_ID', '?')}.{environ.get('SLURM_STEP_ID', '?')}"
