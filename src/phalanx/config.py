@@ -15,11 +15,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.errors import UserError
+from phalanx.nccl import PRESET_NAMES
 from phalanx.strategies.specs import GRAD_SYNC, SPECS, default_name, foreign_options
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = tuple(SPECS)
 BACKENDS = ("auto", "gloo", "nccl")
+NCCL_PRESETS = PRESET_NAMES
 
 # Model presets: `tiny` is sized to learn something on two CPU cores in ~3 minutes;
 # `gpt2-124m` is GPT-2 small (12 layers, 12 heads, 768 wide, 1024 context).
@@ -247,6 +249,11 @@ class DistConfig:
     debug_collectives: bool = opt(False, "Verify every collective's op, shapes and dtypes "
                                          "across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
                                          "slower) and explain a mismatch.")
+    nccl_preset: str | None = opt(None, "Set a named group of NCCL variables for the "
+                                        "workers, each printed with what it does: "
+                                        "ethernet, infiniband or debug (see "
+                                        "docs/multinode.md). Variables you set are kept.",
+                                  choices=NCCL_PRESETS)
     check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
                                           "parameters and buffers are bitwise identical "
                                           "(0: never).")

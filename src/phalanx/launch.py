@@ -34,6 +34,7 @@ class LaunchPlan:
     max_restarts: int = 0
     nodes: object | None = None  # a phalanx.nodes.NodePlan; None: this machine only
     env: dict[str, str] = field(default_factory=dict)  # for the workers only
+    notes: tuple[str, ...] = ()  # what the launcher says before it starts them
 
     @property
     def world(self) -> int:
@@ -52,11 +53,35 @@ def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
     from phalanx.nodes import node_plan
 
     nproc = dist.nproc_per_node or default_nproc()
+    nodes = node_plan(dist)
     env = dict(env or {})
     if dist.debug_collectives:  # read when workers import torch.distributed
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    notes = nccl_preset(dist, nodes.ifname if nodes is not None else None, env)
     return LaunchPlan(nproc, threads_per_rank(nproc, dist.threads_per_rank),
-                      dist.max_restarts, node_plan(dist), env)
+                      dist.max_restarts, nodes, env, tuple(notes))
+
+
+def _preset_here(dist) -> None:
+    """`--nccl-preset` in this worker's own environment (its launcher is not Phalanx);
+    rank 0 says what it set."""
+    preset: dict[str, str] = {}
+    notes = nccl_preset(dist, os.environ.get("NCCL_SOCKET_IFNAME"), preset)
+    os.environ.update(preset)
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == "0":
+        for line in notes:
+            print(f"phalanx: {line}", file=sys.stderr, flush=True)
+
+
+def nccl_preset(dist, ifname: str | None, env: dict[str, str]) -> list[str]:
+    """`--nccl-preset`'s variables into `env`; the lines that say what each does."""
+    import torch
+
+    from phalanx import nccl
+
+    uses_nccl = dist.backend == "nccl" or (dist.backend == "auto" and
+                                           torch.cuda.is_available())
+    return nccl.apply(dist.nccl_preset, ifname, env, uses_nccl)
 
 
 def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], int] | None,
@@ -67,10 +92,14 @@ def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], in
     ranks, each running `python PYTHON_ARGS` (e.g. `-m phalanx train ...`). `work=None`:
     always start them (the worker is another entry point)."""
     if under_launcher() and work is not None:
+        if not os.environ.get("PHALANX_LAUNCHED"):  # srun/torchrun: set it before NCCL starts
+            _preset_here(dist)
         return work(None)
     plan = plan_launch(dist, env)
     if check is not None:
         check(plan)
+    for line in plan.notes:
+        print(f"phalanx: {line}", file=sys.stderr, flush=True)
     if work is not None and plan.one_process:
         with _worker_env(plan.env):
             return work(plan.threads)

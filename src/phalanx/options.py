@@ -44,7 +44,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
-                 "rdzv_timeout_s")
+                 "rdzv_timeout_s", "nccl_preset")
 
 
 def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = ()) -> None:
