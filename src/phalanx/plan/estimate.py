@@ -1,0 +1,129 @@
+"""Per-rank memory of one training step, per strategy, from the model's shape.
+
+The peak of a step is the largest of a few moments (each a sum of formulas.py terms):
+  (a) backward starts: every saved activation, the logits the caller holds, and the loss's
+      two B·T·V gradients;
+  (b) the last block's MLP down-projection backward: the block's saved tensors and the
+      gradients flowing through it (the incoming B·T·C and the 4·B·T·C hidden one), after
+      the head's saved tensors are freed;
+  (c) the optimizer step: parameters, gradients, optimizer state (and the logits, still
+      held).
+With activation checkpointing (a) keeps only block inputs, and (b) holds one block
+recomputed. Around them: what each strategy holds per rank — DDP full parameters, its
+gradient buckets (the gradients are views into them) and full optimizer state; ZeRO the
+same but optimizer state for its share of the parameters; FSDP a 1/W shard of everything,
+plus the root's parameters gathered for the whole step and the block being computed
+gathered (every block, kept from forward, without reshard-after-forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phalanx.plan import formulas as f
+
+COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "communication")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs of a model, per micro-batch (MiniGPT: `minigpt_facts`)."""
+    param_shapes: list[tuple[int, ...]]  # every parameter once
+    block_shapes: list[tuple[int, ...]]  # one block's parameters (FSDP's unit)
+    root_shapes: list[tuple[int, ...]]  # parameters outside the blocks (FSDP's root)
+    n_blocks: int
+    block_saved: int  # bytes one block saves for backward
+    block_input: int  # bytes of a block's input (all a checkpointed block keeps)
+    head_saved: int  # bytes saved after the blocks (final norm, loss)
+    logits: int  # the output the caller holds through backward and the step
+    loss_grads: int  # the loss's gradients at the start of backward
+    block_grads_in_flight: int  # gradients alive inside a block's backward, at its peak
+    flops_per_token: int = 0
+    tokens: int = 0
+
+
+def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
+                  s: int = f.FP32) -> ModelFacts:
+    shapes = f.minigpt_param_shapes(L, C, V, T, bias)
+    per_block = (len(shapes) - 3 - (1 if bias else 0)) // L
+    x = B * T * C * s
+    non_embedding = sum(f.numel(p) for p in shapes) - T * C
+    return ModelFacts(
+        shapes, shapes[2:2 + per_block], shapes[:2] + shapes[2 + L * per_block:], L,
+        block_saved=f.minigpt_block_activations(B, T, C, H, s), block_input=x,
+        head_saved=f.minigpt_head_activations(B, T, C, V, s), logits=B * T * V * s,
+        loss_grads=2 * B * T * V * f.FP32,
+        block_grads_in_flight=f.mlp_backward_in_flight(B, T, C, s),
+        flops_per_token=f.minigpt_flops_per_token(non_embedding, L, H, C, T), tokens=B * T)
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str  # ddp, zero, fsdp, fsdp (no reshard)
+    strategy: str
+    reshard: bool = True
+
+
+VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsdp"),
+            Variant("fsdp (no reshard)", "fsdp", reshard=False))
+
+
+def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
+            s: int = f.FP32) -> dict[str, dict[str, int]]:
+    """{moment: {component: bytes}} for the step's candidate peaks (see the module doc):
+    backward start, each block's backward (k blocks already done), the optimizer step.
+
+    FSDP's parameters in use (the root, and blocks gathered and entered) count as
+    parameters; buffers of collectives in flight (`_fsdp_in_flight`) as communication."""
+    P = f.param_bytes(facts.param_shapes, s=s)
+    L = facts.n_blocks
+    sharded = variant.strategy == "fsdp"
+    shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
+    block = f.param_bytes(facts.block_shapes, s=s)
+    block_shard = f.param_bytes(facts.block_shapes, W, sharded=True, s=s)
+    if sharded:
+        base = {"parameters": shard + f.param_bytes(facts.root_shapes, s=s), "gradients": 0,
+                "optimizer": f.adamw_state_bytes(shard), "communication": 0}
+    else:
+        state = P if variant.strategy == "ddp" else \
+            f.zero_partition_bytes(facts.param_shapes, W, s=s)
+        base = {"parameters": P, "gradients": P, "optimizer": f.adamw_state_bytes(state),
+                "communication": 0}
+    per_block = facts.block_input if checkpointed else facts.block_saved
+    saved = L * per_block + facts.head_saved
+    kept = L if sharded and not variant.reshard else 0  # blocks gathered since forward
+    out = {"backward start": {
+        **base, "parameters": base["parameters"] + kept * block,
+        "communication": block if sharded and variant.reshard else 0,
+        "activations": saved + facts.logits + facts.loss_grads}}
+    for k in range(L):  # block L-1-k's backward, k blocks done, the head's tensors freed
+        if checkpointed:  # earlier blocks' inputs, this block recomputed
+            alive = (L - 1 - k) * facts.block_input + facts.block_saved
+        else:  # this block's and the earlier blocks' saved tensors
+            alive = (L - k) * facts.block_saved
+        in_use = (L - k) if kept else 1
+        out[f"block {L - 1 - k} backward"] = {
+            **base, "parameters": base["parameters"] + (in_use * block if sharded else 0),
+            "gradients": base["gradients"] + (k * block_shard if sharded else 0),
+            "communication": _fsdp_in_flight(block, variant, k, L) if sharded else 0,
+            "activations": alive + facts.logits + facts.block_grads_in_flight}
+    out["optimizer step"] = {**base, "gradients": shard if sharded else base["gradients"],
+                             "activations": facts.logits}
+    return out
+
+
+def _fsdp_in_flight(block: int, variant: Variant, k: int, L: int) -> int:
+    """FSDP buffers in flight during block L-1-k's backward: the next block's parameters
+    gathered ahead (backward prefetch; none after the first block, none when blocks stay
+    gathered since forward) and the previous block's full gradients waiting for their
+    reduce-scatter (from the second block on)."""
+    prefetch = block if variant.reshard and k < L - 1 else 0
+    return prefetch + (block if k >= 1 else 0)
+
+
+def peak(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
+         s: int = f.FP32) -> dict:
+    """{component: bytes at the peak moment, "peak": their sum, "moment": which one}."""
+    found = moments(facts, variant, W, checkpointed, s)
+    name, parts = max(found.items(), key=lambda kv: sum(kv[1].values()))
+    return {**{c: parts[c] for c in COMPONENTS}, "peak": sum(parts.values()), "moment": name}

@@ -1,0 +1,136 @@
+"""The planner's arithmetic: plain functions, one term each, the formula in the docstring.
+
+Notation: B micro-batch, T sequence length (block size), C width (n_embd), L blocks,
+H heads, V vocabulary, W data-parallel ranks, N parameters, s bytes per element.
+Bytes are per rank. Everything is checked against hand-computed values in
+tests/unit/test_plan_formulas.py and against torch's memory tracker by
+`phalanx plan --measure`.
+"""
+
+from __future__ import annotations
+
+import math
+
+FP32 = 4
+INDEX = 8  # int64 token ids
+
+
+def minigpt_param_shapes(L: int, C: int, V: int, T: int, bias: bool) -> list[tuple[int, ...]]:
+    """Every parameter's shape, in order (the lm_head shares wte's weight: counted once).
+
+    Per block: LayerNorm C (+C bias), attention qkv 3C×C (+3C) and projection C×C (+C),
+    LayerNorm C (+C), MLP 4C×C (+4C) and C×4C (+C). Then wte V×C, wpe T×C, ln_f C (+C).
+    """
+    def ln() -> list[tuple[int, ...]]:
+        return [(C,), (C,)] if bias else [(C,)]
+
+    def linear(out: int, inp: int) -> list[tuple[int, ...]]:
+        return [(out, inp), (out,)] if bias else [(out, inp)]
+
+    block = [*ln(), *linear(3 * C, C), *linear(C, C), *ln(), *linear(4 * C, C),
+             *linear(C, 4 * C)]
+    return [(V, C), (T, C), *block * L, *ln()]
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def shard_numel(shape: tuple[int, ...], W: int) -> int:
+    """One rank's share of a parameter FSDP2 shards on dim 0: ⌈d0 / W⌉ · (numel / d0)
+    (dim 0 is padded to a multiple of W)."""
+    if not shape:
+        return 1
+    return math.ceil(shape[0] / W) * (numel(shape) // shape[0])
+
+
+def param_bytes(shapes: list[tuple[int, ...]], W: int = 1, sharded: bool = False,
+                s: int = FP32) -> int:
+    """Σ numel · s (replicated), or Σ ⌈d0/W⌉·(numel/d0) · s (sharded on dim 0)."""
+    return sum((shard_numel(p, W) if sharded else numel(p)) * s for p in shapes)
+
+
+def adamw_state_bytes(param_bytes_held: int) -> int:
+    """AdamW keeps exp_avg and exp_avg_sq per parameter element it updates, in the
+    parameter's dtype: 2 · (bytes of the parameters this rank updates). (The per-tensor
+    `step` counters are a few bytes each and left out.)"""
+    return 2 * param_bytes_held
+
+
+def zero_partition_bytes(shapes: list[tuple[int, ...]], W: int, rank: int = 0,
+                         s: int = FP32) -> int:
+    """ZeroRedundancyOptimizer's share for `rank`: torch assigns whole parameters, each
+    to the rank holding the fewest elements so far, in decreasing size order (its
+    `_partition_parameters` does this per parameter group; here over all parameters,
+    which is what the two groups together give within a parameter)."""
+    loads = [0] * W
+    for p in sorted((numel(p) for p in shapes), reverse=True):
+        loads[loads.index(min(loads))] += p
+    return sorted(loads, reverse=True)[rank] * s
+
+
+def minigpt_block_activations(B: int, T: int, C: int, H: int, s: int = FP32) -> int:
+    """Bytes one block saves for backward (no dropout, SDPA's fused kernel):
+    16·B·T·C·s — block input and LayerNorm out (1+1), qkv (3), attention out (1, which
+    the projection also saves: one tensor), residual after attention and LayerNorm out
+    (1+1), MLP up and GELU out (4+4) — plus 2·2·B·T·4 (two LayerNorms' fp32 mean and
+    rstd) and B·H·T·4 (SDPA's fp32 log-sum-exp)."""
+    return 16 * B * T * C * s + 2 * 2 * B * T * FP32 + B * H * T * FP32
+
+
+def minigpt_head_activations(B: int, T: int, C: int, V: int, s: int = FP32) -> int:
+    """Bytes saved after the blocks: ln_f's input and output 2·B·T·C·s, its mean/rstd
+    2·B·T·4, the fp32 log-softmax of the loss B·T·V·4, and the token ids and targets
+    2·B·T·8."""
+    return 2 * B * T * C * s + 2 * B * T * FP32 + B * T * V * FP32 + 2 * B * T * INDEX
+
+
+def minigpt_activations(B: int, T: int, C: int, H: int, V: int, L: int, s: int = FP32,
+                        checkpointed: bool = False) -> int:
+    """Bytes saved by one micro-batch's forward: L·block + head; with activation
+    checkpointing each block keeps only its input, L·B·T·C·s."""
+    per_block = B * T * C * s if checkpointed else minigpt_block_activations(B, T, C, H, s)
+    return L * per_block + minigpt_head_activations(B, T, C, V, s)
+
+
+def mlp_backward_in_flight(B: int, T: int, C: int, s: int = FP32) -> int:
+    """A block's peak inside its backward, at the MLP down-projection: the gradient
+    coming in (B·T·C·s), the one it produces for the 4C-wide hidden layer (4·B·T·C·s),
+    and its weight's gradient (4·C²·s)."""
+    return 5 * B * T * C * s + 4 * C * C * s
+
+
+def loss_backward_transient(B: int, T: int, V: int, s: int = FP32) -> int:
+    """At the start of backward, beside every saved activation: the logits the caller
+    holds (B·T·V·s) and the cross-entropy's gradients w.r.t. the log-softmax and the
+    logits (2·B·T·V·4)."""
+    return B * T * V * s + 2 * B * T * V * FP32
+
+
+def ring_all_reduce_bytes(nbytes: int, W: int) -> float:
+    """Bytes each rank sends in a ring all-reduce: 2·(W−1)/W · size."""
+    return 2 * (W - 1) / W * nbytes
+
+
+def ring_all_gather_bytes(nbytes: int, W: int) -> float:
+    """Bytes each rank sends in a ring all-gather (or reduce-scatter) of a tensor of
+    `nbytes` in all: (W−1)/W · size."""
+    return (W - 1) / W * nbytes
+
+
+def compute_seconds(flops_per_token: float, tokens: int, peak_flops: float,
+                    mfu: float) -> float:
+    """Step compute time: flops_per_token · tokens / (peak FLOP/s · MFU)."""
+    return flops_per_token * tokens / (peak_flops * mfu)
+
+
+def minigpt_flops_per_token(N_non_embedding: int, L: int, H: int, C: int, T: int) -> int:
+    """Training FLOPs per token (PaLM appendix B, the bench's formula): 6·N + 12·L·H·Q·T
+    with Q = C/H."""
+    return 6 * N_non_embedding + 12 * L * H * (C // H) * T
+
+
+def exposed_seconds(comm_s: float, backward_s: float, overlap: float) -> float:
+    """Communication left on the critical path when a share `overlap` of the backward
+    pass can hide it: max(0, comm − overlap · backward)."""
+    return max(0.0, comm_s - overlap * backward_s)

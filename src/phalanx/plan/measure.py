@@ -1,0 +1,127 @@
+"""`phalanx plan --measure`: a few training steps of each planned strategy on the local
+ranks, with torch's own memory tracker (`torch.distributed._tools.mem_tracker`, which
+works on CPU tensors too; CUDA memory stats are the same source on a GPU), and the step
+time. The steps are the trainer's own (`run.setup`, `micro_steps`, `optimizer_step`), on
+random tokens of the planned shape: memory does not depend on what the tokens say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+WARMUP = 3  # DDP rebuilds its buckets in the third step
+# MemTracker's categories at the peak → the planner's components
+CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients",
+              "OPT": "optimizer", "ACT": "activations", "TEMP": "activations",
+              "OTH": "buffers"}
+
+
+def join(cfg, strategy: str, reshard: bool = True):
+    """`phalanx.init` for `strategy` with the config's options; the process group made by
+    the first call is reused by the next (a strategy is set up on the same ranks)."""
+    import phalanx
+    from phalanx.train.command import strategy_options
+
+    cfg.dist.strategy = strategy
+    cfg.dist.fsdp_reshard_after_forward = reshard
+    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend, strategy=strategy,
+                        **strategy_options(cfg))
+
+
+def measure(run, cfg, steps: int = 3) -> dict:
+    """{component: bytes at the peak, "peak": bytes, "step_s": median step time} on this
+    rank, over `steps` optimizer steps (the first, without optimizer state yet, counts
+    for the peak too: later steps hold more)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from phalanx.models import build_model
+    from phalanx.train.loop import micro_steps, optimizer_step
+    from phalanx.train.optim import adamw
+
+    t = cfg.train
+    gen = torch.Generator().manual_seed(run.rank)
+    shape = (t.micro_batch_size, cfg.model.block_size)
+
+    def batches():
+        while True:
+            x = torch.randint(0, 256, shape, generator=gen).to(run.device)
+            yield x, torch.roll(x, -1, 1)
+
+    model, opt = run.setup(build_model(cfg), lambda params: adamw(
+        params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+        device=run.device), precision=t.precision)
+    acc = run.accumulate(model, t.grad_accum)
+    data, times = batches(), []
+    for _ in range(WARMUP):  # optimizer state made, DDP's buckets rebuilt: steady state
+        micro_steps(model, acc, data, run.precision)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        optimizer_step(run, model, opt, t.grad_clip)
+    tracker = MemTracker()
+    # the gradients' storage that outlives zero_grad (DDP's buckets: the gradients are
+    # views into them) is tracked from the start, as "other" memory
+    buckets = ddp_bucket_bytes(model)
+    tracker.track_external(model, opt, *(grads if buckets else []))
+    del grads
+    with tracker:
+        for _ in range(steps):
+            start = time.perf_counter()
+            micro_steps(model, acc, data, run.precision)
+            optimizer_step(run, model, opt, t.grad_clip)
+            times.append(time.perf_counter() - start)
+            tracker.reset_mod_stats()  # per-module stats only; the peak is kept
+    snap = tracker.get_tracker_snapshot("peak")[run.device]
+    out = dict.fromkeys(sorted(set(CATEGORIES.values())), 0)
+    for kind, value in snap.items():
+        name = str(kind).rsplit(".", 1)[-1]
+        if name in CATEGORIES:
+            out[CATEGORIES[name]] += int(value)
+    if buckets:  # DDP's buckets are where its gradients live
+        out["gradients"] += out.pop("buffers")
+        out["buffers"] = 0
+    out["peak"] = int(snap["Total"])
+    timed = times[1:] or times
+    out["step_s"] = sorted(timed)[len(timed) // 2]
+    return out
+
+
+def ddp_bucket_bytes(model) -> int:
+    """Bytes of DDP's gradient buckets, from DDP's own logging data (0 without DDP).
+    With `gradient_as_bucket_view` the gradients are views into them."""
+    find = getattr(model, "_get_ddp_logging_data", None)
+    if find is None:
+        return 0
+    sizes = str(find().get("bucket_sizes", ""))
+    return sum(int(x) for x in sizes.replace(" ", "").split(",") if x.isdigit())
+
+
+def worker(spec_path: str) -> int:
+    """One rank of the measuring job: every variant in turn on one process group; rank 0
+    writes, per variant, the rank with the highest peak."""
+    import gc
+
+    from phalanx.config import from_dict
+
+    spec = json.loads(Path(spec_path).read_text())
+    results, first = {}, None
+    for label, strategy, reshard in spec["variants"]:
+        cfg = from_dict(spec["config"])
+        run = join(cfg, strategy, reshard)
+        first = first or run
+        mine = {**measure(run, cfg, spec["steps"]), "rank": run.rank}
+        results[label] = max(run.gather_objects(mine), key=lambda r: r["peak"])
+        run.strategy.release()
+        gc.collect()
+    first.close()
+    if os.environ.get("RANK", "0") == "0":
+        Path(spec["result"]).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(worker(sys.argv[1]))
