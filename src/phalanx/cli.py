@@ -13,6 +13,7 @@ from phalanx.bench import command as bench_command
 from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
 from phalanx.hang import command as watch_command
+from phalanx.plan import command as plan_command
 from phalanx.lint import command as lint_command
 from phalanx import k8s, slurm_script
 from phalanx.train import command as train_command
@@ -27,6 +28,7 @@ VERBS = {
     "bench": (bench_command.add_arguments, bench_command.run_bench, bench_command.SUMMARY),
     "doctor": (doctor_command.add_arguments, doctor_command.run_doctor, doctor_command.SUMMARY),
     "watch": (watch_command.add_arguments, watch_command.run_watch, watch_command.SUMMARY),
+    "plan": (plan_command.add_arguments, plan_command.run_plan, plan_command.SUMMARY),
     "slurm": (slurm_script.add_arguments, slurm_script.run_slurm, slurm_script.SUMMARY),
     "k8s": (k8s.add_arguments, k8s.run_k8s, k8s.SUMMARY),
     "export": (export_command.add_arguments, export_command.run_export,

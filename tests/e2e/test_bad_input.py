@@ -186,6 +186,20 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
                                ("returns-int", "factories:returns_int", "returned int")):
         add(f"doctor-model-{name}", ["doctor", "--nproc-per-node", "1", "--model", spec],
             needle, {"PYTHONPATH": "{d}"}, sub=True)
+    for name, spec, needle in (("nomodule", "nope_mod:f", "cannot load it"),
+                               ("returns-int", "factories:returns_int", "returned int"),
+                               ("no-example", "factories:no_example", "returned no example")):
+        add(f"plan-model-{name}", ["plan", "--model", spec], needle, {"PYTHONPATH": "{d}"},
+            sub=True)
+    add("plan-gpu", ["plan", "--gpu", "tpu9"], "unknown `--gpu tpu9`; known: h100, h200, "
+        "a100-80g, a100-40g, l4")
+    add("plan-world-0", ["plan", "--world-size", "0"], "argument --world-size: must be "
+        "between 1")
+    add("plan-mfu", ["plan", "--mfu", "0"], "`--mfu 0.0` must be in (0, 1]")
+    add("plan-busbw-from", ["plan", "--busbw-from", "{d}/nope.json"], "`--busbw-from "
+        "{d}/nope.json`: not the JSON of `phalanx doctor --json`")
+    add("plan-measure-model", ["plan", "--model", "factories:with_example", "--measure"],
+        "`--measure` runs MiniGPT's training steps", {"PYTHONPATH": "{d}"}, sub=True)
     for name, script, needle in (("missing", "{d}/nope.py", "does not exist"),
                                  ("dir", "{d}/emptydir", "is a directory"),
                                  ("fifo", "{d}/fifo", "is a FIFO"),
@@ -215,7 +229,11 @@ def files(tmp_path_factory, small_corpus_file, cache_dir):
     (d / "ok.py").write_text("print('ok')\n")
     (d / "syntax.py").write_text("import os\ndef f(:\n    pass\n")
     (d / "factories.py").write_text("def raises():\n    raise ValueError('no weights')\n\n"
-                                    "def returns_int():\n    return 3\n")
+                                    "def returns_int():\n    return 3\n\n"
+                                    "def no_example():\n    import torch\n"
+                                    "    return torch.nn.Linear(2, 2)\n\n"
+                                    "def with_example():\n    import torch\n"
+                                    "    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n")
     (d / "emptydir").mkdir()
     (d / "junk").mkdir()
     (d / "junk" / "notes.txt").write_text("hello")

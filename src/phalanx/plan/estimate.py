@@ -96,7 +96,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         **base, "parameters": base["parameters"] + kept * block,
         "communication": block if sharded and variant.reshard else 0,
         "activations": saved + facts.logits + facts.loss_grads}}
-    for k in range(L):  # block L-1-k's backward, k blocks done, the head's tensors freed
+    for k in range(L if facts.block_saved else 0):  # block L-1-k's backward, k blocks
+        # done, the head's tensors freed (known for MiniGPT; a traced model: not)
         if checkpointed:  # earlier blocks' inputs, this block recomputed
             alive = (L - 1 - k) * facts.block_input + facts.block_saved
         else:  # this block's and the earlier blocks' saved tensors

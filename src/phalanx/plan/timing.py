@@ -1,0 +1,60 @@
+"""Step time: compute from FLOPs per token at a stated MFU, communication from the bytes
+each strategy moves per step over a bus bandwidth, and what of it stays exposed.
+
+Assumptions, stated in the output: backward is 2/3 of the compute and forward 1/3
+(6·N = 2·N forward + 4·N backward); a collective that runs during a pass hides behind it
+up to that pass's compute time (DDP's bucketed all-reduce during backward; FSDP's
+prefetched all-gathers during forward and backward, its reduce-scatters during backward);
+ZeRO's parameter broadcast after the optimizer step hides behind nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.plan import formulas as f
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    comm_bytes: float  # sent per rank per optimizer step
+    comm_s: float
+    exposed_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_s
+
+
+def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: int,
+                  W: int, accum: int) -> dict[str, float]:
+    """Bytes each rank sends per optimizer step, by the pass that can hide them.
+
+    ddp/zero: ring all-reduce of the gradients once per optimizer step (the other
+    micro-steps skip it): 2·(W−1)/W·G; zero adds the broadcast of each rank's updated
+    share: (W−1)/W·P. fsdp, per micro-step: all-gather (W−1)/W·P in forward, again in
+    backward when parameters are resharded after forward, and reduce-scatter
+    (W−1)/W·G in backward.
+    """
+    if W == 1:
+        return {"forward": 0.0, "backward": 0.0, "exposed": 0.0}
+    if strategy in ("ddp", "zero"):
+        after = f.ring_all_gather_bytes(param_bytes, W) if strategy == "zero" else 0.0
+        return {"forward": 0.0, "backward": f.ring_all_reduce_bytes(grad_bytes, W),
+                "exposed": after}
+    gather = f.ring_all_gather_bytes(param_bytes, W)
+    backward = (gather if reshard else 0.0) + f.ring_all_gather_bytes(grad_bytes, W)
+    return {"forward": accum * gather, "backward": accum * backward, "exposed": 0.0}
+
+
+def step_time(flops_per_token: int, tokens_per_rank: int, peak_flops: float, mfu: float,
+              passes: dict[str, float], busbw: float) -> StepTime:
+    """compute = flops_per_token · tokens / (peak · MFU); each pass's communication
+    (bytes / busbw) is exposed beyond that pass's compute (`formulas.exposed_seconds`)."""
+    compute = f.compute_seconds(flops_per_token, tokens_per_rank, peak_flops, mfu)
+    seconds = {k: v / busbw for k, v in passes.items()}
+    exposed = (f.exposed_seconds(seconds["forward"], compute / 3, 1.0) +
+               f.exposed_seconds(seconds["backward"], 2 * compute / 3, 1.0) +
+               seconds["exposed"])
+    return StepTime(compute, sum(passes.values()), sum(seconds.values()), exposed)
