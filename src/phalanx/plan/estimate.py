@@ -1,19 +1,24 @@
 """Per-rank memory of one training step, per strategy, from the model's shape.
 
 The peak of a step is the largest of a few moments (each a sum of formulas.py terms):
-  (a) backward starts: every saved activation, the logits the caller holds, and the loss's
-      two B·T·V gradients;
-  (b) the last block's MLP down-projection backward: the block's saved tensors and the
-      gradients flowing through it (the incoming B·T·C and the 4·B·T·C hidden one), after
-      the head's saved tensors are freed;
-  (c) the optimizer step: parameters, gradients, optimizer state (and the logits, still
-      held).
-With activation checkpointing (a) keeps only block inputs, and (b) holds one block
-recomputed. Around them: what each strategy holds per rank — DDP full parameters, its
-gradient buckets (the gradients are views into them) and full optimizer state; ZeRO the
-same but optimizer state for its share of the parameters; FSDP a 1/W shard of everything,
-plus the root's parameters gathered for the whole step and the block being computed
-gathered (every block, kept from forward, without reshard-after-forward).
+  - backward starts: every saved activation, the logits the caller holds, and the loss's
+    two B·T·V gradients;
+  - block j's backward, at its MLP down-projection (k = L-1-j blocks done, the head's
+    tensors freed): the saved tensors of blocks 0..j (with activation checkpointing: the
+    inputs of blocks 0..j-1 and block j recomputed), the logits, and the gradients in
+    flight inside the block; under FSDP also the sharded gradients of the k blocks done
+    and the collectives' buffers in flight;
+  - the optimizer step: parameters, gradients, optimizer state, the logits.
+Around them, what each strategy holds per rank: DDP full parameters, its gradient buckets
+(the gradients are views into them) and full optimizer state; ZeRO the same with
+optimizer state for its share of the parameters only; FSDP a 1/W shard of parameters,
+gradients and optimizer state, plus the root's parameters gathered for the whole step,
+the block being computed gathered (every block, kept since forward, without
+reshard-after-forward), the next block gathered ahead and the previous block's full
+gradients waiting for their reduce-scatter.
+
+Checked against torch's memory tracker by `phalanx plan --measure` and
+benchmarks/plan_vs_measured.py (docs/plan.md holds the table).
 """
 
 from __future__ import annotations

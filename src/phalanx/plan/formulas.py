@@ -100,13 +100,6 @@ def mlp_backward_in_flight(B: int, T: int, C: int, s: int = FP32) -> int:
     return 5 * B * T * C * s + 4 * C * C * s
 
 
-def loss_backward_transient(B: int, T: int, V: int, s: int = FP32) -> int:
-    """At the start of backward, beside every saved activation: the logits the caller
-    holds (B·T·V·s) and the cross-entropy's gradients w.r.t. the log-softmax and the
-    logits (2·B·T·V·4)."""
-    return B * T * V * s + 2 * B * T * V * FP32
-
-
 def ring_all_reduce_bytes(nbytes: int, W: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2·(W−1)/W · size."""
     return 2 * (W - 1) / W * nbytes

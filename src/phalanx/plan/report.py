@@ -30,11 +30,13 @@ def print_plan(result: dict) -> None:
                         f"{result['micro_batch']}, {result['precision']}, activation "
                         f"checkpointing {ac}")
     for column in ("strategy", *(HEADERS[c] for c in COMPONENTS), "peak", "at", "fits",
-                   "max micro-batch"):
-        table.add_column(column, justify="left" if column in ("strategy", "at") else "right")
+                   "max mb"):
+        table.add_column(column, justify="left" if column in ("strategy", "at") else "right",
+                         no_wrap=column != "strategy")
     for r in result["rows"]:
-        table.add_row(r["strategy"], *(f"{r[c] / size:.2f}" for c in COMPONENTS),
-                      f"{r['peak'] / size:.2f}", r["moment"], "yes" if r["fits"] else "NO",
+        at = r["moment"].replace("backward", "bwd").replace("optimizer", "optim")
+        table.add_row(r["strategy"], *(f"{r[c] / size:.1f}" for c in COMPONENTS),
+                      f"{r['peak'] / size:.1f}", at, "yes" if r["fits"] else "NO",
                       "—" if r["largest_micro_batch"] is None else
                       str(r["largest_micro_batch"]))
     console.print(table)
