@@ -33,8 +33,8 @@ def join(cfg, strategy: str, reshard: bool = True):
 
 def measure(run, cfg, steps: int = 3) -> dict:
     """{component: bytes at the peak, "peak": bytes, "step_s": median step time} on this
-    rank, over `steps` optimizer steps (the first, without optimizer state yet, counts
-    for the peak too: later steps hold more)."""
+    rank, over `steps` optimizer steps after WARMUP untracked ones (optimizer state made,
+    DDP's buckets in their final layout)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
