@@ -1,6 +1,6 @@
 """`phalanx plan` against measurement: every strategy variant, with and without
-activation checkpointing, for the `tiny` and `small` presets and a larger shape, on 2
-gloo ranks on CPU. Prints one markdown table (the one in docs/plan.md).
+activation checkpointing, for the `tiny` and `small` presets (fp32 and bf16) and a
+larger shape, on 2 gloo ranks on CPU. Prints one markdown table (the one in docs/plan.md).
 
     python benchmarks/plan_vs_measured.py [--world-size 2] [--steps 2]
 """
@@ -17,6 +17,10 @@ from phalanx.plan.devices import device
 SHAPES = {
     "tiny (mb 16)": {"model": {"preset": "tiny"}, "train": {"micro_batch_size": 16}},
     "small (mb 4)": {"model": {"preset": "small"}, "train": {"micro_batch_size": 4}},
+    "tiny, bf16 (mb 16)": {"model": {"preset": "tiny"},
+                           "train": {"micro_batch_size": 16, "precision": "bf16"}},
+    "small, bf16 (mb 4)": {"model": {"preset": "small"},
+                           "train": {"micro_batch_size": 4, "precision": "bf16"}},
     "8L×512d×8H, T 256 (mb 4)": {"model": {"n_layer": 8, "n_embd": 512, "n_head": 8,
                                            "block_size": 256},
                                  "train": {"micro_batch_size": 4}},

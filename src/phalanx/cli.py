@@ -49,10 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    parser.verb_parsers = {}  # type: ignore[attr-defined]
     for name, (add_arguments, _, help_text) in VERBS.items():
         sub = verbs.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         add_arguments(sub)
+        parser.verb_parsers[name] = sub  # type: ignore[attr-defined]
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse; an unknown flag is reported by the verb's parser (pointing at `phalanx VERB
+    --help`, where the flags it takes are), not the top-level one."""
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.verb_parsers[ns.verb].error(  # type: ignore[attr-defined]
+            f"unrecognized arguments: {' '.join(extras)}")
+    return ns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_agent()
-    ns = build_parser().parse_args(argv)
+    ns = parse(build_parser(), argv)
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:

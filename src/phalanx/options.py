@@ -61,7 +61,9 @@ def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = (
 def _add_field(group, section: str, cls: type, f: dataclasses.Field) -> None:
     kind = _field_type(cls, f)
     default = "auto" if f.default is None else f.default
-    help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
+    said = "(default:" in f.metadata["help"] or "by default" in f.metadata["help"]
+    help_text = (f.metadata["help"] if said else
+                 f"{f.metadata['help']} (default: {default})").replace("%", "%%")
     dest = f"{section}.{f.name}"
     if kind is bool:
         group.add_argument(flag_of(f), dest=dest, default=None, help=help_text,
@@ -96,14 +98,27 @@ def load_toml(path: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
         if section not in SECTIONS:
-            raise UserError(f"unknown section `[{section}]` in `{path}`; expected "
-                            f"{_suggest(section, SECTIONS)}one of: "
-                            f"{', '.join(f'[{s}]' for s in SECTIONS)}.")
+            raise UserError(_unknown_section(path, section, table))
         if not isinstance(table, dict):
             raise UserError(f"`{section}` in `{path}` must be a table (`[{section}]`), "
                             f"got a {type(table).__name__}.")
         out[section] = {_check_key(path, section, k, v): v for k, v in table.items()}
     return out
+
+
+def _unknown_section(path: str, name: str, value: Any) -> str:
+    """`[trian]` → did you mean `[train]`; a top-level `max_steps = 10` → which table
+    it belongs under."""
+    tables = ", ".join(f"[{s}]" for s in SECTIONS)
+    if not isinstance(value, dict):
+        owner = next((s for s, cls in SECTIONS.items() if name.replace("-", "_") in
+                      {f.name for f in dataclasses.fields(cls)}), None)
+        where = f"it belongs under `[{owner}]`: put `[{owner}]` on a line before it" \
+            if owner else f"every key belongs to a table: {tables}"
+        return f"`{name}` in `{path}` is outside any table; {where}."
+    close = difflib.get_close_matches(name, list(SECTIONS), n=1)
+    hint = f"did you mean `[{close[0]}]`? " if close else ""
+    return f"unknown section `[{name}]` in `{path}`; {hint}expected one of: {tables}."
 
 
 def _check_key(path: str, section: str, key: str, value: Any) -> str:

@@ -64,7 +64,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("precision", ["--precision", "fp8"], "invalid choice: 'fp8'"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
-        ("unknown-flag", ["--max-step", "3"], "unrecognized arguments"),
+        ("unknown-flag", ["--max-step", "3"], "phalanx train: error: unrecognized arguments: "
+         "--max-step 3 See `phalanx train --help`"),
         ("single-many", ["--strategy", "single", "--nproc-per-node", "2"], "unrelated"),
         ("sync-bn", ["--sync-batchnorm", "--nproc-per-node", "2"], "`--sync-batchnorm` needs"),
         ("zero-one-rank", ["--strategy", "zero", "--nproc-per-node", "1"],
@@ -99,7 +100,11 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("config-fifo", ["--config", "{d}/fifo"], "is a FIFO (named pipe)"),
         ("config-malformed", ["--config", "{d}/broken.toml"], "is not valid TOML"),
         ("config-unknown-key", ["--config", "{d}/unknown.toml"], "unknown key `max_step`"),
-        ("config-unknown-section", ["--config", "{d}/section.toml"], "unknown section"),
+        ("config-unknown-section", ["--config", "{d}/section.toml"],
+         "unknown section `[trian]` in `{d}/section.toml`; did you mean `[train]`? expected "
+         "one of: [model], [data], [train], [dist]."),
+        ("config-top-level-key", ["--config", "{d}/toplevel.toml"], "`max_steps` in "
+         "`{d}/toplevel.toml` is outside any table; it belongs under `[train]`"),
         ("config-wrong-type", ["--config", "{d}/type.toml"], "must be int"),
         ("config-bad-choice", ["--config", "{d}/choice.toml"], "expected one of"),
         ("config-nan", ["--config", "{d}/nan.toml"], "must be a finite number"),
@@ -222,6 +227,7 @@ def files(tmp_path_factory, small_corpus_file, cache_dir):
     (d / "broken.toml").write_text("[model\nn_layer = 2\n")
     (d / "unknown.toml").write_text("[train]\nmax_step = 3\n")
     (d / "section.toml").write_text("[trian]\nmax_steps = 3\n")
+    (d / "toplevel.toml").write_text("max_steps = 3\n")
     (d / "type.toml").write_text("[train]\nmax_steps = 'x'\n")
     (d / "choice.toml").write_text("[train]\nprecision = 'fp8'\n")
     (d / "nan.toml").write_text("[train]\nlr = nan\n")

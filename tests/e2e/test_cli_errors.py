@@ -22,3 +22,8 @@ def test_help_documents_every_option_with_defaults():
                  "--sync-batchnorm"]:
         assert flag in text, flag
     assert text.count("(default:") >= 30
+    for option in text.split("\n  -")[1:]:  # one default per option, not two
+        assert option.count("(default:") <= 1, option
+    bench = phalanx("bench", "--help").stdout
+    for flag, default in (("--repeats N", 5), ("--steps N", 10), ("--warmup N", 3)):
+        assert flag in bench and f"default: {default})" in bench, flag

@@ -92,3 +92,15 @@ def test_devices(tmp_path):
     doctor.write_text("{}")
     with pytest.raises(UserError, match="not the JSON of `phalanx doctor --json`"):
         busbw_from(str(doctor))
+
+
+def test_autocast_and_low_precision_terms():
+    # fp32 residual stream 2·24·4, 14·24·2 bf16 copies, weights 100·2, stats 96 + 48
+    assert f.minigpt_block_activations_autocast(2, 3, 4, 2, 100) == \
+        192 + 672 + 200 + 96 + 48
+    assert f.minigpt_head_activations_autocast(2, 3, 4, 10) == 96 + 48 + 80 + 240 + 48 + 96
+    ddp = minigpt_facts(1, 2, 4, 3, 10, 2, bias=False, s=2)
+    fsdp = minigpt_facts(1, 2, 4, 3, 10, 2, bias=False, s=2, params_low=True)
+    assert ddp.block_input == 24 * 4 and fsdp.block_input == 24 * 2  # fp32 vs bf16 stream
+    assert (ddp.gathered, fsdp.gathered) == (4, 2)
+    assert fsdp.block_saved == f.minigpt_block_activations(2, 3, 4, 2, s=2)

@@ -32,11 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="time Phalanx's step with each of its performance defaults put "
                             "back to torch's (static_graph, gradient_as_bucket_view, bucket "
                             "sizes, fused AdamW)")
-    group.add_argument("--repeats", type=count(1, 10000), default=5,
+    group.add_argument("--repeats", type=count(1, 10000), default=5, metavar="N",
                        help="timed blocks each (1-10000; default: 5)")
-    group.add_argument("--steps", type=count(1, 10000), default=10,
+    group.add_argument("--steps", type=count(1, 10000), default=10, metavar="N",
                        help="steps per block (1-10000; default: 10)")
-    group.add_argument("--warmup", type=count(0, 10000), default=3,
+    group.add_argument("--warmup", type=count(0, 10000), default=3, metavar="N",
                        help="untimed steps first (0-10000; default: 3)")
 
 

@@ -57,11 +57,16 @@ def world_size(ns: argparse.Namespace, cfg) -> int:
     return default_nproc()
 
 
-def facts_for(cfg, micro_batch: int | None = None) -> estimate.ModelFacts:
+def facts_for(cfg, micro_batch: int | None = None,
+              variant: estimate.Variant | None = None) -> estimate.ModelFacts:
+    """MiniGPT's facts; with bf16/fp16, FSDP's mixed precision gathers parameters in
+    low precision while ddp/zero autocast fp32 parameters (different activations)."""
     m = cfg.model
     s = 4 if cfg.train.precision == "fp32" else 2
+    low = s < 4 and variant is not None and variant.strategy == "fsdp"
     return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size, 256,
-                                  micro_batch or cfg.train.micro_batch_size, m.bias, s)
+                                  micro_batch or cfg.train.micro_batch_size, m.bias, s,
+                                  params_low=low)
 
 
 def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
@@ -70,10 +75,10 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
     (MiniGPT; None for a user's model) and step time; and a recommendation."""
     checkpointed = cfg.model.activation_checkpointing
     user = facts is not None
-    facts = facts or facts_for(cfg)
     budget = dev.usable if dev.peak_flops else dev.usable // W  # CPU ranks share the RAM
     rows = []
     for v in estimate.VARIANTS:
+        facts = facts if user else facts_for(cfg, variant=v)
         mem = estimate.peak(facts, v, W, checkpointed)
         row = {"strategy": v.label, **mem, "fits": mem["peak"] <= budget,
                "largest_micro_batch": None if user else
@@ -101,7 +106,7 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) ->
 
 def largest_micro_batch(cfg, v, W: int, budget: int, limit: int = 1 << 16) -> int:
     """The largest micro-batch whose peak fits `budget` (0: not even 1)."""
-    fits = lambda b: estimate.peak(facts_for(cfg, b), v, W,  # noqa: E731
+    fits = lambda b: estimate.peak(facts_for(cfg, b, v), v, W,  # noqa: E731
                                    cfg.model.activation_checkpointing)["peak"] <= budget
     if not fits(1):
         return 0

@@ -45,21 +45,33 @@ class ModelFacts:
     block_grads_in_flight: int  # gradients alive inside a block's backward, at its peak
     flops_per_token: int = 0
     tokens: int = 0
+    gathered: int = f.FP32  # bytes per element of FSDP's gathered (unsharded) parameters
 
 
 def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
-                  s: int = f.FP32) -> ModelFacts:
+                  s: int = f.FP32, params_low: bool = False) -> ModelFacts:
+    """MiniGPT's facts with s-byte activations: fp32 (s=4); s=2 under autocast with fp32
+    parameters (ddp, zero: the residual stream stays fp32, weights are copied), or with
+    s-byte parameters (`params_low`: FSDP's mixed precision gathers them in bf16/fp16)."""
     shapes = f.minigpt_param_shapes(L, C, V, T, bias)
     per_block = (len(shapes) - 3 - (1 if bias else 0)) // L
-    x = B * T * C * s
+    block = shapes[2:2 + per_block]
+    autocast = s < f.FP32 and not params_low
+    if autocast:
+        block_saved = f.minigpt_block_activations_autocast(
+            B, T, C, H, sum(map(f.numel, block)), s)
+        head = f.minigpt_head_activations_autocast(B, T, C, V, s)
+    else:
+        block_saved = f.minigpt_block_activations(B, T, C, H, s)
+        head = f.minigpt_head_activations(B, T, C, V, s)
     non_embedding = sum(f.numel(p) for p in shapes) - T * C
     return ModelFacts(
-        shapes, shapes[2:2 + per_block], shapes[:2] + shapes[2 + L * per_block:], L,
-        block_saved=f.minigpt_block_activations(B, T, C, H, s), block_input=x,
-        head_saved=f.minigpt_head_activations(B, T, C, V, s), logits=B * T * V * s,
-        loss_grads=2 * B * T * V * f.FP32,
+        shapes, block, shapes[:2] + shapes[2 + L * per_block:], L,
+        block_saved=block_saved, block_input=B * T * C * (f.FP32 if autocast else s),
+        head_saved=head, logits=B * T * V * s, loss_grads=2 * B * T * V * f.FP32,
         block_grads_in_flight=f.mlp_backward_in_flight(B, T, C, s),
-        flops_per_token=f.minigpt_flops_per_token(non_embedding, L, H, C, T), tokens=B * T)
+        flops_per_token=f.minigpt_flops_per_token(non_embedding, L, H, C, T), tokens=B * T,
+        gathered=s if params_low else f.FP32)
 
 
 @dataclass(frozen=True)
@@ -84,10 +96,11 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     L = facts.n_blocks
     sharded = variant.strategy == "fsdp"
     shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
-    block = f.param_bytes(facts.block_shapes, s=s)
+    block = f.param_bytes(facts.block_shapes, s=facts.gathered)
     block_shard = f.param_bytes(facts.block_shapes, W, sharded=True, s=s)
     if sharded:
-        base = {"parameters": shard + f.param_bytes(facts.root_shapes, s=s), "gradients": 0,
+        base = {"parameters": shard + f.param_bytes(facts.root_shapes, s=facts.gathered),
+                "gradients": 0,
                 "optimizer": f.adamw_state_bytes(shard), "communication": 0}
     else:
         state = P if variant.strategy == "ddp" else \

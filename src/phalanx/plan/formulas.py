@@ -70,16 +70,38 @@ def zero_partition_bytes(shapes: list[tuple[int, ...]], W: int, rank: int = 0,
 
 
 def minigpt_block_activations(B: int, T: int, C: int, H: int, s: int = FP32) -> int:
-    """Bytes one block saves for backward (no dropout, SDPA's fused kernel):
-    16·B·T·C·s — block input and LayerNorm out (1+1), qkv (3), attention out (1, which
+    """Bytes one block saves for backward (no dropout, SDPA's fused kernel), with every
+    tensor s bytes (fp32; or bf16/fp16 parameters, as FSDP's mixed precision gathers
+    them): 16·B·T·C·s — block input and LayerNorm out (1+1), qkv (3), attention out (1, which
     the projection also saves: one tensor), residual after attention and LayerNorm out
     (1+1), MLP up and GELU out (4+4) — plus 2·2·B·T·4 (two LayerNorms' fp32 mean and
     rstd) and B·H·T·4 (SDPA's fp32 log-sum-exp)."""
     return 16 * B * T * C * s + 2 * 2 * B * T * FP32 + B * H * T * FP32
 
 
+def minigpt_block_activations_autocast(B: int, T: int, C: int, H: int,
+                                       block_params: int, s: int = 2) -> int:
+    """One block under autocast with fp32 parameters (ddp, zero with bf16/fp16): the
+    residual stream stays fp32 — block input and residual after attention 2·B·T·C·4 —
+    while the matmuls' inputs and outputs are s-byte copies, 14·B·T·C·s (LayerNorm outs
+    1+1, qkv 3, attention out 1, MLP up 4, GELU out 4); autocast's s-byte copies of the
+    block's weights are saved too (block_params·s); LayerNorm stats and log-sum-exp as
+    in fp32."""
+    return (2 * B * T * C * FP32 + 14 * B * T * C * s + block_params * s
+            + 2 * 2 * B * T * FP32 + B * H * T * FP32)
+
+
+def minigpt_head_activations_autocast(B: int, T: int, C: int, V: int, s: int = 2) -> int:
+    """After the blocks under autocast: ln_f's fp32 input B·T·C·4 and s-byte output
+    B·T·C·s, the s-byte copy of the tied output weight V·C·s, the fp32 log-softmax
+    B·T·V·4, stats 2·B·T·4 and the ids 2·B·T·8."""
+    return (B * T * C * FP32 + B * T * C * s + V * C * s + B * T * V * FP32
+            + 2 * B * T * FP32 + 2 * B * T * INDEX)
+
+
 def minigpt_head_activations(B: int, T: int, C: int, V: int, s: int = FP32) -> int:
-    """Bytes saved after the blocks: ln_f's input and output 2·B·T·C·s, its mean/rstd
+    """Bytes saved after the blocks (s as for the block): ln_f's input and output
+    2·B·T·C·s, its mean/rstd
     2·B·T·4, the fp32 log-softmax of the loss B·T·V·4, and the token ids and targets
     2·B·T·8."""
     return 2 * B * T * C * s + 2 * B * T * FP32 + B * T * V * FP32 + 2 * B * T * INDEX
