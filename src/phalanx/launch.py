@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -149,15 +150,18 @@ def threads_per_rank(nproc: int, requested: int | None) -> int:
     return requested or max(1, usable_cores() // nproc)
 
 
-def launch_config(nproc: int, max_restarts: int, nodes=None):
+def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None = None):
     """torch's LaunchConfig: one node on loopback, or several meeting at `nodes.endpoint`
-    (this node's stores bound to its address towards the endpoint)."""
+    (this node's stores bound to its address towards the endpoint). The agent's files
+    (workers' error records) go to `log_dir` (default: a torchelastic_* temp dir that
+    torch leaves behind)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     from phalanx.rendezvous import register
 
     common = dict(nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
-                  monitor_interval=0.1)
+                  monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     if nodes is None:  # every store and gloo listen on loopback only
         return LaunchConfig(min_nodes=1, max_nodes=1, run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
                             local_addr="127.0.0.1", rdzv_endpoint="127.0.0.1:0", **common)
@@ -198,16 +202,21 @@ def start_workers(python_args: list[str], plan: LaunchPlan) -> None:
     code 2 (a user error), `DistributedError` naming the failed ranks (and, across
     machines, this one) otherwise.
     """
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):  # each sets its own level
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="phalanx-agent-") as logs:  # removed after
+        config = launch_config(plan.nproc, plan.max_restarts, plan.nodes, logs)
+        _launch(config, python_args, plan)
+
+
+def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from phalanx.failures import job_failed
 
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith("torch.distributed.elastic"):  # each sets its own level
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = launch_config(plan.nproc, plan.max_restarts, plan.nodes)
     try:
         with _worker_env(workers_env(plan)):  # the workers', not this process's afterwards
             elastic_launch(config, sys.executable)(*python_args)

@@ -27,3 +27,20 @@ def test_help_documents_every_option_with_defaults():
     bench = phalanx("bench", "--help").stdout
     for flag, default in (("--repeats N", 5), ("--steps N", 10), ("--warmup N", 3)):
         assert flag in bench and f"default: {default})" in bench, flag
+
+
+def test_a_launch_leaves_no_agent_directory_behind(tmp_path):
+    """torch's agent makes a torchelastic_* log directory per launch and keeps it; Phalanx
+    gives it one that is removed when the launch ends."""
+    import os
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = tmp_path / "ok.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    done = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "TMPDIR": str(temp)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 0" in done.stdout and "rank 1" in done.stdout
+    assert [p.name for p in temp.iterdir()] == []
