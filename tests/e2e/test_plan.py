@@ -21,10 +21,12 @@ def plan(*argv: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-@pytest.mark.parametrize("checkpointing", ["--no-activation-checkpointing",
-                                           "--activation-checkpointing"])
-def test_measure_runs_every_strategy_and_the_prediction_holds(checkpointing):
-    done = plan(*SHAPE, checkpointing, "--world-size", "2", "--measure", "--json")
+@pytest.mark.parametrize("variant", [["--no-activation-checkpointing"],
+                                     ["--activation-checkpointing"],
+                                     ["--activation-checkpointing", "--precision", "bf16"]],
+                         ids=["plain", "checkpointed", "checkpointed-bf16"])
+def test_measure_runs_every_strategy_and_the_prediction_holds(variant):
+    done = plan(*SHAPE, *variant, "--world-size", "2", "--measure", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert set(result["measured"]) == {"ddp", "zero", "fsdp", "fsdp (no reshard)"}

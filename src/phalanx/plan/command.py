@@ -66,7 +66,7 @@ def facts_for(cfg, micro_batch: int | None = None,
     low = s < 4 and variant is not None and variant.strategy == "fsdp"
     return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size, 256,
                                   micro_batch or cfg.train.micro_batch_size, m.bias, s,
-                                  params_low=low)
+                                  params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce)
 
 
 def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,

@@ -8,6 +8,8 @@ The peak of a step is the largest of a few moments (each a sum of formulas.py te
     inputs of blocks 0..j-1 and block j recomputed), the logits, and the gradients in
     flight inside the block; under FSDP also the sharded gradients of the k blocks done
     and the collectives' buffers in flight;
+  - with activation checkpointing, the last block's forward: every block's input, and
+    under autocast the weight copies its cast cache keeps until forward ends;
   - the optimizer step: parameters, gradients, optimizer state, the logits.
 Around them, what each strategy holds per rank: DDP full parameters, its gradient buckets
 (the gradients are views into them) and full optimizer state; ZeRO the same with
@@ -46,13 +48,18 @@ class ModelFacts:
     flops_per_token: int = 0
     tokens: int = 0
     gathered: int = f.FP32  # bytes per element of FSDP's gathered (unsharded) parameters
+    reduced: int = f.FP32  # bytes per element of FSDP's gradients before reduce-scatter
+    cast_cache: int = 0  # autocast's copies of one block's weights, kept to forward's end
+    block_forward_peak: int = 0  # what a block's forward holds at once when it saves nothing
 
 
 def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
-                  s: int = f.FP32, params_low: bool = False) -> ModelFacts:
+                  s: int = f.FP32, params_low: bool = False,
+                  reduce_low: bool = False) -> ModelFacts:
     """MiniGPT's facts with s-byte activations: fp32 (s=4); s=2 under autocast with fp32
     parameters (ddp, zero: the residual stream stays fp32, weights are copied), or with
-    s-byte parameters (`params_low`: FSDP's mixed precision gathers them in bf16/fp16)."""
+    s-byte parameters (`params_low`: FSDP's mixed precision gathers them in bf16/fp16;
+    its gradients are reduced in fp32 unless `reduce_low`, --fsdp-bf16-reduce)."""
     shapes = f.minigpt_param_shapes(L, C, V, T, bias)
     per_block = (len(shapes) - 3 - (1 if bias else 0)) // L
     block = shapes[2:2 + per_block]
@@ -71,7 +78,11 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
         head_saved=head, logits=B * T * V * s, loss_grads=2 * B * T * V * f.FP32,
         block_grads_in_flight=f.mlp_backward_in_flight(B, T, C, s),
         flops_per_token=f.minigpt_flops_per_token(non_embedding, L, H, C, T), tokens=B * T,
-        gathered=s if params_low else f.FP32)
+        gathered=s if params_low else f.FP32,
+        reduced=s if params_low and reduce_low else f.FP32,
+        cast_cache=sum(map(f.numel, block)) * s if autocast else 0,
+        block_forward_peak=f.mlp_forward_transient(B, T, C, s,
+                                                   f.FP32 if autocast else s))
 
 
 @dataclass(frozen=True)
@@ -124,20 +135,28 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         out[f"block {L - 1 - k} backward"] = {
             **base, "parameters": base["parameters"] + (in_use * block if sharded else 0),
             "gradients": base["gradients"] + (k * block_shard if sharded else 0),
-            "communication": _fsdp_in_flight(block, variant, k, L) if sharded else 0,
+            "communication": _fsdp_in_flight(facts, variant, k) if sharded else 0,
             "activations": alive + facts.logits + facts.block_grads_in_flight}
+    if checkpointed:  # the last block's forward: every block's input kept, and under
+        # autocast its weight copies too (the cast cache lives until forward ends)
+        out["forward, last block"] = {
+            **base, "parameters": base["parameters"] + (block if sharded else 0),
+            "activations": L * (facts.block_input + facts.cast_cache)
+            + facts.block_forward_peak}
     out["optimizer step"] = {**base, "gradients": shard if sharded else base["gradients"],
                              "activations": facts.logits}
     return out
 
 
-def _fsdp_in_flight(block: int, variant: Variant, k: int, L: int) -> int:
+def _fsdp_in_flight(facts: ModelFacts, variant: Variant, k: int) -> int:
     """FSDP buffers in flight during block L-1-k's backward: the next block's parameters
     gathered ahead (backward prefetch; none after the first block, none when blocks stay
-    gathered since forward) and the previous block's full gradients waiting for their
-    reduce-scatter (from the second block on)."""
-    prefetch = block if variant.reshard and k < L - 1 else 0
-    return prefetch + (block if k >= 1 else 0)
+    gathered since forward) and the previous block's full gradients, in the reduce
+    dtype, waiting for their reduce-scatter (from the second block on)."""
+    L = facts.n_blocks
+    gathered = f.param_bytes(facts.block_shapes, s=facts.gathered)
+    prefetch = gathered if variant.reshard and k < L - 1 else 0
+    return prefetch + (f.param_bytes(facts.block_shapes, s=facts.reduced) if k >= 1 else 0)
 
 
 def peak(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,

@@ -122,6 +122,13 @@ def mlp_backward_in_flight(B: int, T: int, C: int, s: int = FP32) -> int:
     return 5 * B * T * C * s + 4 * C * C * s
 
 
+def mlp_forward_transient(B: int, T: int, C: int, s: int = FP32, s_stream: int = FP32) -> int:
+    """A block's forward that saves nothing (activation checkpointing) holds at most its
+    MLP's up-projection and GELU outputs (4+4)·B·T·C·s and the residual stream
+    B·T·C·s_stream at once."""
+    return 8 * B * T * C * s + B * T * C * s_stream
+
+
 def ring_all_reduce_bytes(nbytes: int, W: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2·(W−1)/W · size."""
     return 2 * (W - 1) / W * nbytes
