@@ -104,3 +104,16 @@ def test_autocast_and_low_precision_terms():
     assert ddp.block_input == 24 * 4 and fsdp.block_input == 24 * 2  # fp32 vs bf16 stream
     assert (ddp.gathered, fsdp.gathered) == (4, 2)
     assert fsdp.block_saved == f.minigpt_block_activations(2, 3, 4, 2, s=2)
+
+
+def test_checkpointed_forward_under_autocast_keeps_weight_copies():
+    assert f.mlp_forward_transient(2, 3, 4, 2, 4) == 8 * 24 * 2 + 24 * 4
+    facts = minigpt_facts(2, 2, 4, 3, 10, 2, bias=False, s=2)
+    block = 4 + 48 + 16 + 4 + 64 + 64  # one block's parameters
+    assert facts.cast_cache == block * 2
+    got = peak(facts, VARIANTS[0], 2, checkpointed=True)
+    from phalanx.plan.estimate import moments
+    forward = moments(facts, VARIANTS[0], 2, checkpointed=True)["forward, last block"]
+    assert forward["activations"] == 2 * (24 * 4 + block * 2) + f.mlp_forward_transient(
+        2, 3, 4, 2, 4)
+    assert got["peak"] >= sum(forward.values())
