@@ -147,6 +147,10 @@ class TrainConfig:
     beta1: float = opt(0.9, "AdamW beta1.")
     beta2: float = opt(0.99, "AdamW beta2.")
     grad_clip: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
+    on_nan: str = opt("skip", "A non-finite loss or gradient on any rank: skip the step on "
+                              "every rank (the replicas stay identical, the batch is passed "
+                              "over) or stop the run.", choices=("skip", "stop"))
+    nan_patience: int = opt(20, "Stop after this many non-finite steps in a row.")
     precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
                                  "(fp16 adds a GradScaler).", choices=PRECISIONS)
     eval_every: int = opt(100, "Evaluate on the validation split every N steps (and at the end).")
@@ -167,7 +171,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_values(self)
         _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "eval_every",
-                  "eval_batches", "log_every")
+                  "eval_batches", "log_every", "nan_patience")
         if not 0 <= self.seed < INT64:
             raise UserError(f"`--seed` must be in [0, 2**63 - 1], got {self.seed}.")
         if self.sample_tokens < 0:

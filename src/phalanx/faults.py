@@ -5,6 +5,7 @@
 checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=hang` enters a barrier that no other rank joins (a planted deadlock);
 `action=perturb` adds 1e-3 to this replica's first parameter (a diverged replica);
+`action=nan` makes this rank's next loss NaN (the NaN guard's test);
 `attempts=always` fires on every elastic restart too (a rank that always fails),
 `attempts=first` (default) only before the first restart, `attempts=N` only on restart
 N. Several faults are separated by `;`. Unset: nothing happens.
@@ -24,7 +25,8 @@ class InjectedFault(RuntimeError):
     """The error `action=raise` raises."""
 
 
-_CHOICES = {"phase": ("step", "checkpoint"), "action": ("kill", "raise", "hang", "perturb")}
+_CHOICES = {"phase": ("step", "checkpoint"),
+            "action": ("kill", "raise", "hang", "perturb", "nan")}
 
 
 def _specs() -> list[dict[str, str]]:
@@ -43,7 +45,7 @@ def _specs() -> list[dict[str, str]]:
         if not _valid(spec):
             raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
                             f"`rank=1,step=7,phase=step,action=kill` (phase: step|checkpoint; "
-                            f"action: kill|raise|hang|perturb; attempts: first|always|N).")
+                            f"action: kill|raise|hang|perturb|nan; attempts: first|always|N).")
     return specs
 
 
@@ -80,6 +82,15 @@ def _fire(action: str, phase: str, step: int, model) -> None:
         import torch.distributed as dist
 
         dist.barrier()  # no other rank comes: the hang watchdog's test
+    elif action == "nan":  # the next forward's loss on this rank is NaN (once)
+        import torch
+
+        def poison(_module, _inputs, output):
+            handle.remove()
+            logits, loss = output
+            return logits, loss * torch.tensor(float("nan"), device=loss.device)
+
+        handle = model.register_forward_hook(poison)
     elif action == "perturb":
         import torch
 

@@ -62,6 +62,9 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("beta1", ["--beta1", "1.5"], "`--beta1` must be in [0, 1)"),
         ("beta2", ["--beta2", "-0.1"], "`--beta2` must be in [0, 1)"),
         ("precision", ["--precision", "fp8"], "invalid choice: 'fp8'"),
+        ("on-nan", ["--on-nan", "ignore"], "invalid choice: 'ignore' (choose from 'skip', "
+         "'stop')"),
+        ("nan-patience", ["--nan-patience", "0"], "`--nan-patience` must be a positive"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
         ("unknown-flag", ["--max-step", "3"], "phalanx train: error: unrecognized arguments: "

@@ -58,6 +58,14 @@ def check_compatible(cfg: Config, saved: dict, path: Path) -> list[str]:
 
 def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
          precision: Precision) -> None:
+    """Commit a checkpoint of `state.step` — never one whose parameters are not finite
+    (the run diverged: a UserError saying so, and the last good checkpoint stays)."""
+    from phalanx.train.nan_guard import advice, parameters_finite
+
+    if not parameters_finite(run, model):
+        raise UserError(f"the parameters are not finite at step {state.step}: the run "
+                        f"diverged, so no checkpoint of it is committed (the newest "
+                        f"committed one is kept); {advice(cfg.train.precision)}.")
     meta = {"train_state": dataclasses.asdict(state), "config": cfg.to_dict(),
             "scaler": precision.scaler.state_dict() if precision.scaler else None,
             "world_size": run.world_size, "strategy": run.strategy.name}

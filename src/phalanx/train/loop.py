@@ -21,6 +21,7 @@ import torch.nn as nn
 from phalanx.config import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
+from phalanx.errors import UserError
 from phalanx.faults import fault_point
 from phalanx.models import build_model
 from phalanx.precision import Precision
@@ -28,6 +29,7 @@ from phalanx.report.metrics import MetricsWriter
 from phalanx.report.progress import ProgressReporter
 from phalanx.runtime import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
+from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
 from phalanx.train.optim import adamw
 from phalanx.train.schedule import lr_at
 
@@ -51,13 +53,19 @@ class TrainResult:
 
 
 def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer,
-                   grad_clip: float) -> torch.Tensor | None:
+                   grad_clip: float, check=None) -> torch.Tensor | None:
     """Unscale (fp16) → clip (the strategy's: the global norm, sharded or not) → step →
-    zero, in that order. Returns the gradient norm before clipping (None: no clipping)."""
+    zero, in that order. Returns the gradient norm before clipping (None: no clipping).
+
+    `check(norm)` (the NaN guard) is asked before stepping; when it says the step is bad
+    the gradients are dropped and nothing steps (fp16's scaler skips such steps itself)."""
     scaler = run.precision.scaler
     if scaler is not None:
         scaler.unscale_(opt)
     norm = run.clip_grad_norm_(model, grad_clip) if grad_clip > 0 else None
+    if check is not None and scaler is None and check(norm):
+        opt.zero_grad(set_to_none=True)
+        return norm
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
@@ -65,6 +73,26 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer,
         opt.step()
     opt.zero_grad(set_to_none=True)
     return norm
+
+
+def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model,
+               skipped: list) -> bool:
+    """The NaN guard's verdict for this step (every rank the same); says why on rank 0,
+    and raises when the run must stop."""
+    ranks = guard.bad(loss, norm)
+    if ranks is None:
+        return False
+    skipped.append(step)
+    what = guard.message(step, ranks, model)
+    stop = guard.record(step)
+    if len(ranks) == guard.run.world_size and not parameters_finite(guard.run, model):
+        stop = (f"the parameters themselves are no longer finite (an earlier update made "
+                f"them so): the run diverged; {advice(guard.precision)}.")
+    if stop is not None:
+        raise UserError(f"{what}; {stop}")
+    guard.run.print(f"phalanx: warning: {what}; step skipped on every rank "
+                    f"({guard.skipped} so far; --on-nan {guard.mode})")
+    return True
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision
@@ -215,15 +243,23 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     step_model = torch.compile(model) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
     global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
+    guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision)
     for step in range(state.step, t.max_steps):
         run.seed_step(step)
         lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
                    max_steps=cfg.decay_steps())
         for group in opt.param_groups:
             group["lr"] = lr
-        log.step_done(micro_steps(step_model, acc, batches, precision))
+        loss = micro_steps(step_model, acc, batches, precision)
         run.checkpoint_staged()  # a background save's copy must be done before the step
-        result.grad_norms.append(optimizer_step(run, model, opt, t.grad_clip))
+        skipped: list = []
+        result.grad_norms.append(optimizer_step(
+            run, model, opt, t.grad_clip,
+            check=lambda norm: _nan_check(guard, loss, norm, step + 1, inner, skipped)))
+        if skipped:  # counted for throughput, not averaged into the loss
+            log.steps_since += 1
+        else:
+            log.step_done(loss)
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
         fault_point("step", state.step, inner)

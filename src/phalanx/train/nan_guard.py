@@ -1,0 +1,94 @@
+"""A non-finite loss or gradient on any rank, seen by every rank at the same step.
+
+Each optimizer step, the ranks all-reduce one small vector — a flag per rank for its own
+loss, and one for the (global) gradient norm — so that they agree on the verdict at the
+same step without another rank's word. On a bad step every rank drops its gradients and
+does not step: the replicas stay identical and the batch is passed over. `--on-nan
+stop` ends the run there instead; `--nan-patience N` bad steps in a row end it too. The
+message names the ranks whose loss was not finite and the first parameter (in the
+model's order) whose gradient was not finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class NanGuard:
+    def __init__(self, run, mode: str, patience: int, precision: str = "fp32") -> None:
+        self.run, self.mode, self.patience, self.precision = run, mode, patience, precision
+        self.skipped = 0  # in all
+        self.in_a_row = 0
+        self.first_bad_step: int | None = None
+
+    def bad(self, loss: torch.Tensor, norm: torch.Tensor | None) -> list[int] | None:
+        """None when every rank's loss and the gradient norm are finite; else the ranks
+        whose loss was not (possibly empty: then the gradients alone were not)."""
+        run = self.run
+        flags = torch.zeros(run.world_size + 1, dtype=torch.float32, device=run.device)
+        flags[run.rank] = float(not bool(torch.isfinite(loss.detach()).all()))
+        if norm is not None:
+            flags[-1] = float(not math.isfinite(float(norm)))
+        if run.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if not flags.any():
+            self.in_a_row = 0
+            return None
+        return [r for r in range(run.world_size) if flags[r] > 0]
+
+    def message(self, step: int, ranks: list[int], model) -> str:
+        """`step 7: the loss of rank 1 is not finite (first non-finite gradient:
+        wte.weight)` — asked of every rank (the parameter may be on another's shard)."""
+        names = self.run.gather_objects(first_non_finite(model))
+        name = next((n for n in names if n), None)
+        who = f"the loss of rank {', '.join(map(str, ranks))} is not finite" if ranks \
+            else "the gradient norm is not finite"
+        where = f" (first non-finite gradient: {name})" if name else ""
+        return f"step {step}: {who}{where}"
+
+    def record(self, step: int) -> str | None:
+        """Count a skipped step; the reason to stop now, if any."""
+        self.skipped += 1
+        self.in_a_row += 1
+        if self.first_bad_step is None:
+            self.first_bad_step = step
+        if self.mode == "stop":
+            return f"stopped (--on-nan stop): {advice(self.precision)}."
+        if self.in_a_row >= self.patience:
+            return (f"{self.in_a_row} steps in a row were not finite (--nan-patience "
+                    f"{self.patience}); the run diverged: {advice(self.precision)}.")
+        return None
+
+
+def advice(precision: str) -> str:
+    fix = "lower --lr, or set --grad-clip (e.g. 1.0)"
+    return fix + (", or train in bf16/fp32 rather than fp16" if precision == "fp16" else "")
+
+
+def parameters_finite(run, model) -> bool:
+    """Every rank's parameters (its shards, under FSDP) are finite — one all-reduce."""
+    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
+                for p in model.parameters())
+    flag = torch.tensor([0.0 if local else 1.0], device=run.device)
+    if run.world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return not bool(flag.item())
+
+
+def first_non_finite(model) -> str | None:
+    """The first parameter (in `named_parameters` order) whose local gradient is not
+    finite on this rank."""
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        local = g.to_local() if hasattr(g, "to_local") else g
+        if not bool(torch.isfinite(local).all()):
+            return name.removeprefix("module.").replace("_orig_mod.", "")
+    return None
