@@ -1,7 +1,8 @@
 """A non-finite loss or gradient on any rank, seen by every rank at the same step.
 
 Each optimizer step, the ranks all-reduce one small vector — a flag per rank for its own
-loss, and one for the (global) gradient norm — so that they agree on the verdict at the
+loss, and one for the (global) gradient norm, which is known when clipping (`--grad-clip`
+> 0, the default) — so that they agree on the verdict at the
 same step without another rank's word. On a bad step every rank drops its gradients and
 does not step: the replicas stay identical and the batch is passed over. `--on-nan
 stop` ends the run there instead; `--nan-patience N` bad steps in a row end it too. The
