@@ -56,9 +56,13 @@ def _serve(dist, ports: list[int], world_size: int, timeout, me: str):
 
 def _find(dist, host: str, ports: list[int], world_size: int, timeout, me: str, rank: int):
     deadline = time.monotonic() + timeout.total_seconds()
+    silent: set[int] = set()  # held by a program that is not a store: not asked again
     while time.monotonic() < deadline:
-        for port in ports:
+        for port in (p for p in ports if p not in silent):
             client = _client(dist, host, port, world_size)
+            if client is _SILENT:
+                silent.add(port)
+                continue
             try:
                 if client is not None and client.check([OWNER]) and \
                         client.get(OWNER).decode() == me:
@@ -66,17 +70,21 @@ def _find(dist, host: str, ports: list[int], world_size: int, timeout, me: str, 
                     return client, port
             except (RuntimeError, OSError):  # it went away
                 continue
+        time.sleep(0.1)
     raise DistributedError(f"rank {rank} found no store of step {me} on {host} at ports "
                            f"{', '.join(map(str, ports))} within {timeout.total_seconds():g} "
                            f"s: rank 0 did not start, or {host} is not reachable from here.",
                            [rank])
 
 
+_SILENT = object()
+
+
 def _client(dist, host: str, port: int, world_size: int):
-    """A store client on host:port, or None when nothing answers as a store within
-    PROBE_S. torch's client waits for a store's reply without a time limit, so it is
-    made on a daemon thread that is left behind (blocked on that socket) when a program
-    other than a store holds the port."""
+    """A store client on host:port; None when nobody is there (yet); _SILENT when a
+    program that is not a store holds the port. torch's client waits for a store's reply
+    without a time limit, so it is made on a daemon thread, left behind (blocked on that
+    socket) in the last case — once per port, as such a port is not asked again."""
     box: list = []
 
     def connect() -> None:
@@ -90,4 +98,6 @@ def _client(dist, host: str, port: int, world_size: int):
     thread = threading.Thread(target=connect, name=f"phalanx-store-probe-{port}", daemon=True)
     thread.start()
     thread.join(PROBE_S + 1.0)
+    if thread.is_alive():
+        return _SILENT
     return box[0] if box else None

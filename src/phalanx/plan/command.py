@@ -12,7 +12,7 @@ import sys
 from phalanx.errors import UserError
 from phalanx.options import add_config_flags, count, resolve
 from phalanx.plan import estimate, timing
-from phalanx.plan.devices import GPUS, GiB, busbw_from, device
+from phalanx.plan.devices import GPUS, busbw_from, device, human
 
 SUMMARY = ("Predict per-rank memory and step time of each strategy before launching "
            "(--measure: and check it on the local ranks).")
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="steps measured per strategy, after 3 warm-up steps (default: 2)")
 
 
-def world_size(ns: argparse.Namespace, cfg) -> int:
+def worldhuman(ns: argparse.Namespace, cfg) -> int:
     if ns.world_size is not None:
         return ns.world_size
     if cfg.dist.nproc_per_node:
@@ -86,7 +86,8 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
         if peak_flops and busbw and not user:
             row["time"] = _time(cfg, facts, v, W, mfu, peak_flops, busbw)
         rows.append(row)
-    return {"model": "yours" if user else "MiniGPT", "world_size": W, "device": dev.name, "device_note": dev.note,
+    return {"model": "yours" if user else "MiniGPT", "world_size": W, "device": dev.name,
+            "device_note": dev.note,
             "budget_bytes": budget, "activation_checkpointing": checkpointed,
             "precision": cfg.train.precision, "micro_batch": cfg.train.micro_batch_size,
             "mfu": mfu, "peak_flops": peak_flops, "busbw": busbw, "rows": rows,
@@ -125,7 +126,7 @@ def recommend(rows: list[dict], budget: int) -> str:
     if not fitting:
         best = min(rows, key=lambda r: r["peak"])
         return (f"nothing fits at this micro-batch: {best['strategy']} needs the least "
-                f"({_size(best['peak'])} per rank of {_size(budget)}); lower "
+                f"({human(best['peak'])} per rank of {human(budget)}); lower "
                 f"the micro-batch{_up_to(best)}, turn on activation checkpointing, or add "
                 f"ranks.")
     if all("time" in r for r in fitting):
@@ -135,12 +136,9 @@ def recommend(rows: list[dict], budget: int) -> str:
     else:
         best = next((r for r in fitting if r["strategy"] == "ddp"), fitting[0])
         why = "the least communication"
-    return (f"{best['strategy']}: it fits ({_size(best['peak'])} of {_size(budget)} per "
+    return (f"{best['strategy']}: it fits ({human(best['peak'])} of {human(budget)} per "
             f"rank) with {why}.")
 
-
-def _size(n: float) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 def _up_to(row: dict) -> str:
@@ -154,7 +152,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
-    W = world_size(ns, cfg)
+    W = worldhuman(ns, cfg)
     dev = device(ns.gpu)
     peak_flops = ns.peak_tflops * 1e12 if ns.peak_tflops else dev.peak_flops
     busbw = busbw_from(ns.busbw_from) if ns.busbw_from else \

@@ -39,6 +39,11 @@ GPUS = {
 }
 
 
+def human(n: float) -> str:
+    """`1.25 GiB`, or `37.5 MiB` under a GiB."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
 def host_memory() -> int:
     """This machine's RAM (MemTotal), for planning CPU ranks."""
     try:

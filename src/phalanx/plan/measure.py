@@ -63,7 +63,7 @@ def measure(run, cfg, steps: int = 3) -> dict:
     tracker = MemTracker()
     # the gradients' storage that outlives zero_grad (DDP's buckets: the gradients are
     # views into them) is tracked from the start, as "other" memory
-    buckets = ddp_bucket_bytes(model)
+    buckets = has_buckets(model)
     tracker.track_external(model, opt, *(grads if buckets else []))
     del grads
     with tracker:
@@ -88,14 +88,9 @@ def measure(run, cfg, steps: int = 3) -> dict:
     return out
 
 
-def ddp_bucket_bytes(model) -> int:
-    """Bytes of DDP's gradient buckets, from DDP's own logging data (0 without DDP).
-    With `gradient_as_bucket_view` the gradients are views into them."""
-    find = getattr(model, "_get_ddp_logging_data", None)
-    if find is None:
-        return 0
-    sizes = str(find().get("bucket_sizes", ""))
-    return sum(int(x) for x in sizes.replace(" ", "").split(",") if x.isdigit())
+def has_buckets(model) -> bool:
+    """DDP (and ZeRO, which runs on it): gradients are views into its buckets."""
+    return hasattr(model, "_get_ddp_logging_data")
 
 
 def worker(spec_path: str) -> int:

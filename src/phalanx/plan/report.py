@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phalanx.plan.devices import GiB
+from phalanx.plan.devices import GiB, human
 from phalanx.plan.estimate import COMPONENTS
 
 
@@ -12,10 +12,6 @@ HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim",
 
 def _unit(rows: list[dict]) -> tuple[str, int]:
     return ("GiB", GiB) if max(r["peak"] for r in rows) >= 4 * GiB else ("MiB", 2**20)
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:.2f}"
 
 
 def print_plan(result: dict) -> None:
@@ -40,7 +36,7 @@ def print_plan(result: dict) -> None:
                       "—" if r["largest_micro_batch"] is None else
                       str(r["largest_micro_batch"]))
     console.print(table)
-    console.print(f"budget per rank: {_gib(result['budget_bytes'])} GiB")
+    console.print(f"budget per rank: {human(result['budget_bytes'])}")
     if all("time" in r for r in result["rows"]):
         _print_time(console, result)
     elif result["model"] != "MiniGPT":

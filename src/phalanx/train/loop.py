@@ -75,14 +75,12 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer,
     return norm
 
 
-def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model,
-               skipped: list) -> bool:
+def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model) -> bool:
     """The NaN guard's verdict for this step (every rank the same); says why on rank 0,
     and raises when the run must stop."""
     ranks = guard.bad(loss, norm)
     if ranks is None:
         return False
-    skipped.append(step)
     what = guard.message(step, ranks, model)
     stop = guard.record(step)
     if len(ranks) == guard.run.world_size and not parameters_finite(guard.run, model):
@@ -252,11 +250,11 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
             group["lr"] = lr
         loss = micro_steps(step_model, acc, batches, precision)
         run.checkpoint_staged()  # a background save's copy must be done before the step
-        skipped: list = []
+        skipped_before = guard.skipped
         result.grad_norms.append(optimizer_step(
             run, model, opt, t.grad_clip,
-            check=lambda norm: _nan_check(guard, loss, norm, step + 1, inner, skipped)))
-        if skipped:  # counted for throughput, not averaged into the loss
+            check=lambda norm: _nan_check(guard, loss, norm, step + 1, inner)))
+        if guard.skipped > skipped_before:  # counted for throughput, not averaged in
             log.steps_since += 1
         else:
             log.step_done(loss)
