@@ -12,8 +12,6 @@ model's order) whose gradient was not finite.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -26,20 +24,23 @@ class NanGuard:
 
     def bad(self, loss: torch.Tensor, norm: torch.Tensor | None) -> list[int] | None:
         """None when every rank's loss and the gradient norm are finite; else the ranks
-        whose loss was not (possibly empty: then the gradients alone were not)."""
+        whose loss was not (possibly empty: then the gradients alone were not). The flags
+        are made on the device and read back once: one host sync per step."""
         run = self.run
         flags = torch.zeros(run.world_size + 1, dtype=torch.float32, device=run.device)
-        flags[run.rank] = float(not bool(torch.isfinite(loss.detach()).all()))
+        flags[run.rank] = (~torch.isfinite(loss.detach())).any().float()
         if norm is not None:
-            flags[-1] = float(not math.isfinite(float(norm)))
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            flags[-1] = (~torch.isfinite(torch.as_tensor(norm, device=run.device))).any()
         if run.world_size > 1:
             import torch.distributed as dist
 
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if not flags.any():
+        seen = flags.tolist()
+        if not any(seen):
             self.in_a_row = 0
             return None
-        return [r for r in range(run.world_size) if flags[r] > 0]
+        return [r for r in range(run.world_size) if seen[r] > 0]
 
     def message(self, step: int, ranks: list[int], model) -> str:
         """`step 7: the loss of rank 1 is not finite (first non-finite gradient:
@@ -71,10 +72,11 @@ def advice(precision: str) -> str:
 
 
 def parameters_finite(run, model) -> bool:
-    """Every rank's parameters (its shards, under FSDP) are finite — one all-reduce."""
-    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
-                for p in model.parameters())
-    flag = torch.tensor([0.0 if local else 1.0], device=run.device)
+    """Every rank's parameters (its shards, under FSDP) are finite — one all-reduce,
+    one host sync."""
+    local = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+             for p in model.parameters()]
+    flag = (~torch.stack(local).all()).float().reshape(1).to(run.device)
     if run.world_size > 1:
         import torch.distributed as dist
 
