@@ -9,11 +9,13 @@ import sys
 from phalanx import __version__
 from phalanx.errors import DistributedError, Interrupted, UserError, record_for_agent
 from phalanx.lifecycle import die_with_agent
+from phalanx.ranklogs import log_traceback, quiet_worker
 from phalanx.bench import command as bench_command
 from phalanx.checkpoint import export_command
 from phalanx.doctor import command as doctor_command
 from phalanx.hang import command as watch_command
 from phalanx.plan import command as plan_command
+from phalanx.report import command as report_command
 from phalanx.lint import command as lint_command
 from phalanx import k8s, slurm_script
 from phalanx.train import command as train_command
@@ -29,6 +31,8 @@ VERBS = {
     "doctor": (doctor_command.add_arguments, doctor_command.run_doctor, doctor_command.SUMMARY),
     "watch": (watch_command.add_arguments, watch_command.run_watch, watch_command.SUMMARY),
     "plan": (plan_command.add_arguments, plan_command.run_plan, plan_command.SUMMARY),
+    "report": (report_command.add_arguments, report_command.run_report,
+               report_command.SUMMARY),
     "slurm": (slurm_script.add_arguments, slurm_script.run_slurm, slurm_script.SUMMARY),
     "k8s": (k8s.add_arguments, k8s.run_k8s, k8s.SUMMARY),
     "export": (export_command.add_arguments, export_command.run_export,
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_agent()
+    quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
     ns = parse(build_parser(), argv)
     try:
         return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
@@ -86,6 +91,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except DistributedError as exc:
+        log_traceback(exc)  # the cause's traceback, for the log the launcher points to
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -97,5 +103,7 @@ def _main(argv: list[str] | None) -> int:
         return 130
 
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
-        record_for_agent(exc)
+        record_for_agent(exc)  # (the launcher shows it once; the rank's log holds it)
+        if isinstance(exc, Exception) and log_traceback(exc):
+            return 1
         raise

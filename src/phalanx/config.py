@@ -149,7 +149,9 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "Clip the global gradient norm to this (0 disables).")
     on_nan: str = opt("skip", "A non-finite loss or gradient on any rank: skip the step on "
                               "every rank (the replicas stay identical, the batch is passed "
-                              "over) or stop the run.", choices=("skip", "stop"))
+                              "over); rollback: reload the newest committed checkpoint and "
+                              "go on past the offending batch (skip until there is one); or "
+                              "stop the run.", choices=("skip", "rollback", "stop"))
     nan_patience: int = opt(20, "Stop after this many non-finite steps in a row.")
     precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
                                  "(fp16 adds a GradScaler).", choices=PRECISIONS)
@@ -258,6 +260,10 @@ class DistConfig:
                                         "ethernet, infiniband or debug (see "
                                         "docs/multinode.md). Variables you set are kept.",
                                   choices=NCCL_PRESETS)
+    tee_ranks: bool = opt(False, "Show every rank's output on the console. By default each "
+                                 "rank writes to its own log (train: OUT/logs/rank-R.log) and "
+                                 "the console shows rank 0's progress and one line per "
+                                 "failure, with the log that holds the traceback.")
     check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
                                           "parameters and buffers are bitwise identical "
                                           "(0: never).")

@@ -42,6 +42,20 @@ def record_for_agent(exc: BaseException) -> bool:
     return os.environ.get("PHALANX_LAUNCHED") == "1"
 
 
+def error_names() -> set[str]:
+    """The class names of every error Phalanx raises on purpose (as recorded for the
+    agent: `UserError: ...`)."""
+    import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
+    import phalanx.checkpoint.store  # noqa: F401
+
+    found, todo = set(), [PhalanxError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
 class Interrupted(PhalanxError):
     """The job was stopped by a signal (Ctrl-C / SIGTERM); exits with 128 + the signal."""
 

@@ -5,6 +5,8 @@ agent collects (each worker's recorded error, exit code, crash record).
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import signal
 
@@ -14,11 +16,12 @@ from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
 def job_failed(failures: dict, max_restarts: int, host: str | None = None,
-               reports: str | None = None) -> Exception:
+               reports: str | None = None, logs: str | None = None) -> Exception:
     """The error for a job whose ranks failed (`{rank: ProcessFailure}` of this node):
     a `UserError` with the first rank's message when the cause is a usage error (exit 2),
     else a `DistributedError` naming the ranks — and `host`, the machine they ran on,
-    when the job spans several. `reports`: where crash records are (phalanx.hang.crash)."""
+    when the job spans several. `reports`: where crash records are (phalanx.hang.crash);
+    `logs`: where the ranks' logs are (phalanx.ranklogs), named for the failed ranks."""
     culprits, victims, stopped = _blame(failures)
     user = [r for r in culprits if failures[r].exitcode == 2]
     if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
@@ -34,8 +37,39 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
         detail += f"; then rank(s) {', '.join(map(str, stopped))} were stopped"
     restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
     where = f" on {host}" if host else ""
-    return DistributedError(f"the job failed{restarts}{where}: {detail.rstrip('.')}.",
-                            culprits)
+    return DistributedError(f"the job failed{restarts}{where}: {detail.rstrip('.')}."
+                            + _logs_of(culprits + victims, logs), culprits)
+
+
+def _logs_of(ranks: list[int], logs: str | None) -> str:
+    """` Full output: out/logs/rank-1.log.` (the logs of the ranks that failed)."""
+    from phalanx.ranklogs import log_path
+
+    paths = [log_path(logs, r) for r in ranks] if logs else []
+    paths = [p for p in paths if p.is_file()]
+    if not paths:
+        return ""
+    shown = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else str(p)
+             for p in paths]
+    return f" Full output: {', '.join(shown)}."
+
+
+def unexplained_traceback(failures: dict) -> str | None:
+    """The recorded traceback of the first failed rank whose error is not one Phalanx
+    raises on purpose (a bug, or an error in the user's own script): shown once, while
+    every rank's copy stays in its log."""
+    from phalanx.errors import error_names
+
+    culprits, _, _ = _blame(failures)
+    for rank in culprits:
+        raw = failures[rank].message
+        if not isinstance(raw, dict):
+            continue
+        kind = str(raw.get("message", "")).split(":", 1)[0]
+        stack = str(raw.get("extraInfo", {}).get("py_callstack", "")).strip()
+        if stack and kind not in error_names() and stack != "NoneType: None":
+            return f"[rank {rank}] {stack}"
+    return None
 
 
 _SIGNALLED = re.compile(r"Signal \d+ \(\w+\) received by PID")
@@ -120,3 +154,58 @@ def _message(failure) -> str:
             and not _SIGNALLED.match(message):  # a signal says it was stopped, not why
         return message.strip().splitlines()[0]
     return ""
+
+
+LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
+
+
+class RestartNotes(logging.Handler):
+    """Catches the elastic agent's record of the worker failure that makes it restart the
+    ranks (`failed (exitcode: -9) local_rank: 1 ...`) and leaves one line about it in the
+    environment that the restarted workers copy (`LAST_FAILURE`): the next attempt's rank
+    0 names the rank that died, in one line with the step it resumed from. `host`: this
+    machine's name when the job spans several (its ranks are then local ranks)."""
+
+    LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+    def __init__(self, host: str | None) -> None:
+        super().__init__(logging.ERROR)
+        self.host = host
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("failed (exitcode") or len(record.args or ()) < 2:
+            return
+        code, local_rank = record.args[0], record.args[1]
+        who = f"local rank {local_rank} on {self.host}" if self.host else f"rank {local_rank}"
+        how = f"exited with code {code}"
+        if isinstance(code, int) and code < 0 and -code in signal.valid_signals():
+            how = f"was killed by {signal.Signals(-code).name}"
+        os.environ[LAST_FAILURE] = f"{who} {how}"
+
+    def __enter__(self) -> "RestartNotes":
+        log = logging.getLogger(self.LOGGER)
+        self._saved = (log.level, log.propagate)
+        log.setLevel(logging.ERROR)
+        log.propagate = False  # not printed: rank 0 of the next attempt says it
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        log = logging.getLogger(self.LOGGER)
+        log.removeHandler(self)
+        log.setLevel(self._saved[0])
+        log.propagate = self._saved[1]
+        os.environ.pop(LAST_FAILURE, None)
+
+
+def restart_note() -> str | None:
+    """In a restarted worker: `restart 1 of at most 3 after rank 1 was killed by SIGKILL`
+    (None on a job's first attempt)."""
+    from phalanx.rendezvous import restart_attempt
+
+    attempt = restart_attempt()
+    if not attempt:
+        return None
+    cause = os.environ.get(LAST_FAILURE) or "a rank failed"
+    return (f"restart {attempt} of at most "
+            f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} after {cause}")

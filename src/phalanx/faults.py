@@ -8,7 +8,9 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=nan` makes this rank's next loss NaN (the NaN guard's test);
 `attempts=always` fires on every elastic restart too (a rank that always fails),
 `attempts=first` (default) only before the first restart, `attempts=N` only on restart
-N. Several faults are separated by `;`. Unset: nothing happens.
+N. A fault fires once per process (`times=N`: up to N times, when `--on-nan rollback`
+brings the run back to its step). Several faults are separated by `;`. Unset: nothing
+happens.
 """
 
 from __future__ import annotations
@@ -40,18 +42,18 @@ def _specs() -> list[dict[str, str]]:
             spec = dict(item.split("=", 1) for item in one.split(","))
         except ValueError:
             spec = {}
-        spec = {"phase": "step", "action": "kill", "attempts": "first", **spec}
+        spec = {"phase": "step", "action": "kill", "attempts": "first", "times": "1", **spec}
         specs.append(spec)
         if not _valid(spec):
             raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
                             f"`rank=1,step=7,phase=step,action=kill` (phase: step|checkpoint; "
-                            f"action: kill|raise|hang|perturb|nan; attempts: first|always|N).")
+                            f"action: kill|raise|hang|perturb|nan; attempts: first|always|N; times: N).")
     return specs
 
 
 def _valid(spec: dict[str, str]) -> bool:
-    return (set(spec) == {"rank", "step", "phase", "action", "attempts"}
-            and spec["rank"].isdigit() and spec["step"].isdigit()
+    return (set(spec) == {"rank", "step", "phase", "action", "attempts", "times"}
+            and spec["rank"].isdigit() and spec["step"].isdigit() and spec["times"].isdigit()
             and all(spec[k] in v for k, v in _CHOICES.items())
             and (spec["attempts"] in ("first", "always") or spec["attempts"].isdigit()))
 
@@ -66,12 +68,19 @@ def _this_attempt(attempts: str) -> bool:
     return attempts == "always" or attempt == {"first": "0"}.get(attempts, attempts)
 
 
+_FIRED: dict[str, int] = {}  # this process's count per fault (test instrumentation)
+
+
 def fault_point(phase: str, step: int, model=None) -> None:
     """Fire the configured fault if this rank, step, phase and attempt match."""
     for spec in _specs():
         if (spec["phase"] == phase and int(spec["step"]) == step
                 and int(spec["rank"]) == int(os.environ.get("RANK", "0"))
                 and _this_attempt(spec["attempts"])):
+            key = repr(sorted(spec.items()))
+            if _FIRED.get(key, 0) >= int(spec["times"]):
+                continue
+            _FIRED[key] = _FIRED.get(key, 0) + 1
             _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX301] (planted)
 
 

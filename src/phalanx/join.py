@@ -56,12 +56,14 @@ def _set_threads(env: LaunchEnv, threads: int | None) -> int:
 def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
          timeout_s: float = 600.0, threads: int | None = None,
          hang_timeout_s: float | None = None, hang_report_dir: str | Path | None = None,
-         debug_collectives: bool = False, **strategy_options: Any) -> Run:
+         debug_collectives: bool = False, log_dir: str | Path | None = None,
+         **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
     `hang_timeout_s` (or PHALANX_HANG_TIMEOUT) starts the hang watchdog (`Run.watch`).
     `debug_collectives` has torch verify every collective across ranks
     (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
+    `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/.
     """
     if debug_collectives:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -100,7 +102,8 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         if created:
             dist.destroy_process_group()
         raise
-    run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads)
+    run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
+              log_dir=Path(log_dir) if log_dir is not None else None)
     atexit.register(run.close)
     torch.manual_seed(derive_seed(seed, env.rank))
     from phalanx.hang.watchdog import timeout_from_env

@@ -215,15 +215,20 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from phalanx.failures import job_failed
+    from phalanx.failures import RestartNotes, job_failed, unexplained_traceback
+    from phalanx.ranklogs import LOGS_ENV
 
-    try:
-        with _worker_env(workers_env(plan)):  # the workers', not this process's afterwards
+    host = socket.gethostname() if plan.nodes is not None else None
+    try:  # the workers' environment, not this process's afterwards
+        with _worker_env(workers_env(plan)), RestartNotes(host):
             elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None
     except ChildFailedError as exc:
-        host = socket.gethostname() if plan.nodes is not None else None
         reports = plan.env.get("PHALANX_HANG_REPORT_DIR") or os.environ.get(
             "PHALANX_HANG_REPORT_DIR")  # where ranks killed by a signal left their stacks
-        raise job_failed(exc.failures, plan.max_restarts, host, reports) from None
+        logs = plan.env.get(LOGS_ENV)
+        stack = unexplained_traceback(exc.failures) if logs else None
+        if stack:  # not an error Phalanx explains: its traceback once (each rank's: its log)
+            print(stack, file=sys.stderr, flush=True)
+        raise job_failed(exc.failures, plan.max_restarts, host, reports, logs) from None

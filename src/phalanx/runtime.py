@@ -46,6 +46,8 @@ class Run:
     _saver: Any = field(default=None, repr=False)
     _watchdog: Any = field(default=None, repr=False)
     _stop: Any = field(default=None, repr=False)
+    log_dir: Path | None = None  # where `log` writes (phalanx.init's `log_dir`; settable)
+    _sink: Any = field(default=None, repr=False)
 
     rank = property(lambda self: self.topology.rank)
     local_rank = property(lambda self: self.topology.local_rank)
@@ -137,6 +139,33 @@ class Run:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def log(self, step: int, reduce: str | None = "mean", **metrics: float | torch.Tensor):
+        """Write `metrics` at `step` to `log_dir`/metrics.jsonl and TensorBoard
+        (`log_dir`/tb/, when installed), from rank 0. `reduce` ("mean", "sum", "max",
+        "min") first combines each value over the ranks in one all-reduce: call it on
+        every rank then. `reduce=None`: rank 0's values as they are, no collective.
+        Returns the record on rank 0, else None."""
+        from phalanx.report.sink import MetricsSink, reduce_values
+
+        if self.log_dir is None:
+            raise UserError("run.log needs a directory to write to: "
+                            "phalanx.init(..., log_dir='runs/NAME').")
+        values = reduce_values(self, metrics, reduce)
+        if not self.is_main:
+            return None
+        if self._sink is None or self._sink.out_dir != Path(self.log_dir):
+            self.end_log()  # opened at the first step logged (see MetricsSink)
+            self._sink = MetricsSink(Path(self.log_dir), step, say=self.print)
+        record = {"step": int(step), **values}
+        self._sink.write(record)
+        return record
+
+    def end_log(self) -> None:
+        """Close `log`'s files (the next `log` opens them again, at its step)."""
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Rank `src`'s (picklable) object, on every rank."""
@@ -280,6 +309,7 @@ class Run:
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+        self.end_log()
         if self._saver is not None and not failed:
             self._saver.finish_local()
         self._saver = None

@@ -65,6 +65,16 @@ def unused_parameter(run, out: Path) -> None:
     (out / f"unused-rank{run.rank}.txt").write_text(message)
 
 
+def log_scenario(run, out: Path) -> None:
+    """`run.log` on 2 ranks: reduced over ranks, written by rank 0 only."""
+    run.log_dir = out / "run-log"
+    run.log(1, reduce="sum", x=float(run.rank + 1), y=torch.tensor(float(run.rank)))
+    run.log(2, reduce="max", x=run.rank * 10)
+    run.log(3, reduce=None, x=float(run.rank + 5))  # rank 0's own value, no collective
+    run.end_log()
+    run.log_dir = None
+
+
 def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
     splits = prepare(corpus, cache, 0.1)
     run = phalanx.init(seed=7, static_graph=build_config({}).dist.static_graph)  # as `train`
@@ -81,6 +91,7 @@ def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
         (out / f"mean-rank{run.rank}.txt").write_text(repr(value))
         two_rank_scenarios(run, prepare(small_corpus, cache, 0.1), out)
         guard_scenarios(run, out)
+        log_scenario(run, out)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ group; the single-process references run in this test process at world size 1.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -129,3 +130,17 @@ def test_unused_parameter_error_names_the_parameters(results):
 def test_all_reduce_mean(results):
     for rank in (0, 1):
         assert float((results / f"mean-rank{rank}.txt").read_text()) == 1.5
+
+
+def test_run_log_reduces_over_ranks_and_rank_0_writes(results):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = results / "run-log"
+    records = [json.loads(line) for line in (logged / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": 1, "x": 3.0, "y": 1.0}, {"step": 2, "x": 10.0},
+                       {"step": 3, "x": 5.0}]
+    [events] = list((logged / "tb").glob("events.out.tfevents.*"))  # one writer: rank 0
+    tb = EventAccumulator(str(logged / "tb"))
+    tb.Reload()
+    assert [(e.step, e.value) for e in tb.Scalars("train/x")] == [(1, 3.0), (2, 10.0),
+                                                                  (3, 5.0)]

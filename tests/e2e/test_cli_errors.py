@@ -42,5 +42,6 @@ def test_a_launch_leaves_no_agent_directory_behind(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "rank 0" in done.stdout and "rank 1" in done.stdout
+    assert "rank 0" in done.stdout and "rank 1" not in done.stdout  # rank 1: its log
+    assert "rank 1" in (tmp_path / "logs" / "rank-1.log").read_text()
     assert [p.name for p in temp.iterdir()] == []

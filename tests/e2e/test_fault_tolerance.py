@@ -52,13 +52,17 @@ def test_killed_ranks_recover_bit_identically(straight, tmp_path, small_corpus_f
              "rank=1,step=11,phase=step,attempts=2")
     proc = train(tmp_path, small_corpus_file, cache_dir, fault, "--max-restarts", "3")
     assert proc.returncode == 0, proc.stderr
-    resumed = [line.split()[2] for line in proc.stdout.splitlines()
-               if line.startswith("resumed from")]
-    assert [Path(p).name for p in resumed] == ["step-00000003", "step-00000006",
-                                               "step-00000009"]
-    assert [line.split(":")[1].strip() for line in proc.stdout.splitlines()
-            if line.startswith("phalanx: restart")] == [
-        "restart 1 of at most 3", "restart 2 of at most 3", "restart 3 of at most 3"]
+    # each restart is one line: which rank died, the restart, where every rank resumed
+    restarts = [re.match(r"phalanx: restart (\d) of at most 3 after (rank \d) was killed by "
+                         r"SIGKILL; every rank resumed from (\S+) at step (\d+) ", line)
+                for line in proc.stdout.splitlines() if line.startswith("phalanx: restart")]
+    assert all(restarts), proc.stdout
+    assert [(m[1], m[2], Path(m[3]).name, m[4]) for m in restarts] == [
+        ("1", "rank 1", "step-00000003", "3"), ("2", "rank 0", "step-00000006", "6"),
+        ("3", "rank 1", "step-00000009", "9")]
+    assert "resumed from" not in proc.stdout.replace("every rank resumed from", "")
+    assert "Traceback" not in proc.stdout + proc.stderr  # the survivors' are in their logs
+    assert proc.stdout.count("model:") == 1  # the banner once, not once per attempt
     expected, got = load_file(str(straight / "model.safetensors")), \
         load_file(str(tmp_path / "model.safetensors"))
     assert expected.keys() == got.keys()

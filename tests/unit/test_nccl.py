@@ -38,7 +38,8 @@ def test_the_workers_get_the_preset(tmp_path):
                       " os.environ.get('NCCL_IB_DISABLE'), flush=True)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     done = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
-                           "--nccl-preset", "ethernet", str(script)], capture_output=True,
+                           "--tee-ranks", "--nccl-preset", "ethernet", str(script)],
+                          capture_output=True,
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 0 IB 1" in done.stdout and "rank 1 IB 1" in done.stdout, done.stdout

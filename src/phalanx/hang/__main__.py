@@ -56,6 +56,9 @@ def main() -> None:
     from phalanx.lifecycle import die_with_agent
 
     die_with_agent()
+    from phalanx.ranklogs import log_traceback, quiet_worker
+
+    quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
     _watch_after_init()
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -68,7 +71,10 @@ def main() -> None:
         plain = explain(exc)
         if plain is None:
             record_for_agent(exc)
+            if log_traceback(exc):  # the launcher shows it once
+                raise SystemExit(1) from None
             raise
+        log_traceback(exc)
         if not record_for_agent(plain):
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

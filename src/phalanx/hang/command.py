@@ -19,7 +19,7 @@ SUMMARY = ("Run your own training script on N local ranks with the hang watchdog
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_launch_flags(parser)
+    add_launch_flags(parser, extra=("tee_ranks",))
     parser.add_argument("--hang-timeout-s", type=seconds, default=300.0, metavar="S",
                         help="report and stop when no rank progresses for S seconds "
                              "(default: 300)")
@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="verify every collective across ranks "
                              "(TORCH_DISTRIBUTED_DEBUG=DETAIL) and explain a mismatch")
     parser.add_argument("--report-dir", default=".", metavar="DIR",
-                        help="where hang-report.txt goes (default: .)")
+                        help="where hang-report.txt and the ranks' logs (logs/rank-R.log) go "
+                             "(default: .)")
     parser.add_argument("script", metavar="SCRIPT", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -49,11 +50,15 @@ def check_script(script: str) -> None:
 
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.launch import launch_or_work
+    from phalanx.ranklogs import LOGS_ENV
 
     check_script(ns.script)
     env = {"PHALANX_HANG_TIMEOUT": str(ns.hang_timeout_s),
            "PHALANX_HANG_REPORT_DIR": str(Path(ns.report_dir).resolve())}
     if ns.debug_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    return launch_or_work(dist_config(ns), ["-m", "phalanx.hang", ns.script, *ns.args], None,
+    dist = dist_config(ns)
+    if not dist.tee_ranks:
+        env[LOGS_ENV] = str(Path(ns.report_dir).resolve() / "logs")
+    return launch_or_work(dist, ["-m", "phalanx.hang", ns.script, *ns.args], None,
                           env=env)

@@ -15,11 +15,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phalanx.checkpoint.resume import checkpoints_dir, resolve_resume
+from phalanx.checkpoint.resume import checkpoints_dir, newest_valid, resolve_resume
 from phalanx.checkpoint.rundir import reconcile
 from phalanx.checkpoint.store import read_sidecar
 from phalanx.config import Config
 from phalanx.errors import UserError
+from phalanx.failures import restart_note
+from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
 
 if TYPE_CHECKING:
@@ -116,8 +118,6 @@ def start_lineage(out_dir: Path, resume_from: Path | None, say) -> None:
 def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
             precision: Precision) -> TrainState | None:
     """Load the checkpoint `--resume` selects (same choice on every rank), or None."""
-    from phalanx.train.loop import TrainState
-
     if out_dir is None:
         return None
     path = None
@@ -125,30 +125,52 @@ def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
         path = resolve_resume(cfg.train.resume, out_dir, run.print)
         reconcile(out_dir, path, run.print)  # a no-op after the CLI's start_lineage
     path = run.broadcast(path)
+    restart = restart_note()  # after a restart: which rank died, in the same line
     if path is None:
+        if restart:
+            run.print(f"phalanx: {restart}; no checkpoint was committed yet: every rank "
+                      "starts again from step 0")
+            if run.is_main:
+                record_event(out_dir, "restart", 0, f"{restart}; started again from step 0")
         return None
     meta = read_sidecar(path)["meta"]
     changes = check_compatible(cfg, meta.get("config", {}), path)
-    run.load(path, model, opt)
-    if precision.scaler is not None and meta.get("scaler"):
-        precision.scaler.load_state_dict(meta["scaler"])
-    state = TrainState(**meta["train_state"])
-    run.print(f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
-              f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "
-              f"{run.strategy.name})" + (f"; changed: {', '.join(changes)}"
-                                                    if changes else ""))
+    state = _load(run, path, meta, model, opt, precision)
+    line = (f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
+            f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "
+            f"{run.strategy.name})" + (f"; changed: {', '.join(changes)}" if changes else ""))
+    run.print(f"phalanx: {restart}; every rank {line}" if restart else line)
+    if restart and run.is_main:
+        record_event(out_dir, "restart", state.step,
+                     f"{restart}; resumed from {Path(path).name} at step {state.step}")
     return state
 
 
-def truncate_metrics(out_dir: Path, step: int) -> None:
-    """Drop metrics lines past the resumed step (they belong to the lost continuation)."""
-    path = out_dir / "metrics.jsonl"
-    if path.is_file():
-        kept = [r for r in read_metrics(path, warn=print)
-                if isinstance(r.get("step"), int) and r["step"] <= step]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+def roll_back(run: Run, cfg: Config, out_dir: Path | None, model, opt, precision: Precision,
+              position: int) -> TrainState | None:
+    """Every rank: reload the newest committed checkpoint (None when there is none); the
+    data stream goes on from `position`, so the batch that failed is not read again."""
+    if out_dir is None:
+        return None
+    run.wait_checkpoint()  # a background save in flight is committed first
+    path = newest_valid(checkpoints_dir(out_dir), run.print) if run.is_main else None
+    path = run.broadcast(path)
+    if path is None:
+        return None
+    state = _load(run, path, read_sidecar(path)["meta"], model, opt, precision)
+    state.position = position
+    return state
+
+
+def _load(run: Run, path: Path, meta: dict, model, opt, precision: Precision) -> TrainState:
+    """Load the checkpoint at `path` (its sidecar's `meta`) into the model, optimizer and
+    scaler; its training state."""
+    from phalanx.train.loop import TrainState
+
+    run.load(path, model, opt)
+    if precision.scaler is not None and meta.get("scaler"):
+        precision.scaler.load_state_dict(meta["scaler"])
+    return TrainState(**meta["train_state"])
 
 
 def should_save(cfg: Config, step: int) -> bool:

@@ -146,13 +146,16 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work) -> int:
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.launch_or_work), after
     the checks that need the world size (`check_world`)."""
     from phalanx.launch import launch_or_work
+    from phalanx.ranklogs import LOGS_ENV
 
     def check(plan) -> None:
         import torch
 
         check_world(cfg, plan.world, torch.cuda.is_available())
 
-    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work, check=check)
+    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(cfg.train.out).resolve() / "logs")}
+    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work, env=logs,
+                          check=check)
 
 
 @contextlib.contextmanager
@@ -212,12 +215,8 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
-        attempt = restart_attempt()
-        if attempt:  # the agent's own messages are silenced: say that it restarted
-            run.print(f"phalanx: restart {attempt} of at most "
-                      f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: a rank failed; "
-                      f"every rank starts again from the newest committed checkpoint")
-        run.print(banner(cfg, run, splits))
+        if not restart_attempt():  # a restart says so in one line when it resumes
+            run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)
         if result.stopped:
             if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher

@@ -12,6 +12,7 @@ from phalanx.config import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.models import build_model
 from phalanx.report.plots import plot_losses
+from phalanx.report.run_report import build_report
 from phalanx.runtime import Run, derive_seed
 from phalanx.train.loop import TrainResult
 
@@ -52,12 +53,15 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
     model.to(run.device)
     export_weights(model, out, {"phalanx": cfg.to_dict()})
     text = sample_text(model, cfg, run)
+    wrote = [out / "model.safetensors", out / "config.json", out / "metrics.jsonl"]
     if text:
         (out / "sample.txt").write_text(text, encoding="utf-8")
         run.print(f"--- sample ---\n{text}\n--------------")
-    plot = plot_losses(out / "metrics.jsonl", out / "loss.png")
+        wrote.append(out / "sample.txt")
+    wrote.append(plot_losses(out / "metrics.jsonl", out / "loss.png"))
+    wrote.append(build_report(out))
+    wrote += [out / name for name in ("tb", "logs") if (out / name).is_dir()]
     final = result.val_losses[max(result.val_losses)] if result.val_losses else float("nan")
     run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
               f"final val loss {final:.4f} (byte-uniform: 5.5452)\n"
-              f"wrote: {out / 'model.safetensors'}, {out / 'config.json'}, "
-              f"{out / 'metrics.jsonl'}, {plot}")
+              f"wrote: {', '.join(str(p) + ('/' if p.is_dir() else '') for p in wrote)}")

@@ -25,8 +25,8 @@ from phalanx.errors import UserError
 from phalanx.faults import fault_point
 from phalanx.models import build_model
 from phalanx.precision import Precision
-from phalanx.report.metrics import MetricsWriter
 from phalanx.report.progress import ProgressReporter
+from phalanx.report.run_report import write_environment
 from phalanx.runtime import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
@@ -83,14 +83,32 @@ def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model) -> b
         return False
     what = guard.message(step, ranks, model)
     stop = guard.record(step)
-    if len(ranks) == guard.run.world_size and not parameters_finite(guard.run, model):
+    if guard.mode != "rollback" and len(ranks) == guard.run.world_size and \
+            not parameters_finite(guard.run, model):
         stop = (f"the parameters themselves are no longer finite (an earlier update made "
                 f"them so): the run diverged; {advice(guard.precision)}.")
     if stop is not None:
         raise UserError(f"{what}; {stop}")
-    guard.run.print(f"phalanx: warning: {what}; step skipped on every rank "
-                    f"({guard.skipped} so far; --on-nan {guard.mode})")
+    guard.note(step, "nan", f"{what}; step skipped on every rank ({guard.skipped} so far; "
+                            f"--on-nan {guard.mode})")
     return True
+
+
+def _roll_back(run: Run, cfg: Config, out_dir: Path | None, result: TrainResult,
+               precision: Precision, guard: NanGuard, log: Logger) -> None:
+    """`--on-nan rollback` after a bad step: every rank reloads the newest committed
+    checkpoint; the data goes on from here (past the offending batch)."""
+    state = ckpt.roll_back(run, cfg, out_dir, result.model, result.optimizer, precision,
+                           result.state.position)
+    if state is None:
+        return  # no checkpoint yet: the step was skipped, as with --on-nan skip
+    stop = guard.rolled_back_to(state.step)
+    if stop is not None:
+        raise UserError(f"step {result.state.step + 1}: {stop}")
+    guard.note(state.step, "rollback", f"rolled back to the checkpoint of step {state.step}; "
+                                       f"the data goes on past the offending batch")
+    result.state = state
+    log.rolled_back()
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision
@@ -133,33 +151,50 @@ class Logger:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
-        self.metrics = MetricsWriter(out_dir / "metrics.jsonl", append=start_step > 0) if main \
-            else None
+        self.writes = out_dir is not None  # through run.log (rank 0 writes)
+        if self.writes:
+            run.log_dir = Path(out_dir)
         self.pending: list[torch.Tensor] = []
         self.t_last, self.steps_since = time.perf_counter(), 0
+
+    def rolled_back(self) -> None:
+        """Steps past a rollback's checkpoint are trained again: their losses are not
+        reported, and the metrics from that step on are written anew (MetricsSink)."""
+        self.pending, self.steps_since = [], 0
+        self.t_last = time.perf_counter()
+        if self.writes:
+            self.run.end_log()
 
     def step_done(self, loss: torch.Tensor) -> None:
         self.pending.append(loss)
         self.steps_since += 1
 
-    def flush(self, step: int, lr: float, losses: list[float]) -> dict:
-        """All-reduce the losses since the last flush (one collective) and report them."""
+    def flush(self, step: int, lr: float, result: TrainResult) -> dict:
+        """All-reduce the losses since the last flush (one collective) and report them,
+        with the window's mean gradient norm, time per step and rank 0's peak memory."""
         if not self.pending:
             return {"step": step}
         mean = self.run.all_reduce_mean(torch.stack(self.pending)).tolist()
-        losses.extend(mean)
+        result.losses.extend(mean)
         elapsed = time.perf_counter() - self.t_last
         tokens = self.steps_since * self.cfg.tokens_per_step(self.run.topology.dp_size)
         record = {"step": step, "loss": sum(mean) / len(mean), "lr": lr,
-                  "tokens_per_s": tokens / max(elapsed, 1e-9)}
+                  "tokens_per_s": tokens / max(elapsed, 1e-9),
+                  "step_time_s": elapsed / max(1, self.steps_since),
+                  "memory_mib": peak_memory_mib(self.run.device)}
+        norms = [n for n in result.grad_norms[-self.steps_since:] if n is not None]
+        if norms:  # the global norm: the same on every rank
+            record["grad_norm"] = torch.stack([torch.as_tensor(n).float().cpu()
+                                               for n in norms]).mean().item()
         if self.progress is not None:
             self.progress.update(step, record["loss"], record["tokens_per_s"], lr)
         self.pending, self.steps_since = [], 0
         return record
 
     def write(self, record: dict) -> None:
-        if self.metrics is not None:
-            self.metrics.write(record)
+        if self.writes:
+            self.run.log(record["step"], reduce=None,
+                         **{k: v for k, v in record.items() if k != "step"})
         if self.progress is not None and "val_loss" in record:
             self.progress.message(f"step {record['step']}: val loss {record['val_loss']:.4f}")
         self.t_last = time.perf_counter()
@@ -167,8 +202,17 @@ class Logger:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.close()
-        if self.metrics is not None:
-            self.metrics.close()
+        if self.writes:
+            self.run.end_log()
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak memory: the device's allocator on CUDA, else the resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.Module,
@@ -178,7 +222,7 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
     last = step == t.max_steps
     record = None
     if step % t.log_every == 0 or last:
-        record = log.flush(step, lr, result.losses)
+        record = log.flush(step, lr, result)
     if step % t.eval_every == 0 or last:
         record = record or {"step": step}
         run.beat(step, "eval")
@@ -212,10 +256,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
         device=run.device), precision=t.precision)
     precision = run.precision
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
-    if run.is_main and out_dir is not None:
-        if state.step:
-            ckpt.truncate_metrics(out_dir, state.step)
+    if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
         (Path(out_dir) / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_environment(run, cfg, Path(out_dir))
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     if samples is not None:
         train_ds = Recorded(train_ds, samples)
@@ -241,8 +284,10 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     step_model = torch.compile(model) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
     global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
-    guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision)
-    for step in range(state.step, t.max_steps):
+    guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
+    while result.state.step < t.max_steps:
+        state = result.state  # (a rollback replaces it)
+        step = state.step
         run.seed_step(step)
         lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
                    max_steps=cfg.decay_steps())
@@ -256,6 +301,11 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
             check=lambda norm: _nan_check(guard, loss, norm, step + 1, inner)))
         if guard.skipped > skipped_before:  # counted for throughput, not averaged in
             log.steps_since += 1
+            if guard.mode == "rollback":
+                _roll_back(run, cfg, out_dir, result, precision, guard, log)
+                state = result.state
+                if state.step < step:
+                    continue
         else:
             log.step_done(loss)
         state.step, state.position = step + 1, state.position + global_batch

@@ -5,7 +5,11 @@ loss, and one for the (global) gradient norm, which is known when clipping (`--g
 > 0, the default) — so that they agree on the verdict at the
 same step without another rank's word. On a bad step every rank drops its gradients and
 does not step: the replicas stay identical and the batch is passed over. `--on-nan
-stop` ends the run there instead; `--nan-patience N` bad steps in a row end it too. The
+rollback` then also reloads the newest committed checkpoint on every rank (the data goes
+on past the offending batch; before the first checkpoint it only skips), which recovers
+even when an earlier update already made the weights non-finite; a fourth rollback to the
+same checkpoint stops the run. `--on-nan stop` ends
+the run there instead; `--nan-patience N` bad steps in a row end it too. The
 message names the ranks whose loss was not finite and the first parameter (in the
 model's order) whose gradient was not finite.
 """
@@ -15,10 +19,16 @@ from __future__ import annotations
 import torch
 
 
+MAX_ROLLBACKS = 3  # to the same checkpoint: then the run stops
+
+
 class NanGuard:
-    def __init__(self, run, mode: str, patience: int, precision: str = "fp32") -> None:
+    def __init__(self, run, mode: str, patience: int, precision: str = "fp32",
+                 out_dir=None) -> None:
         self.run, self.mode, self.patience, self.precision = run, mode, patience, precision
+        self.out_dir = out_dir  # where rank 0 records the events (phalanx.report.events)
         self.skipped = 0  # in all
+        self.rollbacks: dict[int, int] = {}  # checkpoint step -> rollbacks to it
         self.in_a_row = 0
         self.first_bad_step: int | None = None
 
@@ -64,6 +74,23 @@ class NanGuard:
             return (f"{self.in_a_row} steps in a row were not finite (--nan-patience "
                     f"{self.patience}); the run diverged: {advice(self.precision)}.")
         return None
+
+
+    def rolled_back_to(self, step: int) -> str | None:
+        """Count a rollback to the checkpoint of `step`; the reason to stop, if any."""
+        self.rollbacks[step] = self.rollbacks.get(step, 0) + 1
+        if self.rollbacks[step] > MAX_ROLLBACKS:
+            return (f"{MAX_ROLLBACKS} rollbacks to the checkpoint of step {step} did not get "
+                    f"the run past it (the cause is not one batch); {advice(self.precision)}.")
+        return None
+
+    def note(self, step: int, kind: str, text: str) -> None:
+        """Say `text` on rank 0 and record it in the run's events."""
+        from phalanx.report.events import record_event
+
+        self.run.print(f"phalanx: warning: {text}")
+        if self.run.is_main:
+            record_event(self.out_dir, kind, step, text)
 
 
 def advice(precision: str) -> str:

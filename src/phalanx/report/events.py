@@ -1,0 +1,34 @@
+"""`OUT/events.jsonl`: what happened to a run besides its metrics — restarts, steps the NaN
+guard skipped or rolled back, loss spikes, slow ranks — one JSON object per event, written
+by rank 0 and shown in the run report. Events are history: a resumed run appends to them
+and never drops any."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+KINDS = ("restart", "nan", "rollback", "spike", "straggler")
+FILE = "events.jsonl"
+
+
+def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> None:
+    """Append one event (rank 0 calls it; nothing without a run directory)."""
+    if out_dir is None:
+        return
+    if kind not in KINDS:
+        raise ValueError(f"event kind {kind!r}: expected one of {', '.join(KINDS)}")
+    line = {"step": int(step), "kind": kind, "message": message,
+            "time": datetime.datetime.now().isoformat(timespec="seconds")}
+    with open(Path(out_dir) / FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def read_events(out_dir: Path) -> list[dict[str, Any]]:
+    """The run's events (unreadable lines, e.g. a torn last one, are skipped)."""
+    from phalanx.report.metrics import read_metrics
+
+    path = Path(out_dir) / FILE
+    return read_metrics(path) if path.is_file() else []

@@ -1,0 +1,115 @@
+"""Where a run's metrics go: `metrics.jsonl` always, and TensorBoard event files in
+`OUT/tb/` when TensorBoard is installed (`pip install 'phalanx[tensorboard]'`). The JSON
+file never depends on TensorBoard; `phalanx report` and the plots read it.
+
+Tags: `train/loss`, `val/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
+`train/step_time_s`, `train/memory_mib`; a user's own metrics (`run.log`) keep their
+names, with `/` as written (`eval/accuracy`), else under `train/`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from phalanx.report.metrics import MetricsWriter, read_metrics
+
+_TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr"}
+
+
+def tag_of(name: str) -> str:
+    return _TAGS.get(name) or (name if "/" in name else f"train/{name}")
+
+
+def tensorboard_available() -> bool:
+    try:
+        import tensorboard  # noqa: F401 - torch's SummaryWriter needs it
+    except ImportError:
+        return False
+    return True
+
+
+class MetricsSink:
+    """Rank 0's writer of `out/metrics.jsonl` and `out/tb/`, opened at the first step it
+    logs: what the file holds from that step on belongs to a continuation that was lost
+    (a resumed run) and is dropped — TensorBoard drops the same events (`purge_step`)."""
+
+    def __init__(self, out_dir: Path, first_step: int,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.out_dir = out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "metrics.jsonl"
+        kept = _drop_from(path, first_step, say)
+        self.metrics = MetricsWriter(path, append=kept)
+        self.tb = None
+        if tensorboard_available():
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(out_dir / "tb"),
+                                    purge_step=first_step if kept else None)
+        elif say is not None:
+            say("phalanx: note: TensorBoard is not installed, so no OUT/tb/ event files "
+                "(metrics.jsonl has the same figures); `pip install 'phalanx[tensorboard]'` "
+                "adds them.")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+        if self.tb is None:
+            return
+        step = int(record["step"])
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self.tb.add_scalar(tag_of(name), value, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _drop_from(path: Path, step: int, say: Callable[[str], None] | None) -> bool:
+    """Rewrite `path` without its records of `step` and later (atomically); whether any
+    record was kept (then the writer appends)."""
+    if not path.is_file():
+        return False
+    kept = [r for r in read_metrics(path, warn=say)
+            if isinstance(r.get("step"), int) and r["step"] < step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return bool(kept)
+
+
+REDUCTIONS = ("mean", "sum", "max", "min")
+
+
+def reduce_values(run, metrics: dict[str, Any], reduce: str | None) -> dict[str, float]:
+    """`metrics` as floats, combined over `run`'s ranks by `reduce` (one all-reduce of
+    them all; None: this rank's own)."""
+    import torch
+
+    from phalanx.errors import UserError
+
+    if reduce is not None and reduce not in REDUCTIONS:
+        raise UserError(f"run.log(reduce={reduce!r}): expected one of "
+                        f"{', '.join(REDUCTIONS)} or None.")
+    bad = [k for k, v in metrics.items() if not isinstance(v, (int, float, torch.Tensor))
+           or (isinstance(v, torch.Tensor) and v.numel() != 1)]
+    if bad:
+        raise UserError(f"run.log: {', '.join(bad)} must be a number or a one-element "
+                        "tensor.")
+    if reduce is None or run.world_size == 1 or not metrics:
+        return {k: float(v) for k, v in metrics.items()}
+    import torch.distributed as dist
+
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64).detach().reshape(())
+                     .to(run.device) for v in metrics.values()])
+    op = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(reduce, dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
+    if reduce == "mean":
+        t = t / run.world_size
+    return dict(zip(metrics, t.tolist()))
