@@ -153,6 +153,8 @@ class TrainConfig:
                               "go on past the offending batch (skip until there is one); or "
                               "stop the run.", choices=("skip", "rollback", "stop"))
     nan_patience: int = opt(20, "Stop after this many non-finite steps in a row.")
+    spike_factor: float = opt(2.0, "Warn when a step's loss is above this many times the "
+                                   "median of the last 50 steps' (0: never).")
     precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
                                  "(fp16 adds a GradScaler).", choices=PRECISIONS)
     eval_every: int = opt(100, "Evaluate on the validation split every N steps (and at the end).")
@@ -181,6 +183,9 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"`--{name}` must be in [0, 1), got {getattr(self, name)}.")
+        if self.spike_factor != 0 and not self.spike_factor > 1:
+            raise UserError(f"`--spike-factor` must be 0 (off) or above 1, got "
+                            f"{self.spike_factor}.")
         if self.weight_decay < 0:
             raise UserError(f"`--weight-decay` must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
@@ -267,6 +272,9 @@ class DistConfig:
     check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
                                           "parameters and buffers are bitwise identical "
                                           "(0: never).")
+    straggler_every: int = opt(50, "Every N steps, compare the ranks' data + forward times "
+                                   "and name a rank persistently 1.5× slower than the others "
+                                   "(0: never).")
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -275,7 +283,8 @@ class DistConfig:
         _at_most(self, "nproc_per_node", MAX_PROCS, "that many processes on one machine is "
                  "a typo; one per GPU or CPU core is the norm")
         _at_most(self, "threads_per_rank", MAX_PROCS, "more threads than any machine's cores")
-        for name in ("max_restarts", "hang_timeout_s", "check_consistency_every"):
+        for name in ("max_restarts", "hang_timeout_s", "check_consistency_every",
+                     "straggler_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
                                 f"{getattr(self, name)}.")

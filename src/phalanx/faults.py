@@ -6,6 +6,8 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=hang` enters a barrier that no other rank joins (a planted deadlock);
 `action=perturb` adds 1e-3 to this replica's first parameter (a diverged replica);
 `action=nan` makes this rank's next loss NaN (the NaN guard's test);
+`action=spike` multiplies this rank's next loss by 20 (the spike warning's test);
+`action=slow` makes this rank's every forward from then on 40 ms slower (a straggler);
 `attempts=always` fires on every elastic restart too (a rank that always fails),
 `attempts=first` (default) only before the first restart, `attempts=N` only on restart
 N. A fault fires once per process (`times=N`: up to N times, when `--on-nan rollback`
@@ -28,7 +30,7 @@ class InjectedFault(RuntimeError):
 
 
 _CHOICES = {"phase": ("step", "checkpoint"),
-            "action": ("kill", "raise", "hang", "perturb", "nan")}
+            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow")}
 
 
 def _specs() -> list[dict[str, str]]:
@@ -47,7 +49,7 @@ def _specs() -> list[dict[str, str]]:
         if not _valid(spec):
             raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
                             f"`rank=1,step=7,phase=step,action=kill` (phase: step|checkpoint; "
-                            f"action: kill|raise|hang|perturb|nan; attempts: first|always|N; times: N).")
+                            f"action: kill|raise|hang|perturb|nan|spike|slow; attempts: first|always|N; times: N).")
     return specs
 
 
@@ -91,15 +93,19 @@ def _fire(action: str, phase: str, step: int, model) -> None:
         import torch.distributed as dist
 
         dist.barrier()  # no other rank comes: the hang watchdog's test
-    elif action == "nan":  # the next forward's loss on this rank is NaN (once)
-        import torch
+    elif action in ("nan", "spike"):  # the next forward's loss on this rank (once)
+        factor = float("nan") if action == "nan" else 20.0
 
         def poison(_module, _inputs, output):
             handle.remove()
             logits, loss = output
-            return logits, loss * torch.tensor(float("nan"), device=loss.device)
+            return logits, loss * factor
 
         handle = model.register_forward_hook(poison)
+    elif action == "slow":
+        import time
+
+        model.register_forward_pre_hook(lambda _module, _inputs: time.sleep(0.04))
     elif action == "perturb":
         import torch
 

@@ -1,10 +1,12 @@
 """The NaN guard on 2 gloo ranks: a NaN planted in one rank's loss is seen by both ranks
 at the same step, the step is skipped everywhere (replicas stay bitwise equal: checked
-every step), the message names the rank; `--on-nan stop` ends there; a diverging run
-never commits a non-finite checkpoint."""
+every step), the message names the rank; `--on-nan rollback` reloads the last checkpoint
+and ends with finite weights; `--on-nan stop` ends there; a diverging run never commits a
+non-finite checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,3 +78,36 @@ def test_a_diverging_run_commits_no_non_finite_checkpoint(tmp_path, small_corpus
         weights = export(tmp_path, "lr50", int(path.name.split("-")[1]))
         assert all(bool(torch.isfinite(v).all()) for v in weights.values()), path.name
     assert not (tmp_path / "lr50" / "model.safetensors").exists()
+
+
+def test_rollback_reloads_the_checkpoint_and_goes_past_the_batch(tmp_path, small_corpus_file,
+                                                                 cache_dir):
+    data = ("--data", str(small_corpus_file), "--cache-dir", str(cache_dir))
+    nan_at_5 = {"PHALANX_FAULT": "rank=1,step=4,phase=step,action=nan"}
+    done, said = train(tmp_path, "rollback", "--max-steps", "8", "--checkpoint-every", "3",
+                       "--on-nan", "rollback", "--check-consistency-every", "1",
+                       "--log-every", "1", env=nan_at_5, data=data)
+    assert done.returncode == 0, said[-2000:]
+    assert "step 5: the loss of rank 1 is not finite" in said
+    assert said.count("rolled back to the checkpoint of step 3") == 1, said[-2000:]
+    final = load_file(str(tmp_path / "rollback" / "model.safetensors"))
+    assert all(bool(torch.isfinite(v).all()) for v in final.values())
+    out = tmp_path / "rollback"
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["step"]) for e in events] == [("nan", 5), ("rollback", 3)]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert steps == list(range(1, 9))  # steps 4.. were trained again, each logged once
+
+
+def test_rollback_stops_when_the_same_checkpoint_keeps_failing(tmp_path, small_corpus_file,
+                                                               cache_dir):
+    data = ("--data", str(small_corpus_file), "--cache-dir", str(cache_dir))
+    always = {"PHALANX_FAULT": "rank=0,step=4,phase=step,action=nan,times=9"}
+    done, said = train(tmp_path, "again", "--max-steps", "8", "--checkpoint-every", "3",
+                       "--on-nan", "rollback", env=always, data=data)
+    assert done.returncode == 2, said[-2000:]
+    assert said.count("rolled back to the checkpoint of step 3") == 3
+    last = done.stderr.strip().splitlines()[-1]
+    assert "3 rollbacks to the checkpoint of step 3 did not get the run past it" in last, last
+    assert last.endswith(".") and not last.endswith(".."), last

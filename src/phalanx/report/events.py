@@ -26,6 +26,13 @@ def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> No
         fh.write(json.dumps(line) + "\n")
 
 
+def warn(run, out_dir: Path | None, kind: str, step: int, text: str) -> None:
+    """Say `text` as a warning on rank 0 and record it as an event of the run."""
+    run.print(f"phalanx: warning: {text}")
+    if run.is_main:
+        record_event(out_dir, kind, step, text)
+
+
 def read_events(out_dir: Path) -> list[dict[str, Any]]:
     """The run's events (unreadable lines, e.g. a torn last one, are skipped)."""
     from phalanx.report.metrics import read_metrics

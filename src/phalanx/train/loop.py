@@ -9,6 +9,7 @@ its config alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -25,12 +26,14 @@ from phalanx.errors import UserError
 from phalanx.faults import fault_point
 from phalanx.models import build_model
 from phalanx.precision import Precision
+from phalanx.report.events import warn
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.run_report import write_environment
 from phalanx.runtime import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
 from phalanx.train.optim import adamw
+from phalanx.train.watchers import SpikeWatch, StragglerWatch
 from phalanx.train.schedule import lr_at
 
 
@@ -111,15 +114,17 @@ def _roll_back(run: Run, cfg: Config, out_dir: Path | None, result: TrainResult,
     log.rolled_back()
 
 
-def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision
-                ) -> torch.Tensor:
-    """Forward and backward over one accumulation window; returns the mean local loss."""
+def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision,
+                timing=None) -> torch.Tensor:
+    """Forward and backward over one accumulation window; returns the mean local loss.
+    `timing()`: a context that times data loading and forward (StragglerWatch)."""
     total = torch.zeros((), device=next(model.parameters()).device)
     for _ in range(acc.steps):
-        x, y = next(batches)
         with acc.micro_step():
-            with precision.autocast():
-                _, loss = model(x, y)
+            with timing() if timing is not None else contextlib.nullcontext():
+                x, y = next(batches)
+                with precision.autocast():
+                    _, loss = model(x, y)
             acc.backward(loss, precision.scaler)
         total += loss.detach().float()
     return total / acc.steps
@@ -151,6 +156,7 @@ class Logger:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
+        self.out_dir, self.spikes = out_dir, SpikeWatch(cfg.train.spike_factor)
         self.writes = out_dir is not None  # through run.log (rank 0 writes)
         if self.writes:
             run.log_dir = Path(out_dir)
@@ -176,6 +182,11 @@ class Logger:
             return {"step": step}
         mean = self.run.all_reduce_mean(torch.stack(self.pending)).tolist()
         result.losses.extend(mean)
+        for i, value in enumerate(mean):  # the same on every rank: rank 0 says it
+            at = step - len(mean) + 1 + i
+            spike = self.spikes.check(at, value)
+            if spike:
+                warn(self.run, self.out_dir, "spike", at, spike)
         elapsed = time.perf_counter() - self.t_last
         tokens = self.steps_since * self.cfg.tokens_per_step(self.run.topology.dp_size)
         record = {"step": step, "loss": sum(mean) / len(mean), "lr": lr,
@@ -285,6 +296,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     acc = run.accumulate(model, t.grad_accum)
     global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
+    stragglers = StragglerWatch(run, cfg.dist.straggler_every)
     while result.state.step < t.max_steps:
         state = result.state  # (a rollback replaces it)
         step = state.step
@@ -293,7 +305,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
                    max_steps=cfg.decay_steps())
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = micro_steps(step_model, acc, batches, precision)
+        loss = micro_steps(step_model, acc, batches, precision,
+                           lambda: stragglers.timing(step))
         run.checkpoint_staged()  # a background save's copy must be done before the step
         skipped_before = guard.skipped
         result.grad_norms.append(optimizer_step(
@@ -313,6 +326,9 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         fault_point("step", state.step, inner)
         run.beat(state.step, "train")
         _guard(run, cfg, model, state.step)
+        slow = stragglers.check(state.step)
+        if slow:
+            warn(run, out_dir, "straggler", state.step, slow)
         _report(run, cfg, log, result, inner, val_ds, precision, lr)
         result.stopped = run.stop_requested()  # every rank agrees to stop at this step
         if out_dir is not None and (ckpt.should_save(cfg, state.step) or result.stopped):

@@ -86,11 +86,9 @@ class NanGuard:
 
     def note(self, step: int, kind: str, text: str) -> None:
         """Say `text` on rank 0 and record it in the run's events."""
-        from phalanx.report.events import record_event
+        from phalanx.report.events import warn
 
-        self.run.print(f"phalanx: warning: {text}")
-        if self.run.is_main:
-            record_event(self.out_dir, kind, step, text)
+        warn(self.run, self.out_dir, kind, step, text)
 
 
 def advice(precision: str) -> str:
