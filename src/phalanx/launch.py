@@ -202,6 +202,9 @@ def start_workers(python_args: list[str], plan: LaunchPlan) -> None:
     code 2 (a user error), `DistributedError` naming the failed ranks (and, across
     machines, this one) otherwise.
     """
+    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401 - their
+    import torch.distributed.launcher.api  # noqa: F401 - loggers exist (each sets a level)
+
     for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
         if name.startswith("torch.distributed.elastic"):  # each sets its own level
             logging.getLogger(name).setLevel(logging.CRITICAL)

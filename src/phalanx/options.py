@@ -32,15 +32,17 @@ def _field_type(cls: type, f: dataclasses.Field) -> type:
     return args[0] if args else hint
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per config field, grouped by section, all defaulting to 'not given'."""
+def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """Add one flag per config field, grouped by section, all defaulting to 'not given';
+    not the fields in `skip` (`section.field`: they mean nothing to the verb)."""
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML file with [model], [data], [train], [dist] tables; "
                              "flags given on the command line override it.")
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(f"{section} options")
         for f in dataclasses.fields(cls):
-            _add_field(group, section, cls, f)
+            if f"{section}.{f.name}" not in skip:
+                _add_field(group, section, cls, f)
 
 
 LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",

@@ -95,7 +95,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("data-dev-zero", ["--data", "/dev/zero"], "is a character device"),
         ("data-empty-dir", ["--data", "{d}/emptydir"], "contains no files"),
         ("data-empty-file", ["--data", "{d}/empty.txt"], "its files are empty"),
-        ("data-binary", ["--data", "{d}/binary.bin"], "its files are binary"),
+        ("data-binary", ["--data", "{d}/binary.bin"], "binary.bin` is binary (it has NUL"),
+        ("data-latin1", ["--data", "{d}/latin1.txt"], "latin1.txt` is not UTF-8 (byte 0xe9"),
         ("block-size", ["--data", "{d}/short.txt", "--block-size", "4096"],
          "`--block-size` 4096 is longer than the corpus allows"),
         ("config-missing", ["--config", "{d}/nope.toml"], "does not exist"),
@@ -226,6 +227,7 @@ def files(tmp_path_factory, small_corpus_file, cache_dir):
     d = tmp_path_factory.mktemp("bad")
     (d / "empty.txt").write_text("")
     (d / "binary.bin").write_bytes(bytes(range(256)) * 64)
+    (d / "latin1.txt").write_bytes("déjà vu, naïve café\n".encode("latin-1") * 40)
     (d / "short.txt").write_text("print('hello')\n" * 20)
     (d / "broken.toml").write_text("[model\nn_layer = 2\n")
     (d / "unknown.toml").write_text("[train]\nmax_step = 3\n")

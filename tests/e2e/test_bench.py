@@ -1,10 +1,12 @@
 """`phalanx bench` end to end on 2 gloo ranks with a tiny model: one step of each peer
 (plain DDP, Accelerate, Fabric, Phalanx) and of each default variant, the profile, and
-both scaling sweeps."""
+both scaling sweeps; progress and Ctrl-C."""
 
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 
@@ -73,3 +75,29 @@ def test_bench_times_a_sharded_strategy_beside_ddp(tmp_path, small_corpus_file, 
             "FSDP gradient sync under accumulation", "FSDP reshard_after_forward"}
     else:
         assert res["profile"]["exposed_comm_ms"] >= 0 and "c10d::broadcast_" in collectives
+
+
+def test_bench_shows_progress_and_ctrl_c_leaves_a_partial_report(tmp_path, small_corpus_file,
+                                                                 cache_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "bench", *TINY, "--data", str(small_corpus_file),
+         "--cache-dir", str(cache_dir), "--out", str(tmp_path), "--repeats", "10000",
+         "--steps", "2", "--warmup", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    seen = []
+    for line in proc.stdout:  # rank 0's progress: a line per quarter of the phase
+        seen.append(line)
+        if line.startswith("bench: timing (2501/10001)"):
+            break
+    assert seen[:2] == ["bench: timing (0/10001)\n", "bench: timing (2501/10001)\n"], seen
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    [line] = err.strip().splitlines()  # no traceback, no agent log line
+    assert re.fullmatch(r"phalanx: stopped by SIGINT after \d+ complete round\(s\): partial "
+                        r"report at .*/bench/report\.md\.", line), line
+    report = (tmp_path / "bench" / "report.md").read_text()
+    assert "**Stopped early (Ctrl-C):" in report and "of the 10000 asked for" in report
+    res = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert res["stopped"] and res["repeats"] >= 2500 and len(res["peers"]["phalanx"]) == \
+        res["repeats"]

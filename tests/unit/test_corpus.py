@@ -35,7 +35,11 @@ def test_split_takes_validation_from_all_over():
 @pytest.mark.parametrize("content, needle", [
     (None, "does not exist"),
     (b"", "holds no usable text: its files are empty"),
-    (b"\x00\x01\x02binary\xff" * 100, "holds no usable text: its files are binary"),
+    (b"\x00\x01\x02binary\xff" * 100, "holds no usable text: `.*data.txt` is binary "
+                                       r"\(it has NUL bytes\)"),
+    ("café crème\n".encode("latin-1") * 50, r"`.*data.txt` is not UTF-8 \(byte 0xe9 at "
+                                            r"offset 3; Latin-1 or another 8-bit encoding\?\)"
+                                            ".*iconv -f latin1"),
 ])
 def test_bad_data_paths_are_refused(tmp_path, content, needle):
     path = tmp_path / "data.txt"

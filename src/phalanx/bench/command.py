@@ -11,7 +11,7 @@ import os
 import statistics
 from pathlib import Path
 
-from phalanx.errors import UserError
+from phalanx.errors import Interrupted, UserError
 from phalanx.options import add_config_flags, count, resolve
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
@@ -69,33 +69,54 @@ def parent(ns: argparse.Namespace) -> int:
     spec = {"config": cfg.to_dict(), "repeats": ns.repeats, "steps": ns.steps,
             "warmup": ns.warmup, "out": str(out), "threads": plan.threads}
     impls = list(PEERS) if ns.peers else ["phalanx"]
-    res = _phase({**spec, "impls": impls, "profile": ns.profile, "defaults": ns.defaults,
-                  "scaling": ns.scaling}, plan, out / "raw.json")
+    try:
+        res = _phase({**spec, "impls": impls, "profile": ns.profile, "defaults": ns.defaults,
+                      "scaling": ns.scaling}, plan, out / "raw.json")
+    except Interrupted as exc:  # the workers kept the rounds they completed, if any
+        raise Interrupted(exc.signum, _partial(out, exc.signum)) from None
     (out / "results.json").write_text(json.dumps(res, indent=2))
     path = report.write(res, out)
     print(path.read_text())
-    print(f"wrote: {path}, {out / 'results.json'}")
+    print(f"wrote: {', '.join(map(str, [path, out / 'results.json', *report.plots_of(out)]))}")
     return 0
+
+
+def _partial(out: Path, signum: int) -> str:
+    """After Ctrl-C: the report of the complete rounds, if any; what to say."""
+    import signal
+
+    from phalanx.bench import report
+
+    name = signal.Signals(signum).name
+    raw = out / "raw.json"
+    res = json.loads(raw.read_text()) if raw.is_file() else None
+    if not res or not res.get("stopped"):
+        return f"stopped by {name} before the first timed round ended: no report."
+    (out / "results.json").write_text(json.dumps(res, indent=2))
+    path = report.write(res, out)
+    return (f"stopped by {name} after {res['repeats']} complete round(s): partial report at "
+            f"{path}.")
 
 
 def _phase(spec: dict, plan, result: Path) -> dict:
     from phalanx.launch import start_workers
+    from phalanx.ranklogs import LOGS_ENV
 
+    result.unlink(missing_ok=True)
     phase = json.dumps({**spec, "result": str(result)})
-    start_workers(["-m", "phalanx", "bench"],
-                  dataclasses.replace(plan, env={**plan.env, "PHALANX_BENCH_PHASE": phase}))
+    env = {**plan.env, "PHALANX_BENCH_PHASE": phase}
+    if not plan.env.get(LOGS_ENV):  # the ranks' output (and torch's profiler lines): logs
+        env[LOGS_ENV] = str(result.parent / "logs")
+    start_workers(["-m", "phalanx", "bench"], dataclasses.replace(plan, env=env))
     return json.loads(result.read_text())
 
 
 def worker(spec: dict) -> int:
-    import torch
-
     import phalanx
-    from phalanx.bench import defaults, flops, peers, runner, scaling
+    from phalanx.bench import defaults, peers, runner, scaling
     from phalanx.config import from_dict
     from phalanx.data.corpus import prepare
     from phalanx.train.command import strategy_options
-    from phalanx.models import build_model
 
     cfg = from_dict(spec["config"])
     tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")
@@ -105,35 +126,54 @@ def worker(spec: dict) -> int:
         steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
         steps.update(baseline_step(cfg, tokens, run))
         variants = defaults.setups(cfg, tokens, run) if spec["defaults"] else {}
-        times = runner.compare(run, {**steps, **variants}, spec["repeats"], spec["steps"],
-                               spec["warmup"])
-        prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
-                                spec["repeats"]) if spec["profile"] else None
         names, variant_info = list(steps), defaults.describe(variants)
-        del steps, variants  # free their models before the sweep builds its own
-        sweep = scaling.sweep(cfg, tokens, run, spec["repeats"], spec["steps"],
-                              spec["warmup"]) if spec["scaling"] else None
+        times: dict = {}
+        prof = sweep = None
+        try:
+            times = runner.compare(run, {**steps, **variants}, spec["repeats"], spec["steps"],
+                                   spec["warmup"])
+            prof = runner.breakdown(run, steps["phalanx"], Path(spec["out"]), spec["steps"],
+                                    spec["repeats"]) if spec["profile"] else None
+            del steps, variants  # free their models before the sweep builds its own
+            sweep = scaling.sweep(cfg, tokens, run, spec["repeats"], spec["steps"],
+                                  spec["warmup"]) if spec["scaling"] else None
+        except (runner.Stopped, KeyboardInterrupt) as stop:  # Ctrl-C: keep what is complete
+            if isinstance(stop, runner.Stopped):
+                times = stop.times
+            if run.is_main and times.get("phalanx"):
+                _write_result(spec, cfg, run, times, names, variant_info, None, None, True)
+            raise SystemExit(130) from None  # no collective after an interrupted one
         if run.is_main:
-            model = build_model(cfg)
-            n_params, m = flops.matmul_params(model), cfg.model
-            per_token = flops.flops_per_token(n_params, m.n_layer, m.n_embd, m.block_size)
-            tokens_per_step = cfg.tokens_per_step(run.world_size)
-            device = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" \
-                else "CPU"
-            tps = tokens_per_step / statistics.median(times["phalanx"])
-            res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
-                   "strategy": run.strategy.name,
-                   "device_name": device, "versions": peers.versions(), "repeats": spec["repeats"],
-                   "steps": spec["steps"], "tokens_per_step": tokens_per_step,
-                   "matmul_params": n_params, "flops_per_token": per_token,
-                   "peak_flops": flops.peak_flops(device),
-                   "mfu": flops.mfu(tps, per_token, device, run.world_size),
-                   "peers": {name: times[name] for name in names}, "profile": prof,
-                   "scaling": sweep,
-                   "defaults": [{**d, "times": times[d["label"]]}
-                                for d in variant_info]}
-            Path(spec["result"]).write_text(json.dumps(res))
+            _write_result(spec, cfg, run, times, names, variant_info, prof, sweep, False)
     return 0
+
+
+def _write_result(spec, cfg, run, times, names, variant_info, prof, sweep,
+                  stopped: bool) -> None:
+    """Rank 0: the measurement as JSON at `spec["result"]` (`stopped`: Ctrl-C ended it
+    early; only the complete rounds are in `times`)."""
+    import torch
+
+    from phalanx.bench import flops, peers
+    from phalanx.models import build_model
+
+    model = build_model(cfg)
+    n_params, m = flops.matmul_params(model), cfg.model
+    per_token = flops.flops_per_token(n_params, m.n_layer, m.n_embd, m.block_size)
+    tokens_per_step = cfg.tokens_per_step(run.world_size)
+    device = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU"
+    tps = tokens_per_step / statistics.median(times["phalanx"])
+    res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
+           "strategy": run.strategy.name, "device_name": device, "versions": peers.versions(),
+           "repeats": len(times["phalanx"]), "repeats_asked": spec["repeats"],
+           "steps": spec["steps"],
+           "tokens_per_step": tokens_per_step, "matmul_params": n_params,
+           "flops_per_token": per_token, "peak_flops": flops.peak_flops(device),
+           "mfu": flops.mfu(tps, per_token, device, run.world_size),
+           "peers": {name: times[name] for name in names}, "profile": prof, "scaling": sweep,
+           "defaults": [{**d, "times": times[d["label"]]} for d in variant_info],
+           "stopped": stopped}
+    Path(spec["result"]).write_text(json.dumps(res))
 
 
 def baseline_step(cfg, tokens, run) -> dict:

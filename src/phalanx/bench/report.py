@@ -100,7 +100,12 @@ def render(res: dict) -> str:
              f"{res['device_name']}, {res['threads']} thread(s) per rank, precision "
              f"{c['train']['precision']}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in res["versions"].items()) + ".",
-             "", "## Throughput", ""]
+             ""]
+    if res.get("stopped"):
+        lines += [f"**Stopped early (Ctrl-C): {res['repeats']} complete round(s) of the "
+                  f"{res.get('repeats_asked', '?')} asked for; no profile or scaling.** "
+                  "Fewer rounds give wider intervals.", ""]
+    lines += ["## Throughput", ""]
     ours = statistics.median(res["peers"]["phalanx"])
     tps = res["tokens_per_step"] / ours
     lines.append(f"Phalanx: {ours * 1e3:.1f} ms/step, **{tps:,.0f} tokens/s**. FLOPs per "
@@ -181,6 +186,11 @@ def plots(res: dict, out: Path) -> None:
         peers_plot(res, out / "peers.png")
     if res.get("scaling"):
         scaling_plot(res["scaling"], out / "scaling.png")
+
+
+def plots_of(out: Path) -> list[Path]:
+    """The plots `write` made in `out`."""
+    return [out / name for name in ("peers.png", "scaling.png") if (out / name).is_file()]
 
 
 def write(res: dict, out: Path) -> Path:

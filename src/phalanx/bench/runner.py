@@ -37,15 +37,38 @@ def timed(run, step, n: int) -> float:
     return per_step.item()
 
 
-def compare(run, steps: dict, repeats: int, n: int, warmup: int) -> dict[str, list[float]]:
-    for step in steps.values():
-        if warmup:
-            timed(run, step, warmup)
+class Stopped(Exception):
+    """Ctrl-C / SIGTERM during timing: the rounds completed so far (each setup the same
+    number of blocks; none when not even one round was)."""
+
+    def __init__(self, times: dict[str, list[float]]) -> None:
+        super().__init__("stopped")
+        self.times = times
+
+
+def compare(run, steps: dict, repeats: int, n: int, warmup: int,
+            label: str = "timing") -> dict[str, list[float]]:
+    """Blocks of `n` steps of each setup, alternating order, after `warmup` steps each
+    (rank 0 shows the progress). Raises `Stopped` with the complete rounds on Ctrl-C."""
+    from phalanx.report.progress import PhaseProgress
+
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(repeats):
-        order = list(steps) if r % 2 == 0 else list(reversed(steps))
-        for name in order:
-            times[name].append(timed(run, steps[name], n))
+    bar = PhaseProgress(run.is_main, label, len(steps) * (repeats + (1 if warmup else 0)))
+    try:
+        for step in steps.values():
+            if warmup:
+                timed(run, step, warmup)
+                bar.advance()
+        for r in range(repeats):
+            order = list(steps) if r % 2 == 0 else list(reversed(steps))
+            for name in order:
+                times[name].append(timed(run, steps[name], n))
+                bar.advance()
+    except KeyboardInterrupt:
+        rounds = min(len(t) for t in times.values())
+        raise Stopped({name: t[:rounds] for name, t in times.items()}) from None
+    finally:
+        bar.close()
     return times
 
 

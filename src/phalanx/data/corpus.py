@@ -80,30 +80,37 @@ def source_files(path: str | None) -> tuple[list[Path], str]:
     return files, str(p)
 
 
-def _read_text(files: list[Path], data_arg: str | None) -> tuple[list[bytes], list[Path]]:
+def _read_text(files: list[Path], data_arg: str | None) -> tuple[list[bytes], list[str]]:
+    """The UTF-8 text of `files`; the others, each said with why (binary / not UTF-8)."""
     texts, skipped = [], []
     for f in files:
         raw = f.read_bytes()
         if not raw.strip():
             continue
-        if b"\0" in raw[:8192] or not _is_utf8(raw):
-            skipped.append(f)
+        why = "binary (it has NUL bytes)" if b"\0" in raw[:8192] else _not_utf8(raw)
+        if why:
+            skipped.append(f"`{f}` is {why}")
             continue
         texts.append(raw)
     if not texts:
-        what = "binary" if skipped else "empty"
-        example = f" (e.g. `{skipped[0]}`)" if skipped else ""
-        raise UserError(f"`--data` `{data_arg}` holds no usable text: its files are {what}"
-                        f"{example}. Phalanx trains on UTF-8 text; point `--data` at text files.")
+        if not skipped:
+            raise UserError(f"`--data` `{data_arg}` holds no usable text: its files are empty. "
+                            f"Point `--data` at UTF-8 text files.")
+        raise UserError(f"`--data` `{data_arg}` holds no usable text: {skipped[0]}"
+                        f"{f' (and {len(skipped) - 1} more)' if len(skipped) > 1 else ''}. "
+                        f"Phalanx trains on UTF-8 text; convert it, e.g. `iconv -f latin1 -t "
+                        f"utf-8 IN > OUT`, or point `--data` at text files.")
     return texts, skipped
 
 
-def _is_utf8(raw: bytes) -> bool:
+def _not_utf8(raw: bytes) -> str | None:
+    """None for UTF-8; else where it is not (`not UTF-8: byte 0xe9 at offset 12`)."""
     try:
         raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    except UnicodeDecodeError as exc:
+        return (f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}; Latin-1 or "
+                f"another 8-bit encoding?)")
+    return None
 
 
 def _cache_key(files: list[Path], val_fraction: float) -> str:
@@ -163,7 +170,8 @@ def prepare(data_path: str | None, cache_dir: str | None, val_fraction: float,
         return cached
     texts, skipped = _read_text(files, data_path)
     if skipped:
-        log(f"note: skipped {len(skipped)} non-text file(s) in `{data_path}`, e.g. `{skipped[0]}`")
+        log(f"note: skipped {len(skipped)} file(s) in `{data_path}` that are not UTF-8 text, "
+            f"e.g. {skipped[0]}")
     tokens = ByteTokenizer().encode_bytes(b"\n\n".join(texts))
     train, val = split_chunks(tokens, val_fraction)
     try:

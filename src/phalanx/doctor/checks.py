@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass
 
 STATUSES = ("pass", "warn", "fail")
@@ -22,12 +23,16 @@ def render_table(checks: list[Check], bandwidth: list[dict]) -> str:
     from rich.table import Table
 
     table = Table(title="phalanx doctor", show_lines=False)
-    for column in ("area", "check", "status", "evidence", "fix"):
+    fixes = any(c.fix for c in checks)  # no empty `fix` column when every check passed
+    for column in ("area", "check", "status", "evidence") + (("fix",) if fixes else ()):
         table.add_column(column, overflow="fold")
     style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     for c in checks:
-        table.add_row(c.area, c.name, f"[{style[c.status]}]{c.status}[/]", c.evidence, c.fix)
-    console = Console(width=130, record=True, force_terminal=False)
+        table.add_row(c.area, c.name, f"[{style[c.status]}]{c.status}[/]", c.evidence,
+                      *((c.fix,) if fixes else ()))
+    # the terminal's width (COLUMNS when set); 120 when the output is not a terminal
+    width = shutil.get_terminal_size(fallback=(120, 24)).columns
+    console = Console(width=max(60, width), record=True, force_terminal=False)
     with console.capture() as cap:
         console.print(table)
         if bandwidth:

@@ -50,3 +50,34 @@ class ProgressReporter:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class PhaseProgress:
+    """Rank 0's progress through one phase of a measurement (`phalanx bench`): a bar on a
+    terminal; elsewhere a line when the phase starts and one per quarter done."""
+
+    def __init__(self, enabled: bool, label: str, total: int) -> None:
+        self.enabled, self.label, self.total, self.done = enabled, label, max(1, total), 0
+        self._progress: Progress | None = None
+        if not enabled:
+            return
+        if sys.stdout.isatty():
+            self._progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeRemainingColumn(),
+                                      console=Console(), transient=False)
+            self._task = self._progress.add_task(label, total=self.total)
+            self._progress.start()
+        else:
+            print(f"bench: {label} (0/{self.total})", flush=True)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self._progress is not None:
+            self._progress.update(self._task, completed=self.done)
+        elif self.enabled and self.done * 4 // self.total > (self.done - 1) * 4 // self.total:
+            print(f"bench: {self.label} ({self.done}/{self.total})", flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
