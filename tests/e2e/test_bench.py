@@ -46,6 +46,9 @@ def test_bench_runs_every_peer_profile_and_scaling(tmp_path, small_corpus_file, 
     assert "| fabric |" in text and "Exposed communication" in text and "| strong | 2 |" in text
     assert "| AdamW implementation | fused | for-loop |" in text
     assert (bench / "scaling.png").exists()
+    wrote = proc.stdout.strip().splitlines()[-1]
+    assert wrote == f"wrote: {bench / 'report.md'}, {bench / 'results.json'}, " \
+        f"{bench / 'peers.png'}, {bench / 'scaling.png'}", wrote
 
 
 def test_bench_refuses_bad_counts(tmp_path):

@@ -45,3 +45,18 @@ def test_a_launch_leaves_no_agent_directory_behind(tmp_path):
     assert "rank 0" in done.stdout and "rank 1" not in done.stdout  # rank 1: its log
     assert "rank 1" in (tmp_path / "logs" / "rank-1.log").read_text()
     assert [p.name for p in temp.iterdir()] == []
+
+
+def test_verify_resume_help_lists_only_what_means_something_there():
+    text = phalanx("verify-resume", "--help").stdout
+    for gone in ("--resume", "--sample-tokens", "--checkpoint-every", "--keep-checkpoints",
+                 "--max-restarts", "--spike-factor", "--straggler-every"):
+        assert f"{gone} " not in text and f"{gone}\n" not in text, gone
+    for kept in ("--max-steps", "--grad-accum", "--strategy", "--out", "--nproc-per-node"):
+        assert kept in text, kept
+    assert len(text.splitlines()) < len(phalanx("train", "--help").stdout.splitlines())
+
+
+def test_doctor_and_watch_take_only_the_launch_flags_that_apply():
+    doctor, watch = phalanx("doctor", "--help").stdout, phalanx("watch", "--help").stdout
+    assert "--tee-ranks" in watch and "--tee-ranks" not in doctor

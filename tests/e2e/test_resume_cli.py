@@ -73,6 +73,40 @@ def test_a_changed_learning_rate_and_length_are_allowed_and_logged(run_dir, smal
     assert steps[-1] == 3
 
 
+def test_extending_a_finished_schedule_says_what_the_learning_rate_does(
+        small_corpus_file, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    short = ("--warmup-steps", "1", "--log-every", "1")
+    assert train(out, small_corpus_file, cache_dir, "--max-steps", "4", *short).returncode == 0
+    proc = train(out, small_corpus_file, cache_dir, "--max-steps", "8", "--lr-decay-steps", "8",
+                 *short)  # as a user extends a run that used the default (its max steps)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("resumed from"))
+    assert ("the cosine schedule now spans 8 steps instead of 4: at step 5 the learning rate "
+            "is 1.30e-03 where the old schedule had 2.00e-04 (a jump up). To go on at the old "
+            "rate instead, resume with `--lr-decay-steps 4`") in line, line
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text()
+                                          .splitlines())}
+    assert f"{lrs[5]:.2e}" == "1.30e-03"  # the message says what the run then did
+    ok = tmp_path / "planned"
+    planned = ("--lr-decay-steps", "8", *short)  # the final length from the start: no jump
+    assert train(ok, small_corpus_file, cache_dir, "--max-steps", "4", *planned).returncode == 0
+    proc = train(ok, small_corpus_file, cache_dir, "--max-steps", "8", *planned)
+    assert "cosine schedule" not in proc.stdout and "--max-steps 4 → 8" in proc.stdout
+
+
+def test_resuming_on_fewer_ranks_names_the_smaller_global_batch(small_corpus_file, cache_dir,
+                                                                  tmp_path):
+    out = tmp_path / "run"
+    two = train(out, small_corpus_file, cache_dir, "--max-steps", "2", "--nproc-per-node", "2")
+    assert two.returncode == 0, two.stderr
+    proc = train(out, small_corpus_file, cache_dir, "--max-steps", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert ("changed: --max-steps 2 → 3, the global batch is 2 sequences per step instead of 4 "
+            "(2 → 1 ranks); "
+            "to keep 4, resume with `--grad-accum 2`") in proc.stdout, proc.stdout
+
+
 def test_a_full_or_read_only_disk_keeps_the_previous_checkpoint(small_corpus_file, cache_dir,
                                                                 tmp_path):
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:

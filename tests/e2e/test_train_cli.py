@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -39,6 +41,29 @@ def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cach
     assert torch.equal(model.lm_head.weight, weights["wte.weight"])
     assert (out / "loss.png").stat().st_size > 1000
     assert (out / "sample.txt").read_text(encoding="utf-8").startswith("def ")
+    wrote = next(line for line in proc.stdout.splitlines() if line.startswith("wrote: "))
+    assert wrote == "wrote: " + ", ".join(f"{out}/{name}" for name in (
+        "model.safetensors", "config.json", "metrics.jsonl", "sample.txt", "loss.png",
+        "report.html", "tb/", "logs/")), wrote
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "config.json", "metrics.jsonl", "report.html"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask, name  # as the umask says
+
+
+def test_a_large_model_on_cpu_says_how_slow_up_front(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "phalanx", "train", "--preset", "gpt2-124m",
+                             "--max-steps", "400", "--out", str(tmp_path / "big")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()  # before any worker starts
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert re.match(r"phalanx: note: MiniGPT 12L × 768d, block 1024, on CPU: at least [\d.]+ "
+                    r"(s|min) per step \(10\.2 TFLOP per step per rank; this machine's matmuls "
+                    r"run at \d+ GFLOP/s with \d+ thread\(s\)\), so 400 steps take at least ",
+                    first), first
 
 
 def test_under_torchrun_phalanx_is_just_the_worker(tmp_path, corpus_file, cache_dir):

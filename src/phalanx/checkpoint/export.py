@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ def export_weights(model: MiniGPT, out_dir: Path, extra: dict[str, Any] | None =
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
     path = Path(out_dir) / filename
     save_file(state, str(path), metadata={"format": "pt"})
+    mask = os.umask(0)  # safetensors creates the file 0600; every other output follows
+    os.umask(mask)  # the umask, and so does this one
+    os.chmod(path, 0o666 & ~mask)
     config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
               "tie_word_embeddings": True, "tokenizer": "bytes", **(extra or {})}
     (Path(out_dir) / "config.json").write_text(json.dumps(config, indent=2))

@@ -21,6 +21,7 @@ from phalanx.checkpoint.store import read_sidecar
 from phalanx.config import Config
 from phalanx.errors import UserError
 from phalanx.failures import restart_note
+from phalanx.train.changes import SHAPE_FIELDS, check_compatible
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
 
@@ -29,33 +30,9 @@ if TYPE_CHECKING:
     from phalanx.train.loop import TrainState
     from phalanx.train.precision import Precision
 
-SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
-LOGGED_FIELDS = ("lr", "min_lr", "max_steps", "lr_decay_steps", "warmup_steps",
-                 "micro_batch_size", "grad_accum", "precision", "seed")
-
-
 def config_hash(cfg: Config) -> str:
     shape = {k: getattr(cfg.model, k) for k in SHAPE_FIELDS}
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def check_compatible(cfg: Config, saved: dict, path: Path) -> list[str]:
-    """Refuse a different model shape (naming the fields); return the changes allowed."""
-    old_model, old_train = saved.get("model", {}), saved.get("train", {})
-    differ = [f"--{k.replace('_', '-')} {old_model.get(k)} → {getattr(cfg.model, k)}"
-              for k in SHAPE_FIELDS if old_model.get(k) != getattr(cfg.model, k)]
-    if differ:
-        raise UserError(f"checkpoint `{path}` was written for another model shape: "
-                        f"{', '.join(differ)}. Resume with the same model flags, or start "
-                        f"fresh with `--resume never` (or another `--out`).")
-    changes = [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
-               for k in LOGGED_FIELDS if k in old_train and old_train[k] != getattr(cfg.train, k)]
-    old_span = old_train.get("lr_decay_steps") or old_train.get("max_steps")
-    if old_span and old_span != cfg.decay_steps():
-        changes.append(f"the cosine schedule now spans {cfg.decay_steps()} steps instead of "
-                       f"{old_span}, so the learning rate from here on differs from the old "
-                       f"plan (fix `--lr-decay-steps` to extend a run without that)")
-    return changes
 
 
 def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
@@ -86,7 +63,7 @@ def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
     if path is None:
         return None, None
     meta = read_sidecar(path)["meta"]
-    check_compatible(cfg, meta.get("config", {}), path)
+    check_compatible(cfg, meta, path)
     step = int(meta.get("train_state", {}).get("step", 0))
     if step < cfg.train.max_steps:
         return path, None
@@ -134,7 +111,7 @@ def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
                 record_event(out_dir, "restart", 0, f"{restart}; started again from step 0")
         return None
     meta = read_sidecar(path)["meta"]
-    changes = check_compatible(cfg, meta.get("config", {}), path)
+    changes = check_compatible(cfg, meta, path, run.topology.dp_size)
     state = _load(run, path, meta, model, opt, precision)
     line = (f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
             f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "

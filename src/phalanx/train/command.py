@@ -151,7 +151,12 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work) -> int:
     def check(plan) -> None:
         import torch
 
+        from phalanx.train.cpu_estimate import cpu_warning
+
         check_world(cfg, plan.world, torch.cuda.is_available())
+        slow = None if torch.cuda.is_available() else cpu_warning(cfg, plan.threads)
+        if slow:  # up front, before minutes pass in silence
+            print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
     logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(cfg.train.out).resolve() / "logs")}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work, env=logs,
