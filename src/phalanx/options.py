@@ -32,17 +32,17 @@ def _field_type(cls: type, f: dataclasses.Field) -> type:
     return args[0] if args else hint
 
 
-def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """Add one flag per config field, grouped by section, all defaulting to 'not given';
-    not the fields in `skip` (`section.field`: they mean nothing to the verb)."""
+def add_config_flags(parser: argparse.ArgumentParser, hide: tuple[str, ...] = ()) -> None:
+    """Add one flag per config field, grouped by section, all defaulting to 'not given'.
+    The fields in `hide` (`section.field`: they mean nothing to the verb) are accepted —
+    a `phalanx train` command line still works — but not listed in --help."""
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="TOML file with [model], [data], [train], [dist] tables; "
                              "flags given on the command line override it.")
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(f"{section} options")
         for f in dataclasses.fields(cls):
-            if f"{section}.{f.name}" not in skip:
-                _add_field(group, section, cls, f)
+            _add_field(group, section, cls, f, hidden=f"{section}.{f.name}" in hide)
 
 
 LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
@@ -60,12 +60,15 @@ def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = (
             _add_field(group, "dist", DistConfig, f)
 
 
-def _add_field(group, section: str, cls: type, f: dataclasses.Field) -> None:
+def _add_field(group, section: str, cls: type, f: dataclasses.Field,
+               hidden: bool = False) -> None:
     kind = _field_type(cls, f)
     default = "auto" if f.default is None else f.default
     said = "(default:" in f.metadata["help"] or "by default" in f.metadata["help"]
     help_text = (f.metadata["help"] if said else
                  f"{f.metadata['help']} (default: {default})").replace("%", "%%")
+    if hidden:
+        help_text = argparse.SUPPRESS
     dest = f"{section}.{f.name}"
     if kind is bool:
         group.add_argument(flag_of(f), dest=dest, default=None, help=help_text,

@@ -63,7 +63,10 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("beta2", ["--beta2", "-0.1"], "`--beta2` must be in [0, 1)"),
         ("precision", ["--precision", "fp8"], "invalid choice: 'fp8'"),
         ("on-nan", ["--on-nan", "ignore"], "invalid choice: 'ignore' (choose from 'skip', "
-         "'stop')"),
+         "'rollback', 'stop')"),
+        ("spike-factor", ["--spike-factor", "0.5"], "`--spike-factor` must be 0 (off) or "
+         "above 1, got 0.5."),
+        ("straggler-every", ["--straggler-every", "-1"], "`--straggler-every` must be >= 0"),
         ("nan-patience", ["--nan-patience", "0"], "`--nan-patience` must be a positive"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
@@ -214,6 +217,9 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
                                  ("fifo", "{d}/fifo", "is a FIFO"),
                                  ("syntax", "{d}/syntax.py", "line 2: invalid syntax")):
         add(f"watch-script-{name}", ["watch", "--nproc-per-node", "2", script], needle)
+    add("report-missing", ["report", "{d}/nope"], "`{d}/nope` is not a directory")
+    add("report-empty", ["report", "{d}/emptydir"], "holds no run: no metrics.jsonl")
+    add("report-file", ["report", "{d}/ok.py"], "is not a directory")
     add("no-verb", [], "the following arguments are required: VERB")
     add("bad-verb", ["trian"], "invalid choice: 'trian'")
     return c

@@ -35,14 +35,15 @@ VERDICT = "verdict.txt"
 SUMMARY = "Check that resuming is bit-exact for this configuration (N straight vs N/2 + resume)."
 
 
-# set by verify-resume itself (resume, checkpoints), or about a long run it does not make
+# set by verify-resume itself (resume, checkpoints), or about a long run it does not make:
+# accepted (the same command line as `phalanx train` works) but not listed in --help
 NOT_HERE = ("train.resume", "train.sample_tokens", "train.checkpoint_every",
             "train.keep_checkpoints", "train.spike_factor", "dist.max_restarts",
             "dist.straggler_every")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_flags(parser, skip=NOT_HERE)
+    add_config_flags(parser, hide=NOT_HERE)
 
 
 def phase_config(cfg: Config, out: Path, steps: int, resume: str) -> Config:
