@@ -26,7 +26,7 @@ NCCL_PRESETS = PRESET_NAMES
 # Model presets: `tiny` is sized to learn something on two CPU cores in ~3 minutes;
 # `gpt2-124m` is GPT-2 small (12 layers, 12 heads, 768 wide, 1024 context).
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
 }
@@ -91,7 +91,7 @@ class ModelConfig:
     n_layer: int = opt(4, "Number of transformer blocks.")
     n_head: int = opt(4, "Attention heads per block; must divide --n-embd.")
     n_embd: int = opt(128, "Embedding width.")
-    block_size: int = opt(128, "Context length in tokens (bytes).")
+    block_size: int = opt(64, "Context length in tokens (bytes).")
     dropout: float = opt(0.0, "Dropout probability (0 keeps runs exactly reproducible).")
     bias: bool = opt(False, "Use biases in Linear and LayerNorm layers.")
     activation_checkpointing: bool = opt(False, "Recompute block activations in backward "
@@ -134,12 +134,12 @@ class DataConfig:
 class TrainConfig:
     out: str = opt("runs/default", "Run directory: metrics, plots, sample and weights go here.",
                    metavar="DIR")
-    max_steps: int = opt(400, "Optimizer steps to train for.")
-    micro_batch_size: int = opt(16, "Sequences per rank per micro-step.")
+    max_steps: int = opt(2500, "Optimizer steps to train for.")
+    micro_batch_size: int = opt(8, "Sequences per rank per micro-step.")
     grad_accum: int = opt(1, "Micro-steps accumulated per optimizer step.")
     lr: float = opt(2e-3, "Peak learning rate (AdamW).")
     min_lr: float = opt(2e-4, "Learning rate at the end of the cosine decay.")
-    warmup_steps: int = opt(20, "Linear warm-up steps.")
+    warmup_steps: int = opt(50, "Linear warm-up steps.")
     lr_decay_steps: int = opt(0, "Length of the cosine schedule in steps (0: --max-steps). "
                                  "Set it when a run will later be extended with a larger "
                                  "--max-steps, so the steps already taken keep their rates.")
@@ -157,13 +157,13 @@ class TrainConfig:
                                    "median of the last 50 steps' (0: never).")
     precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
                                  "(fp16 adds a GradScaler).", choices=PRECISIONS)
-    eval_every: int = opt(100, "Evaluate on the validation split every N steps (and at the end).")
-    eval_batches: int = opt(8, "Validation micro-batches per rank per evaluation.")
-    log_every: int = opt(10, "Write a metrics line every N steps.")
+    eval_every: int = opt(500, "Evaluate on the validation split every N steps (and at the end).")
+    eval_batches: int = opt(32, "Validation micro-batches per rank per evaluation.")
+    log_every: int = opt(50, "Write a metrics line every N steps.")
     seed: int = opt(1337, "Seed for model init, data order and dropout.")
     compile: bool = opt(False, "Wrap the model with torch.compile (slow to start on CPU).")
     sample_tokens: int = opt(300, "Bytes of text to sample from the model at the end (0: none).")
-    checkpoint_every: int = opt(100, "Commit a checkpoint every N steps (and at the end); "
+    checkpoint_every: int = opt(500, "Commit a checkpoint every N steps (and at the end); "
                                      "0: only at the end.")
     keep_checkpoints: int = opt(3, "Committed checkpoints to keep (the newest K).")
     async_checkpoint: bool = opt(False, "Write checkpoints in the background (DCP async "
@@ -272,7 +272,7 @@ class DistConfig:
     check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
                                           "parameters and buffers are bitwise identical "
                                           "(0: never).")
-    straggler_every: int = opt(50, "Every N steps, compare the ranks' data + forward times "
+    straggler_every: int = opt(200, "Every N steps, compare the ranks' data + forward times "
                                    "and name a rank persistently 1.5× slower than the others "
                                    "(0: never).")
 
