@@ -53,7 +53,7 @@ def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cach
 
 def test_a_large_model_on_cpu_says_how_slow_up_front(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "phalanx", "train", "--preset", "gpt2-124m",
-                             "--max-steps", "400", "--out", str(tmp_path / "big")],
+                             "--micro-batch-size", "16", "--max-steps", "400", "--out", str(tmp_path / "big")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()  # before any worker starts
