@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import sys
 
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang.mismatch import PEER_LOST
@@ -176,6 +177,10 @@ class RestartNotes(logging.Handler):
         if not str(record.msg).startswith("failed (exitcode") or len(record.args or ()) < 2:
             return
         code, local_rank = record.args[0], record.args[1]
+        failures = _failures_being_logged()
+        if failures:  # the agent names the earliest record, to the second: a rank it
+            local_rank = min(_blame(failures)[0])  # stopped itself can tie with the one
+            code = failures[local_rank].exitcode  # that died; blame as `job_failed` does
         who = f"local rank {local_rank} on {self.host}" if self.host else f"rank {local_rank}"
         how = f"exited with code {code}"
         if isinstance(code, int) and code < 0 and -code in signal.valid_signals():
@@ -196,6 +201,19 @@ class RestartNotes(logging.Handler):
         log.setLevel(self._saved[0])
         log.propagate = self._saved[1]
         os.environ.pop(LAST_FAILURE, None)
+
+
+def _failures_being_logged() -> dict | None:
+    """The process context's `{local_rank: ProcessFailure}` whose first failure the agent
+    is logging (found on the logging call's stack; None if torch's layout differs)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        found = getattr(owner, "_failures", None)
+        if isinstance(found, dict) and found:
+            return dict(found)
+        frame = frame.f_back
+    return None
 
 
 def restart_note() -> str | None:
