@@ -20,6 +20,7 @@ from phalanx.lint import command as lint_command
 from phalanx import k8s, slurm_script
 from phalanx.train import command as train_command
 from phalanx.train import verify_resume
+from phalanx.startup_trace import mark, process_started
 
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    mark("python started", at=process_started())
+    mark("phalanx imported")
     die_with_agent()
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
     ns = parse(build_parser(), argv)

@@ -26,6 +26,7 @@ from typing import Callable
 from phalanx.envinfo import usable_cores, under_launcher
 from phalanx.errors import Interrupted
 from phalanx.rendezvous import ROUND
+from phalanx.startup_trace import mark
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], in
     if plan.nodes is not None:  # on stderr: `--json` output stays JSON
         print(f"phalanx: {plan.nodes.label}; waiting up to {plan.nodes.timeout_s:g} s for "
               f"{plan.nodes.min_nodes} node(s) to join", file=sys.stderr, flush=True)
+    mark("starting the ranks (torch's elastic agent)")
     start_workers(python_args, plan)
     return 0
 

@@ -8,6 +8,8 @@ rank reads is recorded (`train(..., samples=)`), so tests can account for each o
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import sys
 from pathlib import Path
@@ -55,6 +57,8 @@ def two_rank_scenarios(run, splits: TokenSplits, out: Path) -> None:
         **strategy_options(resume_config(out, STEPS), run.world_size)))
     result, ids = train_recorded(run, splits, out / "straight", STEPS)
     dump(run, result, ids, out / f"straight-rank{r}.pt")
+    if run.is_main:  # of the last save: what rank 0 had to read back to checksum
+        (out / "last-save.json").write_text(json.dumps(run.checkpoint_timings))
     result, ids = train_recorded(run, splits, out / "halves", HALF)
     dump(run, result, ids, out / f"first-half-rank{r}.pt")
     run.barrier()

@@ -19,7 +19,8 @@ import torch.nn as nn
 import phalanx
 from phalanx.checkpoint.resume import newest_valid
 from phalanx.checkpoint.safety import UnsafeCheckpoint
-from phalanx.checkpoint.store import MANIFEST, CheckpointError, sha256, verify
+from phalanx.checkpoint.digest import entry, file_digest
+from phalanx.checkpoint.store import MANIFEST, CheckpointError, verify
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def _rehash(path: Path) -> None:
     """Re-write the manifest to list exactly what is in the directory (as an attacker
     who can write the checkpoint would)."""
     manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = {p.name: {"size": p.stat().st_size, "sha256": sha256(p)}
+    manifest["files"] = {p.name: entry(p.stat().st_size, file_digest(p))
                          for p in sorted(path.iterdir()) if p.name != MANIFEST and p.is_file()}
     (path / MANIFEST).write_text(json.dumps(manifest))
 

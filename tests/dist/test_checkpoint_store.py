@@ -14,7 +14,8 @@ import torch.nn as nn
 import phalanx
 from phalanx.checkpoint.resume import newest_valid, resolve_resume
 from phalanx.checkpoint.safety import UnsafeCheckpoint
-from phalanx.checkpoint.store import MANIFEST, committed, sha256 as _sha256, verify
+from phalanx.checkpoint.digest import entry, file_digest
+from phalanx.checkpoint.store import MANIFEST, committed, verify
 from phalanx.errors import UserError
 
 
@@ -107,8 +108,8 @@ def test_pickle_payload_is_refused_without_side_effect(run, tmp_path):
     meta.storage_meta = _Payload(str(marker))  # smuggled into DCP's own metadata object
     (path / ".metadata").write_bytes(pickle.dumps(meta))
     manifest = json.loads((path / MANIFEST).read_text())  # forge checksums too
-    manifest["files"][".metadata"] = {"size": (path / ".metadata").stat().st_size,
-                                      "sha256": _sha256(path / ".metadata")}
+    manifest["files"][".metadata"] = entry((path / ".metadata").stat().st_size,
+                                           file_digest(path / ".metadata"))
     (path / MANIFEST).write_text(json.dumps(manifest))
     before = [t.clone() for t in model.state_dict().values()]
     with pytest.raises(UnsafeCheckpoint, match=r"references `(builtins|io)\.open`"):
@@ -200,3 +201,48 @@ def test_the_direct_state_path_equals_get_state_dict(run):
                for n, v in osd["state"][k].items())
     assert param_groups(opt) == [{k: v for k, v in g.items() if k != "params"}
                                  for g in osd["param_groups"]]
+
+
+def test_a_checkpoint_is_hashed_once_per_start(run, tmp_path, monkeypatch):
+    """The launcher verifies in full and names the checkpoint to the workers; rank 0's
+    second choice then skips the checksums, unless the manifest changed since."""
+    import phalanx.checkpoint.store as store
+    from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
+
+    model, opt = trained(run)
+    path = run.save(tmp_path, 1, model, opt)
+    hashed, real = [], store.file_digest
+    monkeypatch.setattr(store, "file_digest",
+                        lambda p, *a: hashed.append(p.name) or real(p, *a))
+    assert newest_valid(tmp_path, print) == path
+    assert sorted(hashed) == sorted(json.loads((path / MANIFEST).read_text())["files"])
+    monkeypatch.setenv(VERIFIED_ENV, verified_token(path))
+    hashed.clear()
+    assert newest_valid(tmp_path, print) == path and hashed == []
+    data = next(path.glob("*.distcp"))
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    manifest = json.loads((path / MANIFEST).read_text())
+    (path / MANIFEST).write_text(json.dumps(manifest))  # other bytes: not the one verified
+    assert "does not match its checksum" in verify(path) and hashed
+    assert newest_valid(tmp_path, lambda line: None) is None
+
+
+def test_manifests_with_sha256_entries_still_verify(run, tmp_path):
+    """Checkpoints written before XXH3-128 list SHA-256 checksums; both are checked."""
+    import hashlib
+
+    model, opt = trained(run)
+    path = run.save(tmp_path, 1, model, opt)
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert all(set(info) == {"size", "xxh3_128"} for info in manifest["files"].values())
+    for name, info in manifest["files"].items():
+        assert info["xxh3_128"] == file_digest(path / name)  # hashed while written
+        manifest["files"][name] = {"size": info["size"], "sha256": hashlib.sha256(
+            (path / name).read_bytes()).hexdigest()}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert verify(path) is None
+    manifest["files"][".metadata"]["sha256"] = "0" * 64
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert "`.metadata` does not match its checksum" in verify(path)

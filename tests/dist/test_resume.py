@@ -66,6 +66,23 @@ def assert_every_sample_once(splits, phases: list[list[int]], end: int) -> None:
     assert seen == Counter(stream(splits, 0, end))
 
 
+def test_each_rank_checksums_what_it_writes(results):
+    """Rank 0's commit reads back only the small sidecar it writes itself: rank 1's
+    data file arrives with its checksum, computed while rank 1 wrote it."""
+    import json
+
+    from phalanx.checkpoint.digest import file_digest
+    from phalanx.checkpoint.store import MANIFEST
+
+    timings = json.loads((results / "last-save.json").read_text())
+    checkpoint = sorted((results / "straight" / "checkpoints").glob("step-*"))[-1]
+    files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(files)
+    assert timings["reread_bytes"] == files["train_state.json"]["size"]
+    for name, info in files.items():
+        assert info["xxh3_128"] == file_digest(checkpoint / name), name
+
+
 def test_resume_on_one_rank(results, splits, tmp_path):
     with phalanx.init(seed=7, threads=1) as run:
         result, ids = train_recorded(run, splits, tmp_path, STEPS, resume=str(results / "at-half"))

@@ -278,15 +278,16 @@ def _craft_config_key(src: Path, dst: Path) -> None:
     import json
     import shutil
 
-    from phalanx.checkpoint.store import MANIFEST, sha256
+    from phalanx.checkpoint.digest import entry, file_digest
+    from phalanx.checkpoint.store import MANIFEST
 
     shutil.copytree(src, dst)
     state = json.loads((dst / "train_state.json").read_text())
     state["meta"]["config"]["train"]["__class__"] = "os.system"
     (dst / "train_state.json").write_text(json.dumps(state))
     manifest = json.loads((dst / MANIFEST).read_text())
-    manifest["files"]["train_state.json"] = {"size": (dst / "train_state.json").stat().st_size,
-                                             "sha256": sha256(dst / "train_state.json")}
+    manifest["files"]["train_state.json"] = entry((dst / "train_state.json").stat().st_size,
+                                                  file_digest(dst / "train_state.json"))
     (dst / MANIFEST).write_text(json.dumps(manifest))
 
 

@@ -9,6 +9,12 @@ checkpoint.rundir), and a directory written before lineages existed cannot have 
 older run's higher step beat the current run's newest. A `PATH` must be a checkpoint
 directory that verifies, or a run / checkpoints directory holding one.
 
+A checkpoint is verified once per start: the launcher that checked it before starting
+the workers leaves `PHALANX_VERIFIED_CHECKPOINT` (its path and its manifest's checksum)
+in their environment, and rank 0 then checks everything but the file checksums again
+(the manifest must be the same bytes). Any other checkpoint — a restart that picks a
+newer one — is verified in full.
+
 On an elastic restart (TORCHELASTIC_RESTART_COUNT > 0) `never` and `PATH` mean `auto`
 when the run has committed a checkpoint of its own: the restarted workers continue the
 run they belong to instead of starting it over.
@@ -16,11 +22,13 @@ run they belong to instead of starting it over.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 from phalanx.rendezvous import restart_attempt
 from phalanx.checkpoint.safety import UnsafeCheckpoint
+from phalanx.checkpoint.digest import file_digest
 from phalanx.checkpoint.store import (MANIFEST, commit_order, committed_at, read_latest,
                                       verify)
 from phalanx.errors import UserError
@@ -30,9 +38,22 @@ def checkpoints_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
-def _reason(path: Path) -> str | None:
+VERIFIED_ENV = "PHALANX_VERIFIED_CHECKPOINT"
+
+
+def verified_token(path: Path) -> str:
+    """Names checkpoint `path` as verified: its absolute path and its manifest's checksum."""
+    path = Path(path).resolve()
     try:
-        return verify(path)
+        return f"{path}|{file_digest(path / MANIFEST)}"
+    except OSError:
+        return f"{path}|unreadable"
+
+
+def _reason(path: Path) -> str | None:
+    contents = os.environ.get(VERIFIED_ENV) != verified_token(path)
+    try:
+        return verify(path, contents=contents)
     except UnsafeCheckpoint as exc:
         return str(exc)
 

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from phalanx.errors import UserError
 
@@ -55,8 +53,12 @@ class _Restricted(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def check_metadata(checkpoint_dir: Path) -> Metadata:
-    """Parse `.metadata` with the restricted unpickler; refuse pickled-bytes entries."""
+def check_metadata(checkpoint_dir: Path) -> Any:
+    """Parse `.metadata` with the restricted unpickler; refuse pickled-bytes entries.
+    (DCP is imported here, not with the module: a launcher with nothing to resume never
+    pays for it.)"""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
     path = Path(checkpoint_dir) / ".metadata"
     try:
         metadata = _Restricted(io.BytesIO(path.read_bytes()), checkpoint_dir).load()
@@ -77,7 +79,7 @@ def check_metadata(checkpoint_dir: Path) -> Metadata:
     return metadata
 
 
-def _check_data_files(checkpoint_dir: Path, metadata: Metadata) -> None:
+def _check_data_files(checkpoint_dir: Path, metadata: Any) -> None:
     """Every data file the metadata names must be a file the manifest lists (a plain
     name inside the checkpoint): DCP would otherwise read wherever it points."""
     from phalanx.checkpoint.store import listed_files
@@ -97,9 +99,13 @@ def _check_data_files(checkpoint_dir: Path, metadata: Metadata) -> None:
                 f"which is not a file of the checkpoint listed in its manifest.")
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """A DCP FileSystemReader that checks the metadata before DCP unpickles it."""
+def safe_reader(path: Path) -> Any:
+    """A DCP FileSystemReader of `path` that checks the metadata before DCP unpickles it."""
+    from torch.distributed.checkpoint import FileSystemReader
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        check_metadata(Path(self.path))
-        return super().read_metadata(*args, **kwargs)
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            check_metadata(Path(self.path))
+            return super().read_metadata(*args, **kwargs)
+
+    return SafeFileSystemReader(path)

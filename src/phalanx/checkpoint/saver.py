@@ -30,12 +30,13 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from phalanx.checkpoint.digest import entry, file_digest
 from phalanx.checkpoint.staging import ReusedBufferStager
+from phalanx.checkpoint.writer import DigestingWriter
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
-                                      fsync_dir, sha256, step_name, step_of, write_synced)
+                                      fsync_dir, step_name, step_of, write_synced)
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
 
@@ -49,14 +50,25 @@ def _agree(error: str | None) -> None:
         raise CheckpointError(box[0])
 
 
-def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
-    """Manifest → fsync → rename into place → `latest` → rotation (rank 0 only)."""
+def commit(tmp: Path, final: Path, manifest: dict, keep: int,
+           written: dict[str, tuple[int, str]] | None = None,
+           later: list[Path] | None = None) -> int:
+    """Manifest → fsync → rename into place → `latest` → rotation (rank 0 only).
+    `written`: name -> (size, checksum) of the files DCP wrote (hashed as they were
+    written, and fsynced by the rank that wrote each); any other file is hashed here.
+    `later`: see `rotate`. Returns how many bytes had to be read back and hashed here."""
+    written, reread = written or {}, 0
     files = sorted(p for p in tmp.iterdir() if p.is_file())
-    manifest["files"] = {p.name: {"size": p.stat().st_size, "sha256": sha256(p)} for p in files}
+    manifest["files"] = {}
+    for p in files:
+        size = p.stat().st_size
+        known = written.get(p.name)
+        if known is None or known[0] != size:
+            known, reread = (size, file_digest(p)), reread + size
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+        manifest["files"][p.name] = entry(*known)
     write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
-    for p in files:  # DCP's sync_files fsyncs its own; make sure of the rest
-        with open(p, "rb") as fh:
-            os.fsync(fh.fileno())
     fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -65,17 +77,32 @@ def commit(tmp: Path, final: Path, manifest: dict, keep: int) -> None:
     marker = final.parent / f".{LATEST}.tmp"
     write_synced(marker, final.name)
     os.replace(marker, final.parent / LATEST)
-    rotate(final, keep)
+    rotate(final, keep, later)
+    return reread
 
 
-def rotate(final: Path, keep: int) -> None:
+def rotate(final: Path, keep: int, later: list[Path] | None = None) -> None:
     """Remove the oldest committed checkpoints so that `keep` remain, `final` (the one
     just committed, which `latest` names) among them. Only checkpoints committed before
-    `final` at a lower step go: never the newest, never another lineage's future."""
+    `final` at a lower step go: never the newest, never another lineage's future.
+    `later`: rename each to `.rotated-step-…` (gone from every listing at once) and
+    append it there for the caller to delete off the training's critical path."""
     older = [p for p in committed(final.parent)
              if p != final and step_of(p) < step_of(final)]
     for old in older[:max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+        if later is None:
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        trash = old.with_name(f"{ROTATED}{old.name}")
+        try:
+            os.rename(old, trash)
+        except OSError:
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            later.append(trash)
+
+
+ROTATED = ".rotated-"
 
 
 def _root_cause(exc: BaseException, where: Path) -> str:
@@ -121,14 +148,20 @@ class _Job:
         self.groups: list[dict] = []
         self.finished = threading.Event()  # written and (rank 0) committed or failed
         self.staged: Future | None = None  # the copy of the state is complete
+        self.writer = DigestingWriter(self.tmp, sync_files=True)
+        self.trash: list[Path] | None = None  # a list: rotated checkpoints to delete later
         self.timings: dict[str, float] = {}  # seconds: stall, write, commit
         self._t0 = time.perf_counter()
 
-    def begin(self) -> None:
+    def begin(self, removing: bool = False) -> None:
+        """Rank 0 makes the temporary directory (after removing what an ended process
+        left: `.tmp-step-*`, and `.rotated-*` unless this process is `removing` them)."""
         if self.rank == 0:
+            stale = [*self.root.glob(".tmp-step-*"), *([] if removing else
+                                                        self.root.glob(f"{ROTATED}*"))]
             try:
-                for stale in self.root.glob(".tmp-step-*"):
-                    shutil.rmtree(stale, ignore_errors=True)
+                for path in stale:
+                    shutil.rmtree(path, ignore_errors=True)
                 self.tmp.mkdir(parents=True)
             except OSError as exc:
                 self.error = f"cannot create checkpoint directory `{self.tmp}`: {exc.strerror}"
@@ -165,7 +198,8 @@ class _Job:
                             "world_size": self.world, "config_hash": self.config_hash,
                             "torch": torch.__version__, "phalanx": _version(),
                             "created": time.time()}
-                commit(self.tmp, self.final, manifest, self.keep)
+                self.timings["reread_bytes"] = commit(self.tmp, self.final, manifest, self.keep,
+                                                      self.writer.digests, self.trash)
             except OSError as exc:
                 self.error = (f"committing checkpoint {step_name(self.step)} failed: "
                               f"{exc.strerror or exc}")
@@ -190,6 +224,7 @@ class CheckpointSaver:
         self._pending: _Job | None = None
         self._group: Any = None
         self._staging: ReusedBufferStager | None = None
+        self._removing: threading.Thread | None = None  # rotated checkpoints being deleted
         self.last_timings: dict[str, float] = {}  # of the newest save: stall, write, commit
 
     def save(self, root: Path, step: int, state_fn: Callable[[], dict], groups: list[dict],
@@ -204,7 +239,7 @@ class CheckpointSaver:
         self.wait()
         job = _Job(Path(root), step, meta, keep, config_hash)
         self.last_timings = job.timings
-        job.begin()
+        job.begin(self._removing is not None and self._removing.is_alive())
         job.timings["begin"] = time.perf_counter() - job._t0
         state = state_fn()
         job.timings["state_dict"] = time.perf_counter() - job._t0 - job.timings["begin"]
@@ -212,8 +247,8 @@ class CheckpointSaver:
         fault_point("checkpoint", step)
         try:
             if asynchronous:
-                response = dcp.async_save(state, storage_writer=FileSystemWriter(
-                    job.tmp, sync_files=True), process_group=self._background_group(),
+                response = dcp.async_save(state, storage_writer=job.writer,
+                    process_group=self._background_group(),
                     **self._stager(deferred))
                 job.staged = getattr(response, "staging_completion", None)
                 self._pending = job
@@ -221,10 +256,12 @@ class CheckpointSaver:
                 getattr(response, "upload_completion", response).add_done_callback(job.complete)
                 job.timings["stall"] = time.perf_counter() - job._t0
                 return job.final
-            dcp.save(state, storage_writer=FileSystemWriter(job.tmp, sync_files=True))
+            dcp.save(state, storage_writer=job.writer)
         except (Exception, CheckpointException) as exc:  # not an Exception subclass
             job.write_failed(exc)
+        job.trash = []
         job.complete()
+        self._remove(job.trash)
         job.timings["stall"] = time.perf_counter() - job._t0
         job.agree()
         return job.final
@@ -247,6 +284,23 @@ class CheckpointSaver:
         job, self._pending = self._pending, None
         if job is not None:
             job.finished.wait()
+        self._removed()
+
+    def _remove(self, paths: list[Path]) -> None:
+        """Delete rotated checkpoints in a thread: a synchronous save returns without
+        waiting for the file system to free them. (A save's `begin` also removes any
+        `.rotated-*` left by a process that ended first.)"""
+        if paths:
+            self._removed()
+            self._removing = threading.Thread(
+                target=lambda: [shutil.rmtree(p, ignore_errors=True) for p in paths],
+                name="phalanx-rotate", daemon=False)
+            self._removing.start()
+
+    def _removed(self) -> None:
+        if self._removing is not None:
+            self._removing.join()
+            self._removing = None
 
     def staged(self) -> None:
         """Wait until the background save's copy of the state is complete (no collective)."""

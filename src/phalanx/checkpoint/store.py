@@ -2,7 +2,8 @@
 
 Layout: `OUT/checkpoints/step-00000120/` holds DCP's files (`.metadata`, `*.distcp`),
 `train_state.json` (everything that is not a tensor) and, written last, `manifest.json`
-(step, world size, config hash, versions, every file's size and SHA-256).
+(step, world size, config hash, versions, every file's size and checksum — XXH3-128,
+computed while each rank wrote its files; see checkpoint.digest).
 
 Commit protocol (`CheckpointSaver` in checkpoint.saver):
 1. rank 0 creates `.tmp-step-…/`; every rank writes its part with DCP (a collective);
@@ -15,7 +16,6 @@ directory; every rank raises the same error.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -23,13 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
 
+from phalanx.checkpoint.digest import entry_digest, file_digest, known_algorithms
 from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
-from phalanx.checkpoint.safety import SafeFileSystemReader, check_metadata
+from phalanx.checkpoint.safety import check_metadata, safe_reader
 from phalanx.errors import UserError
 
 MANIFEST, STATE, LATEST = "manifest.json", "train_state.json", "latest"
@@ -41,14 +38,6 @@ class CheckpointError(UserError):
 
 def step_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_synced(path: Path, text: str) -> None:
@@ -116,6 +105,8 @@ def dcp_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                  ) -> tuple[dict, dict]:
     """What DCP reads into, through torch's `get_state_dict` (which creates the
     optimizer's state if it has none yet, and gives DTensor shards for sharded models)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
     if optimizer is None:
         return {"model": get_model_state_dict(model)}, {"state": {}, "param_groups": []}
     msd, osd = get_state_dict(model, optimizer)
@@ -125,6 +116,8 @@ def dcp_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 def dcp_apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict,
               osd: dict) -> None:
     """Load what DCP read (`dcp_template`'s tensors) into the model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
     if optimizer is None:
         set_model_state_dict(model, state["model"])
         return
@@ -175,15 +168,16 @@ def read_latest(root: Path) -> Path | None:
     return Path(root) / name
 
 
-def verify(path: Path) -> str | None:
+def verify(path: Path, contents: bool = True) -> str | None:
     """Why the checkpoint at `path` must not be used, or None if it verifies.
 
     Before anything else is read: the manifest lists files by plain name only (no
     directory part, nothing absolute, no `..`), it lists `.metadata` and the sidecar,
     and the directory holds nothing it does not list. Then every listed file is a
-    regular file (not a link) of the listed size and SHA-256; the DCP metadata is safe
+    regular file (not a link) of the listed size and checksum; the DCP metadata is safe
     (no classes beyond DCP's own), every data file it names is one of the listed
     files, and every stored item starts as `torch.save` writes a tensor (zip magic).
+    `contents=False` skips the checksums only (this process's launcher checked them).
     """
     path = Path(path)
     files, why = listed_files(path)
@@ -195,7 +189,8 @@ def verify(path: Path) -> str | None:
             return f"`{name}` is missing or not a regular file"
         if file.stat().st_size != info["size"]:
             return f"file `{name}` has {file.stat().st_size} bytes, manifest says {info['size']}"
-        if sha256(file) != info["sha256"]:
+        algorithm, digest = entry_digest(info)
+        if contents and file_digest(file, algorithm) != digest:
             return f"file `{name}` does not match its checksum (corrupted)"
     metadata = check_metadata(path)  # raises UnsafeCheckpoint
     return _check_items(path, metadata)
@@ -212,9 +207,10 @@ def listed_files(path: Path) -> tuple[dict[str, dict], str | None]:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
         return {}, "manifest is not valid JSON with a `files` table"
     if not isinstance(files, dict) or not all(
-            isinstance(i, dict) and type(i.get("size")) is int and isinstance(i.get("sha256"), str)
+            isinstance(i, dict) and type(i.get("size")) is int and entry_digest(i) is not None
             for i in files.values()):
-        return {}, "manifest's `files` table is malformed (each entry needs a size and a sha256)"
+        return {}, (f"manifest's `files` table is malformed (each entry needs a size and a "
+                    f"{known_algorithms()} checksum)")
     outside = [n for n in files if not plain_name(n)]
     if outside:
         return {}, (f"manifest names `{outside[0]}`, which is not a file directly inside the "
@@ -258,6 +254,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
     """Load a verified checkpoint into `model`/`optimizer` (any world size, any strategy
     that wrote it); return its meta. `template`/`apply` are the strategy's (see
     `Strategy.load_template`): what this rank reads, and how it goes into the model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     path = Path(path)
     metadata = check_metadata(path)
     state, osd = template(model, optimizer)
@@ -265,7 +264,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module,
     with warnings.catch_warnings():  # DCP warns when it loads outside a process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(path))
+            dcp.load(state, storage_reader=safe_reader(path))
         except (Exception, CheckpointException) as exc:  # the latter gathers every rank's
             raise CheckpointError(
                 f"checkpoint `{path}` verified but cannot be read "

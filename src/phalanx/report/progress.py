@@ -41,6 +41,14 @@ class ProgressReporter:
         eta = elapsed / max(1, done) * (self.total - step)
         print(f"step {step}/{self.total} | {status} | eta {_fmt_time(eta)}", flush=True)
 
+    def first_step(self, step: int, seconds: float, log_every: int) -> None:
+        """This process's first step is done (the bar moves; elsewhere, one line)."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status="first step done")
+            return
+        print(f"step {step}/{self.total} | first step done in {seconds:.2f} s | next line at "
+              f"step {min(self.total, (step // log_every + 1) * log_every)}", flush=True)
+
     def message(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)

@@ -20,6 +20,7 @@ from phalanx.envinfo import under_launcher
 from phalanx.errors import Interrupted, UserError
 from phalanx.faults import check_faults
 from phalanx.lifecycle import exit_code
+from phalanx.startup_trace import mark
 from phalanx.options import add_config_flags, resolve
 from phalanx.strategies import default_name, spec
 
@@ -69,14 +70,13 @@ def owns_run_dir(cfg: Config) -> bool:
     that holds the lock already."""
     if not under_launcher():
         return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
-    own_launcher = os.environ.get("PHALANX_LAUNCHED") and not os.environ.get(
-        "PHALANX_MULTINODE")
-    return not own_launcher and os.environ.get(
+    return not _own_launcher_checked() and os.environ.get(
         "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
+    mark("config resolved")
     check_faults()
     source_files(cfg.data.path)  # `--data` is readable before anything is written
     created = not Path(cfg.train.out).expanduser().exists()
@@ -91,27 +91,38 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
+    from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
     from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
 
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
-        if _complete_quietly(cfg, out):
+        if not _own_launcher_checked() and _complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        mark("corpus checked")
         return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         check_data_fits(cfg, splits)
         resume_from, complete = precheck(cfg, out)
+        mark("corpus and checkpoints checked")
         if complete:
             print(f"phalanx: {complete}", flush=True)
             return 0
         lock.record_holder()
         start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
+        verified = {} if resume_from is None else {VERIFIED_ENV: verified_token(resume_from)}
         try:
-            return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv))
+            return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv),
+                             verified)
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
+
+
+def _own_launcher_checked() -> bool:
+    """A worker of Phalanx's one-machine launcher, which checked the run before starting
+    it (`precheck`): nothing to check again."""
+    return bool(os.environ.get("PHALANX_LAUNCHED")) and not os.environ.get("PHALANX_MULTINODE")
 
 
 def _complete_quietly(cfg: Config, out: Path) -> bool:
@@ -142,9 +153,10 @@ def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
             f"{shlex.join(['phalanx', 'train', *args])}")
 
 
-def run_ranks(cfg: Config, verb: str, argv: list[str], work) -> int:
+def run_ranks(cfg: Config, verb: str, argv: list[str], work,
+              env: dict[str, str] | None = None) -> int:
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.launch_or_work), after
-    the checks that need the world size (`check_world`)."""
+    the checks that need the world size (`check_world`); `env`: more for the workers."""
     from phalanx.launch import launch_or_work
     from phalanx.ranklogs import LOGS_ENV
 
@@ -159,8 +171,8 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work) -> int:
             print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
     logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(cfg.train.out).resolve() / "logs")}
-    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work, env=logs,
-                          check=check)
+    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work,
+                          env={**logs, **(env or {})}, check=check)
 
 
 @contextlib.contextmanager
@@ -220,6 +232,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
+        mark("process group up")
         if not restart_attempt():  # a restart says so in one line when it resumes
             run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)

@@ -27,6 +27,7 @@ from phalanx.faults import fault_point
 from phalanx.models import build_model
 from phalanx.precision import Precision
 from phalanx.report.events import warn
+from phalanx.startup_trace import mark
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.run_report import write_environment
 from phalanx.runtime import Accumulator, Run
@@ -162,6 +163,18 @@ class Logger:
             run.log_dir = Path(out_dir)
         self.pending: list[torch.Tensor] = []
         self.t_last, self.steps_since = time.perf_counter(), 0
+        self.first = start_step + 1  # this process's first step: said at once
+
+    def step_ended(self, step: int) -> bool:
+        """After each optimizer step; after this process's first one (True), rank 0 says
+        so in one line (no collective): the start-up is over, long before the first
+        logged step."""
+        if step != self.first:
+            return False
+        if self.progress is not None and step % self.cfg.train.log_every != 0:
+            self.progress.first_step(step, time.perf_counter() - self.t_last,
+                                     self.cfg.train.log_every)
+        return True
 
     def rolled_back(self) -> None:
         """Steps past a rollback's checkpoint are trained again: their losses are not
@@ -266,7 +279,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
         device=run.device), precision=t.precision)
     precision = run.precision
+    mark("model built and wrapped, optimizer made")
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
+    mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
         (Path(out_dir) / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         write_environment(run, cfg, Path(out_dir))
@@ -325,6 +340,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         state.tokens_seen += global_batch * cfg.model.block_size
         fault_point("step", state.step, inner)
         run.beat(state.step, "train")
+        if log.step_ended(state.step):
+            mark("first optimizer step done")
         _guard(run, cfg, model, state.step)
         slow = stragglers.check(state.step)
         if slow:

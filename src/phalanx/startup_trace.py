@@ -1,0 +1,35 @@
+"""`PHALANX_STARTUP_TRACE=FILE`: each process appends `<unix time> <pid> <label>` as it
+passes a milestone of the start-up (benchmarks/startup.py reads them). Nothing is
+written when the variable is unset."""
+
+from __future__ import annotations
+
+import os
+import time
+
+TRACE_ENV = "PHALANX_STARTUP_TRACE"
+
+
+def _role() -> str:
+    return "worker" if os.environ.get("PHALANX_LAUNCHED") else "launcher"
+
+
+def process_started() -> float:
+    """When this process started (Linux: its age from /proc, to 10 ms), else now."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def mark(label: str, at: float | None = None) -> None:
+    """Record that this process reached `label` (now, or at `at`)."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(f"{time.time() if at is None else at:.3f} {os.getpid()} {_role()}: {label}\n")
