@@ -32,7 +32,7 @@ def one_pass(files: list[Path]) -> tuple[float, int, int, int]:
 
 
 def main() -> None:
-    from phalanx.lint.engine import python_files
+    from phalanx.lint.files import python_files
 
     if len(sys.argv) > 1:
         roots = sys.argv[1:]

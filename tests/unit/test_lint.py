@@ -85,6 +85,85 @@ def test_cli_usage_errors_exit_2(tmp_path, args, needle):
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+OPTIONAL_AMP = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizer, amp):
+        self.model, self.optimizer = model, optimizer
+        self.grad_scaler = torch.amp.GradScaler("cuda") if amp else None
+
+    def step(self, x, y):
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_scaler is not None:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = self.model(x, y)
+            self.grad_scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            loss = self.model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+        return loss.item()
+"""
+
+
+def test_clipping_is_judged_per_branch():
+    """pytorch/examples' minGPT-ddp trainer (in other words): with AMP on, it clips the
+    still-scaled gradients (a real bug); with AMP off there is no scaler to unscale."""
+    found = [(f.code, f.line) for f in lint_source("t.py", OPTIONAL_AMP, [BY_CODE["PX601"]])]
+    assert found == [("PX601", 16)]
+    fixed = OPTIONAL_AMP.replace(
+        "            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\n"
+        "            self.grad_scaler.step",
+        "            self.grad_scaler.unscale_(self.optimizer)\n"
+        "            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\n"
+        "            self.grad_scaler.step")
+    assert fixed != OPTIONAL_AMP and lint_source("t.py", fixed, [BY_CODE["PX601"]]) == []
+
+
+BAD = "import torch\nmodel = torch.nn.DataParallel(model)\n"  # PX101 at line 2
+
+
+def test_every_file_under_a_named_path_is_checked(tmp_path):
+    """`..`, a hidden parent folder, a hidden folder inside, a symlinked folder (once,
+    even with a link loop): all checked; the default exclusions (.venv, …) and
+    `--exclude`/`--extend-exclude` are the only ones."""
+    project = tmp_path / "project"
+    for rel in ("examples/a.py", ".hidden/b.py", "pkg/.inner/c.py", ".venv/lib/d.py"):
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(BAD)
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "sub" / "e.py").write_text(BAD)
+    (project / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "loop").symlink_to(project / "linked")
+    found = lint("../", "--format", "json", cwd=project / "examples")
+    checked = {Path(f["path"]).name for f in json.loads(found.stdout)["findings"]}
+    assert found.returncode == 1 and checked == {"a.py", "b.py", "c.py", "e.py"}
+    assert json.loads(found.stdout)["files"] == 4
+    hidden = lint(str(project / ".hidden"))
+    assert hidden.returncode == 1 and "b.py:2:9: PX101" in hidden.stdout
+    narrowed = json.loads(lint(str(project), "--format", "json", "--extend-exclude",
+                               "linked,pkg/.inner").stdout)
+    assert narrowed["files"] == 2
+    everything = json.loads(lint(str(project), "--format", "json", "--exclude", "").stdout)
+    assert everything["files"] == 5  # the .venv too: --exclude replaces the defaults
+
+
+def test_checking_no_file_is_a_usage_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "only" / ".venv").mkdir(parents=True)
+    (tmp_path / "only" / ".venv" / "x.py").write_text(BAD)
+    for target in ("empty", "only"):
+        proc = lint(str(tmp_path / target))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+        assert "no Python file to check under" in proc.stderr and not proc.stdout
+
+
 def test_explain_shows_both_examples():
     proc = lint("--explain", "px301")
     assert proc.returncode == 0 and "Wrong:" in proc.stdout and "Right:" in proc.stdout

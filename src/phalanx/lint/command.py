@@ -24,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore", default="", metavar="CODES",
                         help="skip these rule codes or prefixes, comma-separated")
     parser.add_argument("--explain", metavar="CODE", help="print a rule's documentation")
+    parser.add_argument("--exclude", default=None, metavar="GLOBS",
+                        help="folders/files not to check under a named directory, "
+                             "comma-separated globs matched against each name and its path "
+                             "below the directory; replaces the defaults (.git, .venv, venv, "
+                             "__pycache__, site-packages, caches, node_modules, …)")
+    parser.add_argument("--extend-exclude", default="", metavar="GLOBS",
+                        help="more exclusions, added to the defaults or to --exclude")
 
 
 def _codes(raw: str, flag: str) -> list[str]:
@@ -74,9 +81,13 @@ def _lint_file(path: Path, rules, named: bool):
         return None
 
 
+def _shown(globs: tuple[str, ...]) -> str:
+    return ", ".join(globs[:4]) + (", …" if len(globs) > 4 else "") if globs else "nothing"
+
+
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
-    from phalanx.lint.engine import python_files
+    from phalanx.lint.files import patterns, python_files
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:
@@ -90,13 +101,19 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     rules = chosen_rules(ns.select, ns.ignore)
     named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
     findings, files, skipped = [], 0, 0
-    for path in python_files(ns.paths):
+    globs = patterns(ns.exclude, ns.extend_exclude)
+    for path in python_files(ns.paths, globs):
         found = _lint_file(path, rules, path in named)
         if found is None:
             skipped += 1
             continue
         findings += found
         files += 1
+    if files == 0 and skipped == 0:
+        raise UserError(f"no Python file to check under {', '.join(f'`{p}`' for p in ns.paths)}"
+                        f" (no `.py` file there, or every one excluded by "
+                        f"{_shown(globs)}). Name a file or a directory that holds `.py` "
+                        f"files, or change `--exclude`.")
     output = {"text": lambda: report.text(findings, files, skipped),
               "json": lambda: report.as_json(findings, files, skipped),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()

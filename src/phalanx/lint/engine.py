@@ -13,7 +13,6 @@ import ast
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 SEVERITIES = ("error", "warning", "info")
 SUPPRESS = re.compile(r"#\s*phalanx:\s*ignore\[([A-Z0-9, ]+)\]")
@@ -115,6 +114,36 @@ class Context:
         return next((a for a in self.ancestors(node)
                      if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), self.tree)
 
+    def statement_of(self, node: ast.AST) -> ast.AST:
+        """The statement `node` is part of (itself if it is one)."""
+        return node if isinstance(node, ast.stmt) else next(
+            (a for a in self.ancestors(node) if isinstance(a, ast.stmt)), self.tree)
+
+    def before(self, node: ast.AST) -> list[ast.stmt]:
+        """Statements that may run before `node` in its function, on its path: what
+        precedes it in its block and in each enclosing block — not the other branch of an
+        enclosing `if`/`try`, nothing of another function. (A preceding `if` counts with
+        both branches: it may have run.)"""
+        return self._path(node, lambda block, i: block[:i])
+
+    def after(self, node: ast.AST) -> list[ast.stmt]:
+        """Statements that may run after `node` on its path, in its function."""
+        return self._path(node, lambda block, i: block[i + 1:])
+
+    def _path(self, node: ast.AST, part) -> list[ast.stmt]:
+        found: list[ast.stmt] = []
+        child = self.statement_of(node)
+        for parent in self.ancestors(child):
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(parent, name, None)
+                if isinstance(block, list) and child in block:
+                    found += part(block, block.index(child))
+                    break
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                break
+            child = parent
+        return found
+
     def rank_condition(self, node: ast.AST) -> ast.If | None:
         """The nearest enclosing `if` whose test depends on the rank, if any."""
         child = node
@@ -126,6 +155,14 @@ class Context:
                 return None
             child = parent
         return None
+
+
+def calls_in(statements: list[ast.stmt]) -> Iterator[ast.Call]:
+    """Every call inside `statements` (nested blocks included)."""
+    for statement in statements:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call):
+                yield node
 
 
 def rank_dependent(test: ast.AST) -> bool:
@@ -159,12 +196,3 @@ def lint_source(path: str, source: str, rules: Iterable[Rule]) -> list[Finding]:
                                         rule.fix))
     return sorted(set(findings), key=lambda f: (f.path, f.line, f.col, f.code))
 
-
-def python_files(paths: Iterable[str]) -> Iterator[Path]:
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            yield from sorted(p for p in path.rglob("*.py")
-                              if not any(part.startswith(".") for part in p.parts))
-        else:
-            yield path

@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted
+from phalanx.lint.engine import Context, Rule, calls_in, dotted, last
+
+
+def _scalers(ctx: Context) -> set[str]:
+    """Names bound to a GradScaler (`scaler`, `self.scaler`)."""
+    return {dotted(target) for node in ctx.nodes if isinstance(node, ast.Assign)
+            and any(isinstance(n, ast.Call) and dotted(n).endswith("GradScaler")
+                    for n in ast.walk(node.value))  # also `GradScaler() if amp else None`
+            for target in node.targets} - {""}
+
+
+def _on_scaler(call: ast.Call, method: str, scalers: set[str]) -> bool:
+    """`<scaler>.method(...)`: a name bound to a GradScaler, or one called `*scaler*`."""
+    if not isinstance(call.func, ast.Attribute) or call.func.attr != method:
+        return False
+    receiver = dotted(call.func.value)
+    return receiver in scalers or "scaler" in last(receiver).lower()
 
 
 def _clip_before_unscale(ctx: Context):
-    if not ctx.mentions("GradScaler"):
-        return
+    """Per path: a clip whose gradients a GradScaler scaled (a `scale(...)` before it, or
+    a `scaler.step` after it, on its branch) and no `unscale_` before it on that path.
+    A clip on a branch where no scaler is used (AMP off) is not reported."""
+    scalers = _scalers(ctx)
     for clip in ctx.calls_named("clip_grad_norm_", "clip_grad_value_"):
-        scope = ctx.function_of(clip)
-        unscales = [c.lineno for c in ast.walk(scope) if isinstance(c, ast.Call)
-                    and dotted(c).endswith("unscale_")]
-        if not any(line < clip.lineno for line in unscales):
+        before = list(calls_in(ctx.before(clip)))
+        scaled = any(_on_scaler(c, "scale", scalers) for c in before) or any(
+            _on_scaler(c, "step", scalers) for c in calls_in(ctx.after(clip)))
+        if scaled and not any(dotted(c).endswith("unscale_") for c in before):
             yield clip, "(the gradients it clips are still multiplied by the loss scale)"
 
 
