@@ -75,7 +75,7 @@ def test_cli_exit_codes_and_formats(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     ([], "give at least one file"),
-    (["--select", "PX9", "x.py"], "`--select` PX9 matches no rule"),
+    (["--select", "PX0", "x.py"], "`--select` PX0 matches no rule"),
     (["--explain", "PX000"], "no rule `PX000`"),
     (["{tmp}/broken.py"], "not valid Python"),
 ])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from phalanx.lint.rules import accumulation, amp, checkpoints, collectives, data, placement, setup
+from phalanx.lint.rules import (accumulation, amp, checkpoints, collectives, data, metrics,
+                                placement, ranks, setup)
 
 ALL = sorted((rule for family in (placement, data, collectives, accumulation, checkpoints, amp,
-                                  setup) for rule in family.RULES), key=lambda r: r.code)
+                                  setup, ranks, metrics) for rule in family.RULES), key=lambda r: r.code)
 BY_CODE = {rule.code: rule for rule in ALL}

@@ -1,4 +1,5 @@
-"""Gradient accumulation under DDP: no_sync, and the private sync flag."""
+"""Gradient accumulation: no_sync under DDP, the private sync flag, the step's counter,
+and the loss that must be divided by the number of micro-steps."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ def _accumulation_without_no_sync(ctx: Context):
 
 
 def _private_sync_flag(ctx: Context):
-    for node in ctx.nodes:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        for target in targets:
-            if isinstance(target, ast.Attribute) and target.attr == "require_backward_grad_sync":
-                yield node, ""
+    """Setting the flag; not reported where the file also sets it back (a framework's
+    own context manager that restores it: Accelerate, Lightning, torch's replicate)."""
+    sets = [node for node in ctx.nodes if isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
+        for t in node.targets)]
+    if len(sets) == 1:
+        yield sets[0], ""
 
 
 def _zero_based_counters(ctx: Context) -> dict[str, ast.For]:
@@ -79,6 +82,44 @@ def _off_by_one(ctx: Context):
                           f"micro-batch)")
 
 
+def _divided(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(node))
+
+
+def _divided_before(ctx: Context, name: str, call: ast.Call) -> bool:
+    """`loss = ... / K` or `loss /= K` on the backward's path."""
+    for stmt in ctx.before(call):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.AugAssign) and dotted(node.target) == name \
+                    and isinstance(node.op, ast.Div):
+                return True
+            if isinstance(node, ast.Assign) and any(dotted(t) == name for t in node.targets) \
+                    and _divided(node.value):
+                return True
+    return False
+
+
+def _undivided_accumulation(ctx: Context):
+    """Accumulation by hand whose `loss.backward()` adds each micro-step's full gradient."""
+    guard = _accumulates(ctx)
+    if guard is None:
+        return
+    mod = next(n for n in ast.walk(guard.test) if isinstance(n, ast.BinOp)
+               and isinstance(n.op, ast.Mod))
+    every = ast.unparse(mod.right)
+    for call in ctx.calls_named("backward"):
+        if call.args or not isinstance(call.func, ast.Attribute) or guard in ctx.ancestors(call):
+            continue  # `accelerator.backward(loss)` / `acc.backward(loss)` divide themselves
+        loss = call.func.value
+        if isinstance(loss, ast.Call) and last(dotted(loss)) == "scale" and loss.args:
+            loss = loss.args[0]  # scaler.scale(loss).backward()
+        if _divided(loss) or (isinstance(loss, (ast.Name, ast.Attribute))
+                              and _divided_before(ctx, dotted(loss), call)):
+            continue
+        yield call, (f"(the optimizer steps every `{every}` micro-steps; each backward adds its "
+                     f"whole gradient, so the update is `{every}` × the mean's)")
+
+
 def _backward_outside(ctx: Context, loop: ast.For, guard: ast.If) -> bool:
     """A backward in the loop on every iteration, not only under the step's guard."""
     return any(guard not in ctx.ancestors(c) and loop in ctx.ancestors(c)
@@ -107,4 +148,13 @@ RULES = [
          "    if i % 4 == 0:  # <-\n        opt.step()\n        opt.zero_grad()",
          "for i, (x, y) in enumerate(loader):\n    loss_fn(model(x), y).backward()\n"
          "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()", _off_by_one),
+    Rule("PX404", "warning", "Gradient accumulation whose loss is not divided by the number "
+         "of micro-steps: the update is K times too large (as if the learning rate were).",
+         "Backward `loss / K` (or use `run.accumulate`, Accelerate's `accumulate`).",
+         "for i, (x, y) in enumerate(loader):\n    loss = loss_fn(model(x), y)\n"
+         "    loss.backward()  # <-\n    if (i + 1) % 4 == 0:\n        opt.step()\n"
+         "        opt.zero_grad()",
+         "for i, (x, y) in enumerate(loader):\n    loss = loss_fn(model(x), y) / 4\n"
+         "    loss.backward()\n    if (i + 1) % 4 == 0:\n        opt.step()\n"
+         "        opt.zero_grad()", _undivided_accumulation),
 ]

@@ -52,7 +52,8 @@ def _rank_only_collective(ctx: Context):
         if what is None:
             continue
         cond = ctx.rank_condition(call)
-        if cond is not None and not _other_branch_joins(ctx, call, callee):
+        if cond is not None and not _other_branch_joins(ctx, call, callee) \
+                and not _paired(ctx, call, cond, callee):
             test = ast.unparse(cond.test)
             yield call, (f"(`{what}` under `if {test}:` at line {cond.lineno}: the other "
                          f"ranks never join it)")
@@ -72,6 +73,19 @@ def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
                    for s in other for n in ast.walk(s)):
                 return True
         child = parent
+    return False
+
+
+def _paired(ctx: Context, call: ast.Call, cond: ast.If, callee: str) -> bool:
+    """"Rank 0 first": `if rank > 0: barrier()` … `if rank == 0: barrier()` — the same
+    collective under another rank condition in the same function: each rank joins one."""
+    scope = ctx.function_of(call)
+    for other in ast.walk(scope):
+        if isinstance(other, ast.Call) and other is not call and last(dotted(other)) == callee:
+            theirs = ctx.rank_condition(other)
+            if theirs is not None and theirs is not cond and \
+                    ast.unparse(theirs.test) != ast.unparse(cond.test):
+                return True
     return False
 
 
