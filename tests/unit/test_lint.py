@@ -250,6 +250,61 @@ def test_a_constructed_model_wrapped_with_device_ids_is_found():
         [("PX102", 3)]
 
 
+@pytest.mark.parametrize("name", ["accelerate_style.py", "fabric_style.py", "phalanx_api.py"])
+def test_what_a_framework_does_for_the_user_is_not_reported(name):
+    """Sharding by `prepare`/`setup_dataloaders`/`run.loader`, sync skipping, the
+    framework's backward and clipping, rank-0 saving: no finding of any level."""
+    path = CORPUS / name
+    assert lint_source(str(path), path.read_text(), ALL) == []
+    with_sampler_dropped = path.read_text().replace("fabric.setup_dataloaders(", "(")
+    if name == "fabric_style.py":  # without the framework's sharding it is reported
+        assert [f.code for f in lint_source(name, with_sampler_dropped, ALL)] == ["PX201"]
+
+
+FIXABLE = """import torch  # café
+import torch.distributed as dist
+
+scaler = torch.cuda.amp.GradScaler(2.0 ** 16, growth_interval=100)
+with torch.cuda.amp.autocast(True, torch.float16):  # positional: named by the fix
+    out = model(x)
+state = torch.load(
+    "ckpt.pt",
+    map_location="cpu",
+)
+kept = torch.load("old.pt", weights_only=False)  # the user's choice: not rewritten
+noted = torch.load("é.pt")  # phalanx: ignore[PX502]
+dist.init_process_group("gloo")
+"""
+
+
+def test_fix_rewrites_only_the_fixed_calls(tmp_path):
+    """--diff writes nothing; --fix: the file parses, each fixed finding is gone, every
+    other line is unchanged, and what is not provably safe stays reported."""
+    import ast
+
+    path = tmp_path / "script.py"
+    path.write_text(FIXABLE)
+    preview = lint(str(path), "--diff")
+    assert preview.returncode == 1 and "+scaler = torch.amp.GradScaler(\"cuda\"" in preview.stdout
+    assert path.read_text() == FIXABLE and "3 fix(es) in 1 file(s)" in preview.stderr
+    fixed = lint(str(path), "--fix", "--format", "json")
+    after = path.read_text()
+    ast.parse(after)
+    codes = {(f["code"], f["line"]) for f in json.loads(fixed.stdout)["findings"]}
+    assert not {c for c, _ in codes} & {"PX603"} and ("PX502", 11) in codes
+    assert ("PX502", 7) not in codes and "fixed 3 finding(s)" in fixed.stderr
+    changed = {i for i, (a, b) in enumerate(zip(FIXABLE.splitlines(), after.splitlines()))
+               if a != b}
+    assert changed == {3, 4, 8} and len(after.splitlines()) == len(FIXABLE.splitlines())
+    assert after.splitlines()[3] == \
+        'scaler = torch.amp.GradScaler("cuda", 2.0 ** 16, growth_interval=100)'
+    assert after.splitlines()[4].startswith(
+        'with torch.autocast("cuda", enabled=True, dtype=torch.float16):  # positional')
+    assert after.splitlines()[8] == '    map_location="cpu", weights_only=True'
+    again = lint(str(path), "--diff")
+    assert again.returncode == 0 and again.stdout == ""  # nothing left to fix
+
+
 def test_phalanx_own_examples_and_sources_have_no_findings():
     root = Path(__file__).parents[2]
     for path in [*(root / "examples").glob("*.py"), *(root / "src" / "phalanx").rglob("*.py")]:

@@ -31,6 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "__pycache__, site-packages, caches, node_modules, …)")
     parser.add_argument("--extend-exclude", default="", metavar="GLOBS",
                         help="more exclusions, added to the defaults or to --exclude")
+    fixing = parser.add_mutually_exclusive_group()
+    fixing.add_argument("--fix", action="store_const", const="fix", dest="fixing",
+                        help="rewrite what can be fixed without changing behaviour (PX502 "
+                             "weights_only=True, PX603 torch.amp) in place, then report "
+                             "what is left")
+    fixing.add_argument("--diff", action="store_const", const="diff", dest="fixing",
+                        help="print those fixes as a unified diff; write nothing (exit 1 "
+                             "when there is one)")
 
 
 def _codes(raw: str, flag: str) -> list[str]:
@@ -53,9 +61,31 @@ def chosen_rules(select: str, ignore: str):
             and not any(r.code.startswith(c) for c in skipped)]
 
 
-def _lint_file(path: Path, rules, named: bool):
+def _fix(path: Path, source: str, rules, mode: str | None, tally: list[int]) -> str:
+    """`--fix`: write the fixed file and return its source; `--diff`: print the diff."""
+    from phalanx.lint.fix import diff, fixed_source
+
+    if mode is None:
+        return source
+    fixed, count = fixed_source(str(path), source, rules)
+    if not count:
+        return source
+    tally[0], tally[1] = tally[0] + count, tally[1] + 1
+    if mode == "diff":
+        print(diff(str(path), source, fixed), end="")
+        return source
+    try:
+        path.write_text(fixed, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write the fixes to `{path}`: {exc.strerror}.") from None
+    return fixed
+
+
+def _lint_file(path: Path, rules, named: bool, mode: str | None = None,
+               tally: list[int] | None = None):
     """The file's findings; a file that is not Python is a usage error when it was named,
-    and reported (stderr) and skipped when it was found in a directory."""
+    and reported (stderr) and skipped when it was found in a directory. `mode`: fix or
+    diff first (`tally`: fixes, files)."""
     from phalanx.lint.engine import lint_source
 
     if named:
@@ -70,7 +100,7 @@ def _lint_file(path: Path, rules, named: bool):
         raise UserError(f"cannot read `{path}`: {getattr(exc, 'strerror', None) or exc}.") \
             from None
     try:
-        return lint_source(str(path), source, rules)
+        return lint_source(str(path), _fix(path, source, rules, mode, tally or [0, 0]), rules)
     except (SyntaxError, ValueError, RecursionError) as exc:
         where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
         why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
@@ -100,10 +130,10 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("give at least one file or directory to lint.")
     rules = chosen_rules(ns.select, ns.ignore)
     named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
-    findings, files, skipped = [], 0, 0
+    findings, files, skipped, tally = [], 0, 0, [0, 0]
     globs = patterns(ns.exclude, ns.extend_exclude)
     for path in python_files(ns.paths, globs):
-        found = _lint_file(path, rules, path in named)
+        found = _lint_file(path, rules, path in named, ns.fixing, tally)
         if found is None:
             skipped += 1
             continue
@@ -114,6 +144,12 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
                         f" (no `.py` file there, or every one excluded by "
                         f"{_shown(globs)}). Name a file or a directory that holds `.py` "
                         f"files, or change `--exclude`.")
+    if ns.fixing == "diff":
+        print(f"{tally[0]} fix(es) in {tally[1]} file(s) would be applied (`--fix` writes "
+              f"them).", file=sys.stderr)
+        return 1 if tally[0] else 0
+    if ns.fixing == "fix":
+        print(f"fixed {tally[0]} finding(s) in {tally[1]} file(s).", file=sys.stderr)
     output = {"text": lambda: report.text(findings, files, skipped),
               "json": lambda: report.as_json(findings, files, skipped),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()

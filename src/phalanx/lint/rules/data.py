@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import ast
 
-from phalanx.lint.engine import Context, Rule, is_true, keyword
+from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
+
+
+SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
+
+
+def _sharded_by_framework(ctx: Context, call: ast.Call) -> bool:
+    """The loader goes through Fabric's `setup_dataloaders` or Accelerate's `prepare`,
+    which add the distributed sampler: directly, or by the name it is assigned to."""
+    parent = ctx.parents.get(call)
+    if isinstance(parent, ast.Call) and last(dotted(parent)) in SHARDERS:
+        return True
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+        name = dotted(parent.targets[0])
+        return any(dotted(a) == name for c in ctx.calls_named(*SHARDERS) for a in c.args)
+    return False
 
 
 def _loader_without_sampler(ctx: Context):
@@ -11,7 +27,8 @@ def _loader_without_sampler(ctx: Context):
         return
     for call in ctx.calls_named("DataLoader"):
         if keyword(call, "sampler") is None and keyword(call, "batch_sampler") is None \
-                and len(call.args) < 4 and ctx.rank_condition(call) is None:
+                and len(call.args) < 4 and ctx.rank_condition(call) is None \
+                and not _sharded_by_framework(ctx, call):
             yield call, ""
 
 
