@@ -74,8 +74,9 @@ def is_true(node: ast.AST | None) -> bool:
 class Context:
     """One parsed file and the questions rules ask about it."""
 
-    def __init__(self, path: str, source: str) -> None:
+    def __init__(self, path: str, source: str, project: dict[str, str] | None = None) -> None:
         self.path, self.source = path, source
+        self.project = project or {}  # other linted files' functions that run collectives
         self.tree = ast.parse(source, filename=path)
         self.lines = source.splitlines()
         self.nodes = list(ast.walk(self.tree))  # every node, walked once
@@ -184,8 +185,9 @@ def suppressed(ctx: Context, line: int, code: str) -> bool:
     return bool(found) and code in {c.strip() for c in found[1].split(",")}
 
 
-def lint_source(path: str, source: str, rules: Iterable[Rule]) -> list[Finding]:
-    ctx = Context(path, source)
+def lint_source(path: str, source: str, rules: Iterable[Rule],
+                project: dict[str, str] | None = None) -> list[Finding]:
+    ctx = Context(path, source, project)
     findings = []
     for rule in rules:
         for node, detail in rule.check(ctx):

@@ -1,10 +1,16 @@
-"""Collectives that only some ranks reach: the others wait forever (a deadlock)."""
+"""Collectives that only some ranks reach: the others wait forever (a deadlock).
+
+Also the collectives that do not look like one: the forward of a DDP model (it
+broadcasts buffers) or of an FSDP model (it all-gathers parameters), an FSDP model's
+`state_dict()` and `clip_grad_norm_`, `DTensor.full_tensor()`, DCP's save/load and
+state-dict helpers, ZeRO's `consolidate_state_dict` — directly, or through helper
+functions of this file or of the other files linted with it (`Context.project`)."""
 
 from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted, last, rank_dependent
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last, rank_dependent
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
@@ -12,11 +18,59 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into
                "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier"}
 
 
+DCP_CALLS = {"get_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
+             "set_state_dict", "set_model_state_dict", "set_optimizer_state_dict", "async_save"}
+WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataParallel": "FSDP",
+            "FSDP": "FSDP", "fully_shard": "FSDP"}
+
+
+def wrapped(ctx: Context) -> dict[str, str]:
+    """Names holding a DDP / FSDP model: `m = DDP(...)`, `m = FSDP(...)`, `fully_shard(m)`.
+    A DDP built with `broadcast_buffers=False` has a forward without a collective."""
+    found: dict[str, str] = {}
+    for call in ctx.calls_named(*WRAPPERS):
+        kind = WRAPPERS[last(dotted(call))]
+        parent = ctx.parents.get(call)
+        if kind == "DDP" and isinstance(keyword(call, "broadcast_buffers"), ast.Constant) \
+                and keyword(call, "broadcast_buffers").value is False:
+            continue
+        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+            found[dotted(parent.targets[0])] = kind
+        elif last(dotted(call)) == "fully_shard" and call.args:
+            found[dotted(call.args[0])] = kind
+    found.pop("", None)
+    return found
+
+
+def hidden(call: ast.Call, models: dict[str, str]) -> str | None:
+    """The collective `call` runs without being named one, or None."""
+    name, func = dotted(call), call.func
+    if name in models:
+        return (f"the forward of the {models[name]} model `{name}` ("
+                + ("broadcasts buffers" if models[name] == "DDP" else "all-gathers parameters")
+                + ")")
+    if not isinstance(func, ast.Attribute):
+        return None
+    receiver, method = dotted(func.value), func.attr
+    if method in ("state_dict", "clip_grad_norm_") and models.get(receiver) == "FSDP":
+        return f"`{receiver}.{method}()` of an FSDP model (a collective)"
+    if method == "full_tensor":
+        return "`full_tensor()` (an all-gather)"
+    if method == "consolidate_state_dict":
+        return "`consolidate_state_dict()` (ZeRO gathers the optimizer state)"
+    if method in DCP_CALLS or (method in ("save", "load") and last(receiver) in ("dcp", "checkpoint")
+                               and "torch.save" != name):
+        return f"`{name}()` (DCP: collectives across ranks)"
+    return None
+
+
 def collective_functions(ctx: Context) -> dict[str, str]:
-    """Functions of this file that (transitively) run a collective → the collective."""
+    """Functions that (transitively) run a collective → the collective: this file's,
+    and the other linted files' (`ctx.project`) that this file calls."""
     calls = {n.name: [c for c in ast.walk(n) if isinstance(c, ast.Call)] for n in ctx.nodes
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    found: dict[str, str] = {}
+    models = wrapped(ctx)
+    found: dict[str, str] = {k: v for k, v in ctx.project.items() if k not in calls}
     changed = True
     while changed:
         changed = False
@@ -27,6 +81,8 @@ def collective_functions(ctx: Context) -> dict[str, str]:
                 callee = last(dotted(call))
                 if callee in COLLECTIVES and _is_dist_call(call):
                     found[name] = callee
+                elif hidden(call, models):
+                    found[name] = hidden(call, models)
                 elif callee in found and callee != name:
                     found[name] = f"{found[callee]} (via `{callee}()`)"
                 if name in found:
@@ -43,19 +99,22 @@ def _is_dist_call(call: ast.Call) -> bool:
 
 
 def _rank_only_collective(ctx: Context):
-    if not ctx.mentions(*COLLECTIVES):
+    if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, "full_tensor", "save", "load",
+                         "consolidate_state_dict") or ctx.project):
         return
-    helpers = collective_functions(ctx)
+    helpers, models = collective_functions(ctx), wrapped(ctx)
     for call in ctx.calls:
         callee = last(dotted(call))
-        what = callee if callee in COLLECTIVES and _is_dist_call(call) else helpers.get(callee)
+        what = callee if callee in COLLECTIVES and _is_dist_call(call) else (
+            hidden(call, models) or helpers.get(callee))
         if what is None:
             continue
         cond = ctx.rank_condition(call)
         if cond is not None and not _other_branch_joins(ctx, call, callee) \
                 and not _paired(ctx, call, cond, callee):
             test = ast.unparse(cond.test)
-            yield call, (f"(`{what}` under `if {test}:` at line {cond.lineno}: the other "
+            shown = what if "`" in what else f"`{what}`"
+            yield call, (f"({shown} under `if {test}:` at line {cond.lineno}: the other "
                          f"ranks never join it)")
 
 
