@@ -216,6 +216,24 @@ def test_the_guides_real_mistakes_are_found():
     # a single-process script prints its loss
     ("PX705", "loss = model(x).sum()\nif rank == 0:\n    print(loss.item())\n"),
     ("PX706", "model = DDP(net, device_ids=[rank], **kwargs)\n"),
+    # the global rank made a per-node index; the local rank's own device
+    ("PX801", "import torch.distributed as dist\nrank = dist.get_rank()\n"
+              "torch.cuda.set_device(rank % torch.cuda.device_count())\n"),
+    ("PX801", "import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n"
+              "model = DDP(model.to(local_rank), device_ids=[local_rank])\n"),
+    # per-node work under the local rank: a download to node-local disk
+    ("PX802", "import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\nif local_rank == 0:\n"
+              "    datasets.MNIST('/tmp/data', download=True)\n"),
+    # a count summed over ranks, then divided; Accelerate's reduce reaches every rank
+    ("PX901", "import torch.distributed as dist\ndist.all_reduce(correct)\n"
+              "print(correct / total)\n"),
+    ("PX902", "total = accelerator.reduce(total)\nprint(total)\n"),
+    # a framework's backward scales the loss itself
+    ("PX404", "for i, (x, y) in enumerate(loader):\n    accelerator.backward(loss_fn(x, y))\n"
+              "    if (i + 1) % 4 == 0:\n        opt.step()\n"),
+    # functools.reduce under a rank-like condition is no collective
+    ("PX301", "from functools import reduce\nif self.rank == 0:\n"
+              "    total = reduce(max, xs)\n"),
     # every rank joins: the other branch runs the same collective
     ("PX301", "if dist.get_rank() == 0:\n    dist.scatter(out, chunks, src=0)\nelse:\n"
               "    dist.scatter(out, src=0)\n"),
@@ -306,6 +324,47 @@ def test_fix_rewrites_only_the_fixed_calls(tmp_path):
     assert after.splitlines()[8] == '    map_location="cpu", weights_only=True'
     again = lint(str(path), "--diff")
     assert again.returncode == 0 and again.stdout == ""  # nothing left to fix
+
+
+@pytest.mark.parametrize("line, hidden", [
+    ("    model(batch)", "forward of the DDP model"),
+    ("    sharded(batch)", "forward of the FSDP model"),
+    ("    state = sharded.state_dict()", "of an FSDP model"),
+    ("    dcp.save(state, checkpoint_id='ckpt')", "DCP"),
+    ("    full = weight.full_tensor()", "all-gather"),
+    ("    zero.consolidate_state_dict(to=0)", "ZeRO"),
+])
+def test_hidden_collectives_under_a_rank_condition(line, hidden):
+    source = ("import torch.distributed as dist\nimport torch.distributed.checkpoint as dcp\n"
+              "model = DDP(net.to(dev), device_ids=[local_rank])\nsharded = FSDP(net2)\n"
+              f"if dist.get_rank() == 0:\n{line}\n")
+    found = lint_source("h.py", source, [BY_CODE["PX301"]])
+    assert [(f.line, hidden in f.message) for f in found] == [(6, True)]
+    quiet = source.replace("device_ids=[local_rank])", "device_ids=[local_rank], "
+                                                      "broadcast_buffers=False)")
+    if "model(batch)" in line:  # a DDP model without buffer broadcast: a plain forward
+        assert lint_source("h.py", quiet, [BY_CODE["PX301"]]) == []
+
+
+def test_helpers_of_other_linted_files_are_followed(tmp_path):
+    """A helper in utils.py that all-reduces, imported and called under a rank condition
+    in train.py: found when both files are linted (not from train.py alone); a same-named
+    function of an unrelated module, or another object's method, is not it."""
+    (tmp_path / "utils.py").write_text(
+        "import torch.distributed as dist\n\n\ndef mean_loss(loss):\n"
+        "    dist.all_reduce(loss)\n    return loss / dist.get_world_size()\n")
+    (tmp_path / "other.py").write_text(
+        "from functools import reduce\n\n\ndef update(xs):\n"
+        "    return reduce(max, xs)\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nfrom utils import mean_loss\n\n"
+        "if dist.get_rank() == 0:\n    print(mean_loss(loss))\n    cache.update(x)\n"
+        "    stats.mean_loss(loss)\n")
+    both = json.loads(lint(str(tmp_path), "--format", "json").stdout)["findings"]
+    assert [(Path(f["path"]).name, f["line"], f["code"]) for f in both] == \
+        [("train.py", 5, "PX301")] and "in utils.py" in both[0]["message"]
+    alone = lint(str(tmp_path / "train.py"))
+    assert alone.returncode == 0
 
 
 def test_phalanx_own_examples_and_sources_have_no_findings():

@@ -82,7 +82,7 @@ def _fix(path: Path, source: str, rules, mode: str | None, tally: list[int]) -> 
 
 
 def _lint_file(path: Path, rules, named: bool, mode: str | None = None,
-               tally: list[int] | None = None, project: dict[str, str] | None = None):
+               tally: list[int] | None = None, modules: dict | None = None):
     """The file's findings; a file that is not Python is a usage error when it was named,
     and reported (stderr) and skipped when it was found in a directory. `mode`: fix or
     diff first (`tally`: fixes, files)."""
@@ -101,7 +101,7 @@ def _lint_file(path: Path, rules, named: bool, mode: str | None = None,
             from None
     try:
         return lint_source(str(path), _fix(path, source, rules, mode, tally or [0, 0]), rules,
-                           project)
+                           modules)
     except (SyntaxError, ValueError, RecursionError) as exc:
         where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
         why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
@@ -119,7 +119,7 @@ def _shown(globs: tuple[str, ...]) -> str:
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
     from phalanx.lint.files import patterns, python_files
-    from phalanx.lint.project import project_collectives
+    from phalanx.lint.project import project_collectives, visible
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:
@@ -135,9 +135,9 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     findings, files, skipped, tally = [], 0, 0, [0, 0]
     globs = patterns(ns.exclude, ns.extend_exclude)
     paths = list(python_files(ns.paths, globs))
-    project = project_collectives(paths) if len(paths) > 1 else {}
+    modules = project_collectives(paths) if len(paths) > 1 else {}
     for path in paths:
-        found = _lint_file(path, rules, path in named, ns.fixing, tally, project)
+        found = _lint_file(path, rules, path in named, ns.fixing, tally, modules)
         if found is None:
             skipped += 1
             continue

@@ -94,6 +94,14 @@ class Context:
         strings = {n.value for n in self.nodes
                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         self.distributed = bool((names | strings) & DISTRIBUTED_MARKERS)
+        self.imported: dict[str, str] = {}  # local name -> `module.name` it was imported as
+        for node in self.nodes:
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name.split(".")[0]] = alias.name
         self.uses_cuda = "cuda" in source
 
     def calls_named(self, *names: str) -> Iterator[ast.Call]:
@@ -186,8 +194,14 @@ def suppressed(ctx: Context, line: int, code: str) -> bool:
 
 
 def lint_source(path: str, source: str, rules: Iterable[Rule],
-                project: dict[str, str] | None = None) -> list[Finding]:
-    ctx = Context(path, source, project)
+                modules: dict[str, dict[str, str]] | None = None) -> list[Finding]:
+    """Findings of `rules` in one file; `modules`: the other linted files' functions that
+    run collectives (lint.project), seen through this file's imports."""
+    ctx = Context(path, source)
+    if modules:
+        from phalanx.lint.project import visible
+
+        ctx.project = visible(ctx, modules)
     findings = []
     for rule in rules:
         for node, detail in rule.check(ctx):

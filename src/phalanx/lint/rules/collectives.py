@@ -79,11 +79,11 @@ def collective_functions(ctx: Context) -> dict[str, str]:
                 continue
             for call in inside:
                 callee = last(dotted(call))
-                if callee in COLLECTIVES and _is_dist_call(call):
+                if callee in COLLECTIVES and _is_dist_call(ctx, call):
                     found[name] = callee
                 elif hidden(call, models):
                     found[name] = hidden(call, models)
-                elif callee in found and callee != name:
+                elif callee in found and callee != name and _own(ctx, call):
                     found[name] = f"{found[callee]} (via `{callee}()`)"
                 if name in found:
                     changed = True
@@ -91,11 +91,25 @@ def collective_functions(ctx: Context) -> dict[str, str]:
     return found
 
 
-def _is_dist_call(call: ast.Call) -> bool:
-    """`dist.all_reduce(...)`, `torch.distributed.barrier()`, or a bare imported name —
-    not `some_list.reduce` of another library (the argument count tells little)."""
+def _own(ctx: Context, call: ast.Call) -> bool:
+    """A call that can reach a helper known by name: `f()`, `self.f()`, `cls.f()`, or
+    `module.f()` of an imported module — not `self.other.f()` (another object's `f`)."""
+    if isinstance(call.func, ast.Name):
+        return True
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+    return isinstance(receiver, ast.Name) and (receiver.id in ("self", "cls")
+                                               or receiver.id in ctx.imported)
+
+
+def _is_dist_call(ctx: Context, call: ast.Call) -> bool:
+    """`dist.all_reduce(...)`, `torch.distributed.barrier()`, or a bare name imported from
+    torch.distributed (or not imported at all: a snippet) — not `functools.reduce`, nor
+    `some_list.reduce` of another library."""
     name = dotted(call)
-    return "." not in name or name.split(".")[-2] in ("dist", "distributed", "run", "accelerator")
+    if "." not in name:
+        origin = ctx.imported.get(name)
+        return origin is None or origin.startswith("torch.distributed")
+    return name.split(".")[-2] in ("dist", "distributed", "run", "accelerator")
 
 
 def _rank_only_collective(ctx: Context):
@@ -105,8 +119,8 @@ def _rank_only_collective(ctx: Context):
     helpers, models = collective_functions(ctx), wrapped(ctx)
     for call in ctx.calls:
         callee = last(dotted(call))
-        what = callee if callee in COLLECTIVES and _is_dist_call(call) else (
-            hidden(call, models) or helpers.get(callee))
+        what = callee if callee in COLLECTIVES and _is_dist_call(ctx, call) else (
+            hidden(call, models) or (helpers.get(callee) if _own(ctx, call) else None))
         if what is None:
             continue
         cond = ctx.rank_condition(call)
