@@ -81,7 +81,6 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     device = _pick_device(env, backend)
     n_threads = _set_threads(env, threads)
     created = not dist.is_initialized()
-    mark("phalanx.init: joining the process group")
     if created:
         timeout = datetime.timedelta(seconds=timeout_s)
         if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
@@ -93,7 +92,6 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     found = spec(strategy or default_name(env.world_size))
     options = found.make_options(**strategy_options)
     from phalanx.peers import gather_peers
-
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,

@@ -2,28 +2,42 @@
 run a collective (directly, hidden, or through other helpers), so that a helper defined
 in `utils.py` and called under `if rank == 0:` in `train.py` is judged like a helper of
 `train.py` itself. A file sees another file's functions only through its own imports
-(`from utils import f`, `import utils` then `utils.f()`), matched by module name; a file
-that cannot contain a collective (none of their names in its text) is not parsed."""
+(`from utils import f`, `import utils` then `utils.f()`), matched by module name. A file
+that mentions neither torch.distributed nor a wrapper and imports no other linted module
+cannot define such a function and is not parsed for this."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from phalanx.lint.engine import Context
-from phalanx.lint.rules.collectives import COLLECTIVES, DCP_CALLS, WRAPPERS, collective_functions
+from phalanx.lint.rules.collectives import collective_functions
 
-WORDS = tuple(COLLECTIVES | set(WRAPPERS) | DCP_CALLS) + ("full_tensor", "consolidate_state_dict",
-                                                         "dcp", "distributed.checkpoint")
+WORDS = ("distributed", "dist.", "DDP", "FSDP", "fully_shard", "full_tensor",
+         "consolidate_state_dict", "dcp", "accelerator", "fabric")  # where a collective can be
+IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M)
+
+
+def _may_hold(text: str, stems: set[str]) -> bool:
+    """Whether a file can define a function that runs a collective: it mentions
+    torch.distributed or a wrapper, or imports another linted module (a helper's helper)."""
+    if "def " not in text:
+        return False
+    if any(word in text for word in WORDS):
+        return True
+    return any((a or b).rpartition(".")[2] in stems for a, b in IMPORT.findall(text))
 
 
 def _contexts(paths: list[Path]) -> dict[str, Context]:
     """Module name (file stem) → parsed file, for files that may hold a collective."""
+    stems = {p.stem for p in paths}
     found = {}
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
-            if "def " in text and any(word in text for word in WORDS):
+            if _may_hold(text, stems):
                 found[path.stem] = Context(str(path), text)
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
             continue  # reported when the file itself is linted
