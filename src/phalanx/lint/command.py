@@ -119,7 +119,7 @@ def _shown(globs: tuple[str, ...]) -> str:
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
     from phalanx.lint.files import patterns, python_files
-    from phalanx.lint.project import project_collectives, visible
+    from phalanx.lint.project import project_collectives
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:
@@ -135,7 +135,7 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     findings, files, skipped, tally = [], 0, 0, [0, 0]
     globs = patterns(ns.exclude, ns.extend_exclude)
     paths = list(python_files(ns.paths, globs))
-    modules = project_collectives(paths) if len(paths) > 1 else {}
+    modules = project_collectives(paths) if len(paths) > 1 else None
     for path in paths:
         found = _lint_file(path, rules, path in named, ns.fixing, tally, modules)
         if found is None:

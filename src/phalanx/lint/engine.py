@@ -193,15 +193,14 @@ def suppressed(ctx: Context, line: int, code: str) -> bool:
     return bool(found) and code in {c.strip() for c in found[1].split(",")}
 
 
-def lint_source(path: str, source: str, rules: Iterable[Rule],
-                modules: dict[str, dict[str, str]] | None = None) -> list[Finding]:
-    """Findings of `rules` in one file; `modules`: the other linted files' functions that
-    run collectives (lint.project), seen through this file's imports."""
-    ctx = Context(path, source)
-    if modules:
+def lint_source(path: str, source: str, rules: Iterable[Rule], project=None) -> list[Finding]:
+    """Findings of `rules` in one file; `project`: the other linted files' functions that
+    run collectives (lint.project.Project), seen through this file's imports."""
+    ctx = (project.take(path, source) if project is not None else None) or Context(path, source)
+    if project is not None:
         from phalanx.lint.project import visible
 
-        ctx.project = visible(ctx, modules)
+        ctx.project = visible(ctx, project)
     findings = []
     for rule in rules:
         for node, detail in rule.check(ctx):

@@ -2,14 +2,16 @@
 run a collective (directly, hidden, or through other helpers), so that a helper defined
 in `utils.py` and called under `if rank == 0:` in `train.py` is judged like a helper of
 `train.py` itself. A file sees another file's functions only through its own imports
-(`from utils import f`, `import utils` then `utils.f()`), matched by module name. A file
-that mentions neither torch.distributed nor a wrapper and imports no other linted module
-cannot define such a function and is not parsed for this."""
+(`from utils import f`, `from pkg.utils import f`, `import utils` then `utils.f()`),
+matched to the linted file whose path ends with that module path (when only one does).
+Only files that mention torch.distributed or a wrapper — and the files importing those,
+transitively — are parsed for this."""
 
 from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from phalanx.lint.engine import Context
@@ -17,61 +19,99 @@ from phalanx.lint.rules.collectives import collective_functions
 
 WORDS = ("distributed", "dist.", "DDP", "FSDP", "fully_shard", "full_tensor",
          "consolidate_state_dict", "dcp", "accelerator", "fabric")  # where a collective can be
-IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M)
+IMPORT = re.compile(r"^\s*(?:from\s+\.*([\w.]+)\s+import|import\s+([\w.]+))", re.M)
 
 
-def _may_hold(text: str, stems: set[str]) -> bool:
-    """Whether a file can define a function that runs a collective: it mentions
-    torch.distributed or a wrapper, or imports another linted module (a helper's helper)."""
-    if "def " not in text:
-        return False
-    if any(word in text for word in WORDS):
-        return True
-    return any((a or b).rpartition(".")[2] in stems for a, b in IMPORT.findall(text))
+@dataclass
+class Project:
+    """The linted files' collective-running functions, and how module paths name files."""
+
+    functions: dict[str, dict[str, str]] = field(default_factory=dict)  # file → name → what
+    suffixes: dict[str, str] = field(default_factory=dict)  # `pkg.utils` → file (if unique)
+    parsed: dict[str, Context] = field(default_factory=dict)  # reused by the lint itself
+
+    def take(self, name: str, source: str) -> Context | None:
+        """The file's parse from this pass (once), if its source is still the same."""
+        ctx = self.parsed.pop(name, None)
+        return ctx if ctx is not None and ctx.source == source else None
+
+    def file_of(self, module: str) -> str | None:
+        return self.suffixes.get(module)
 
 
-def _contexts(paths: list[Path]) -> dict[str, Context]:
-    """Module name (file stem) → parsed file, for files that may hold a collective."""
-    stems = {p.stem for p in paths}
-    found = {}
+def _suffixes(paths: list[Path]) -> dict[str, str]:
+    seen: dict[str, set[str]] = {}
     for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-            if _may_hold(text, stems):
-                found[path.stem] = Context(str(path), text)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
-            continue  # reported when the file itself is linted
-    return found
+        parts = list(path.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        for k in range(1, min(len(parts), 6) + 1):
+            seen.setdefault(".".join(parts[-k:]), set()).add(str(path))
+    return {key: next(iter(files)) for key, files in seen.items() if len(files) == 1}
 
 
-def visible(ctx: Context, modules: dict[str, dict[str, str]]) -> dict[str, str]:
-    """What `ctx` imports from the other linted modules: local name → collective."""
+def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[str]]:
+    """File → the linted files it imports (read from the text: no parsing)."""
+    return {f: {suffixes.get(a or b) for a, b in IMPORT.findall(t)} - {None}
+            for f, t in texts.items() if "def " in t}
+
+
+def visible(ctx: Context, project: Project | None) -> dict[str, str]:
+    """What `ctx` imports from the other linted files: local name → collective."""
     seen: dict[str, str] = {}
+    if not project:
+        return seen
     for local, origin in ctx.imported.items():
         module, _, name = origin.rpartition(".")
-        stem = module.rpartition(".")[2]
-        if stem in modules and name in modules[stem]:  # from utils import f
-            seen[local] = modules[stem][name]
-        elif origin.rpartition(".")[2] in modules:  # import utils: utils.f()
-            for function, what in modules[origin.rpartition(".")[2]].items():
+        source = project.file_of(module) if module else None
+        if source in project.functions and name in project.functions[source]:
+            seen[local] = project.functions[source][name]  # from utils import f
+        elif project.file_of(origin) in project.functions:  # import utils: utils.f()
+            for function, what in project.functions[project.file_of(origin)].items():
                 seen.setdefault(function, what)
     return seen
 
 
-def project_collectives(paths: list[Path], rounds: int = 4) -> dict[str, dict[str, str]]:
-    """Module name → {module-level function → the collective it runs}."""
-    contexts = _contexts(paths)
-    modules: dict[str, dict[str, str]] = {}
-    for _ in range(rounds):  # helpers calling helpers of other modules
-        before = {m: dict(f) for m, f in modules.items()}
-        for stem, ctx in contexts.items():
-            ctx.project = visible(ctx, before)
+def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
+    """Every linted file's module-level functions that run a collective. Parsed: files
+    that mention one (round 1), then files importing a file found to have some."""
+    texts = {}
+    for path in paths:
+        try:
+            texts[str(path)] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # reported when the file itself is linted
+    project = Project(suffixes=_suffixes(paths))
+    imports = _imports(texts, project.suffixes)
+    frontier = {f for f in imports if any(word in texts[f] for word in WORDS)}
+    contexts: dict[str, Context | None] = {}
+    seen: dict[str, dict[str, str]] = {}  # what each file saw of the others when judged
+    for _ in range(rounds):
+        changed = False
+        for name in sorted(frontier):
+            ctx = contexts.get(name) if name in contexts else _parse(name, texts[name])
+            contexts[name] = ctx
+            if ctx is None:
+                continue
+            ctx.project = visible(ctx, project)
+            if name in seen and seen[name] == ctx.project:
+                continue
+            seen[name] = ctx.project
             top = {n.name for n in ctx.tree.body
                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            found = {name: what if "(in " in what else f"{what} (in {stem}.py)"
-                     for name, what in collective_functions(ctx).items() if name in top}
-            if found:
-                modules[stem] = found
-        if modules == before:
+            found = {f: w if "(in " in w else f"{w} (in {Path(name).name})"
+                     for f, w in collective_functions(ctx).items() if f in top}
+            if found and found != project.functions.get(name):
+                project.functions[name], changed = found, True
+        if not changed:
             break
-    return modules
+        frontier = {f for f, targets in imports.items() if targets & project.functions.keys()}
+    project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
+    return project
+
+
+def _parse(name: str, text: str) -> Context | None:
+    try:
+        return Context(name, text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
