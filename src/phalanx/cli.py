@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    mark("python started", at=process_started())
+    mark("python started", at=process_started)
     mark("phalanx imported")
     die_with_agent()
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log

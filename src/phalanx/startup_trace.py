@@ -26,10 +26,12 @@ def process_started() -> float:
         return time.time()
 
 
-def mark(label: str, at: float | None = None) -> None:
-    """Record that this process reached `label` (now, or at `at`)."""
+def mark(label: str, at=None) -> None:
+    """Record that this process reached `label` (now, or at the time `at()` gives — only
+    asked when tracing)."""
     path = os.environ.get(TRACE_ENV)
     if not path:
         return
+    when = time.time() if at is None else at()
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(f"{time.time() if at is None else at:.3f} {os.getpid()} {_role()}: {label}\n")
+        fh.write(f"{when:.3f} {os.getpid()} {_role()}: {label}\n")

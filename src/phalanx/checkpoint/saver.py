@@ -40,6 +40,8 @@ from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, 
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
 
+ROTATED = ".rotated-"  # a rotated-out checkpoint being deleted (see `rotate`)
+
 
 def _agree(error: str | None) -> None:
     """Rank 0's error (or None) reaches every rank, so all of them raise or none does."""
@@ -100,9 +102,6 @@ def rotate(final: Path, keep: int, later: list[Path] | None = None) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             later.append(trash)
-
-
-ROTATED = ".rotated-"
 
 
 def _root_cause(exc: BaseException, where: Path) -> str:
