@@ -51,7 +51,8 @@ def verified_token(path: Path) -> str:
 
 
 def _reason(path: Path) -> str | None:
-    contents = os.environ.get(VERIFIED_ENV) != verified_token(path)
+    named = os.environ.get(VERIFIED_ENV)  # the token costs a read: only when one was named
+    contents = named is None or named != verified_token(path)
     try:
         return verify(path, contents=contents)
     except UnsafeCheckpoint as exc:

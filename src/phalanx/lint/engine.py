@@ -114,6 +114,13 @@ class Context:
         """Whether any call's callable has one of these last names."""
         return any(name in self._by_name for name in names)
 
+    def assigned_from(self, *names: str) -> set[str]:
+        """Names (`m`, `self.m`) assigned the result of a call whose last name is one of
+        `names`: `model = DDP(net)` → {"model"} for `assigned_from("DDP")`."""
+        return {dotted(t) for n in self.nodes if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Call) and last(dotted(n.value)) in names
+                for t in n.targets} - {""}
+
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         while node in self.parents:
             node = self.parents[node]

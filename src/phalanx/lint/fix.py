@@ -76,10 +76,10 @@ def _weights_only(source: str, ctx: Context, node: ast.AST, where: _Offsets) -> 
     if not isinstance(node, ast.Call) or keyword(node, "weights_only") is not None or any(
             k.arg is None for k in node.keywords):
         return []
-    close = where.end(node) - 1  # the call's `)`
-    inside = source[_open_paren(source, node, where):close].rstrip()
+    paren, close = _open_paren(source, node, where), where.end(node) - 1  # after `(`, at `)`
+    inside = source[paren:close].rstrip()
     text = "weights_only=True" if inside.endswith(",") or not inside else ", weights_only=True"
-    at = _open_paren(source, node, where) + len(inside)
+    at = paren + len(inside)
     return [Edit(at, at, (" " if inside.endswith(",") else "") + text)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.engine import Context, Rule, dotted, keyword
 
 
 def _load_without_map_location(ctx: Context):
@@ -23,15 +23,8 @@ def _load_without_weights_only(ctx: Context):
                 yield call, ""
 
 
-def _ddp_names(ctx: Context) -> set[str]:
-    return {dotted(t) for n in ctx.nodes if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call)
-            and last(dotted(n.value)) in ("DistributedDataParallel", "DDP")
-            for t in n.targets}
-
-
 def _wrapper_state_dict(ctx: Context):
-    wrapped = _ddp_names(ctx)
+    wrapped = ctx.assigned_from("DistributedDataParallel", "DDP")
     for call in ctx.calls_named("state_dict"):
         if isinstance(call.func, ast.Attribute) and dotted(call.func.value) in wrapped:
             yield call, f"(keys of `{dotted(call.func.value)}.state_dict()` start with `module.`)"

@@ -78,17 +78,24 @@ def collective_functions(ctx: Context) -> dict[str, str]:
             if name in found:
                 continue
             for call in inside:
-                callee = last(dotted(call))
-                if callee in COLLECTIVES and _is_dist_call(ctx, call):
-                    found[name] = callee
-                elif hidden(call, models):
-                    found[name] = hidden(call, models)
-                elif callee in found and callee != name and _own(ctx, call):
-                    found[name] = f"{found[callee]} (via `{callee}()`)"
-                if name in found:
-                    changed = True
+                what = _runs(ctx, call, models, found, inside=name)
+                if what is not None:
+                    found[name], changed = what, True
                     break
     return found
+
+
+def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[str, str],
+          inside: str | None = None) -> str | None:
+    """The collective `call` runs: a named one, a hidden one, or a known helper's (not
+    the function `inside` calling itself)."""
+    callee = last(dotted(call))
+    if callee in COLLECTIVES and _is_dist_call(ctx, call):
+        return callee
+    what = hidden(call, models)
+    if what is None and callee in helpers and callee != inside and _own(ctx, call):
+        what = helpers[callee] if inside is None else f"{helpers[callee]} (via `{callee}()`)"
+    return what
 
 
 def _own(ctx: Context, call: ast.Call) -> bool:
@@ -119,8 +126,7 @@ def _rank_only_collective(ctx: Context):
     helpers, models = collective_functions(ctx), wrapped(ctx)
     for call in ctx.calls:
         callee = last(dotted(call))
-        what = callee if callee in COLLECTIVES and _is_dist_call(ctx, call) else (
-            hidden(call, models) or (helpers.get(callee) if _own(ctx, call) else None))
+        what = _runs(ctx, call, models, helpers)
         if what is None:
             continue
         cond = ctx.rank_condition(call)

@@ -37,14 +37,8 @@ def _optimizer_before_wrap(ctx: Context):
                              f"with flat or sharded ones, which this optimizer never updates)")
 
 
-def _fsdp1_names(ctx: Context) -> set[str]:
-    return {dotted(t) for n in ctx.nodes if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call) and last(dotted(n.value)) in FSDP1
-            for t in n.targets} - {""}
-
-
 def _plain_clip_on_fsdp1(ctx: Context):
-    names = _fsdp1_names(ctx)
+    names = ctx.assigned_from(*FSDP1)
     for call in ctx.calls_named("clip_grad_norm_"):
         if not (dotted(call).endswith("utils.clip_grad_norm_") and call.args):
             continue
@@ -67,9 +61,7 @@ def _low_precision_reduce(ctx: Context):
 
 
 def _zero_state_dict(ctx: Context):
-    zero = {dotted(t) for n in ctx.nodes if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call)
-            and last(dotted(n.value)) == "ZeroRedundancyOptimizer" for t in n.targets}
+    zero = ctx.assigned_from("ZeroRedundancyOptimizer")
     if not zero or ctx.mentions("consolidate_state_dict"):
         return
     for call in ctx.calls_named("state_dict"):
