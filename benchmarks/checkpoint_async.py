@@ -41,6 +41,15 @@ def slowest(run, seconds: float) -> float:
     return t.item()
 
 
+def per_rank(seconds: float) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.zeros((), dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, torch.tensor(seconds, dtype=torch.float64))
+    return [t.item() for t in out]
+
+
 def raw_write(directory: Path, n_bytes: int) -> float:
     """Seconds to write n_bytes sequentially (4 MiB blocks) to a new file and fsync."""
     block = os.urandom(4 << 20)
@@ -93,7 +102,8 @@ def one_repeat(run, model, opt, step, root: Path, r: int, args, n_bytes: int) ->
             continue
         t0 = time.perf_counter()
         run.save(root, 4 * r + i + 1, model, opt, keep=2, **MODES[mode])
-        out[f"{mode}_stall"] = slowest(run, time.perf_counter() - t0)
+        out[f"{mode}_ranks"] = per_rank(time.perf_counter() - t0)
+        out[f"{mode}_stall"] = max(out[f"{mode}_ranks"])
         if mode != "sync":  # training goes on while the write runs
             out[f"{mode}_steps"] = slowest(run, steps_timed(step, args.steps))
             run.wait_checkpoint()
@@ -139,7 +149,8 @@ def worker(args) -> None:
 
 
 def report(data: dict, args) -> None:
-    med = {k: statistics.median(r[k] for r in data["repeats"]) for k in data["repeats"][0]}
+    med = {k: statistics.median(r[k] for r in data["repeats"]) for k in data["repeats"][0]
+           if not k.endswith("_ranks")}
     mb = data["bytes"] / 1e6
     raw = med["raw"]
     pairs = sorted((r["raw"] / r["sync_stall"], r["sync_stall"], r["raw"])
@@ -157,6 +168,9 @@ def report(data: dict, args) -> None:
         print(f"{mode:16s} stall {med[f'{mode}_stall'] * 1e3:8.1f} ms  ({what}; begin "
               f"{med[f'{mode}_begin'] * 1e3:.1f}, state dict {med[f'{mode}_state_dict'] * 1e3:.1f}, "
               f"wait for the copy {med[f'{mode}_staged_wait'] * 1e3:.1f} ms; written after {med[f'{mode}_write'] * 1e3:.0f} ms)")
+        ranks = zip(*(r[f"{mode}_ranks"] for r in data["repeats"]))
+        print(f"    save call per rank (median): "
+              f"{', '.join(f'{statistics.median(x) * 1e3:.1f}' for x in ranks)} ms")
         print(f"    stall ratio {mode} / sync = {med[f'{mode}_stall'] / sync:.3f} (goal <= 0.05); "
               f"steps during the write {med[f'{mode}_steps'] * 1e3:.0f} ms vs "
               f"{med['steps_alone'] * 1e3:.0f} alone "

@@ -246,3 +246,69 @@ def test_manifests_with_sha256_entries_still_verify(run, tmp_path):
     manifest["files"][".metadata"]["sha256"] = "0" * 64
     (path / MANIFEST).write_text(json.dumps(manifest))
     assert "`.metadata` does not match its checksum" in verify(path)
+
+
+def test_records_are_written_without_torchs_crc_and_the_setting_is_restored(
+        run, tmp_path, monkeypatch):
+    from torch import serialization
+
+    from phalanx.checkpoint import writer
+
+    seen = []
+    write = writer._DigestingFile.write
+    monkeypatch.setattr(writer._DigestingFile, "write", lambda self, data: (
+        str(self.name).endswith(".distcp") and seen.append(serialization.get_crc32_options()),
+        write(self, data))[1])  # (.metadata is a plain pickle: no records)
+    model, opt = trained(run)
+    for before in (True, False):
+        serialization.set_crc32_options(before)
+        seen.clear()
+        path = run.save(tmp_path, int(before), model, opt)
+        assert seen and not any(seen)  # the whole file's checksum replaces it (verified)
+        assert serialization.get_crc32_options() is before
+        assert verify(path) is None
+    serialization.set_crc32_options(True)
+    fresh, fresh_opt = trained(run, seed=5)
+    run.load(path, fresh, fresh_opt)  # torch.load reads records without a CRC-32
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 fresh.state_dict().values()))
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_disk_writes_start_while_a_file_is_still_being_written(run, tmp_path, monkeypatch,
+                                                               works):
+    from phalanx.checkpoint import writer
+
+    calls = []
+    real = writer._START_WRITEBACK
+    monkeypatch.setattr(writer, "_START_WRITEBACK", lambda fd, offset, n: (
+        calls.append((offset, n)), works and (real is None or real(fd, offset, n)))[1])
+    model, opt = trained(run, width=1024)  # ~3 MiB of weights, 9 MiB with AdamW's state
+    model2 = nn.Linear(1024, 2048)  # + 8 MiB: one tensor over the threshold on its own
+    path = run.save(tmp_path, 1, nn.ModuleList([model, model2]), opt)
+    assert verify(path) is None  # the checksums are those of the whole files
+    if works:
+        ends = [offset + n for offset, n in calls]
+        assert calls and calls[0][0] == 0 and all(n >= writer.WRITEBACK_EVERY for _, n in calls)
+        assert all(offset == end for (offset, _), end in zip(calls[1:], ends))  # contiguous
+    else:
+        assert len(calls) == 1  # refused once (e.g. no such call): fsync alone from then on
+
+
+def test_deferred_staging_copies_wait_for_the_release(run):
+    import threading
+    import time
+
+    from phalanx.checkpoint.staging import ReusedBufferStager
+
+    stager = ReusedBufferStager()
+    stager.deferred = lambda path: path == ("later",)
+    stager.release = threading.Event()
+    now, later = torch.arange(4.0), torch.arange(4.0) + 10
+    staged = stager.stage({"now": now, "later": later})
+    time.sleep(0.05)
+    assert not staged.done()  # the training thread has the interpreter to itself
+    stager.release.set()
+    copy = staged.result(timeout=10)
+    assert torch.equal(copy["now"], now) and torch.equal(copy["later"], later)
+    stager.close()

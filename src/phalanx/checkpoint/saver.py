@@ -246,15 +246,7 @@ class CheckpointSaver:
         fault_point("checkpoint", step)
         try:
             if asynchronous:
-                response = dcp.async_save(state, storage_writer=job.writer,
-                    process_group=self._background_group(),
-                    **self._stager(deferred))
-                job.staged = getattr(response, "staging_completion", None)
-                self._pending = job
-                # the commit (checksums, fsync, rename) runs in DCP's thread too
-                getattr(response, "upload_completion", response).add_done_callback(job.complete)
-                job.timings["stall"] = time.perf_counter() - job._t0
-                return job.final
+                return self._save_async(job, state, deferred)
             dcp.save(state, storage_writer=job.writer)
         except (Exception, CheckpointException) as exc:  # not an Exception subclass
             job.write_failed(exc)
@@ -264,6 +256,21 @@ class CheckpointSaver:
         job.timings["stall"] = time.perf_counter() - job._t0
         job.agree()
         return job.final
+
+    def _save_async(self, job: _Job, state: dict, deferred: set[str] | None) -> Path:
+        release = threading.Event()  # the background threads start once this returns
+        try:
+            response = dcp.async_save(state, storage_writer=job.writer,
+                                      process_group=self._background_group(),
+                                      **self._stager(deferred, release))
+            job.staged = getattr(response, "staging_completion", None)
+            self._pending = job
+            # the commit (checksums, fsync, rename) runs in DCP's thread too
+            getattr(response, "upload_completion", response).add_done_callback(job.complete)
+            job.timings["stall"] = time.perf_counter() - job._t0
+            return job.final
+        finally:
+            release.set()
 
     def poll(self) -> bool:
         """True when no background save is in flight on this rank (no collective)."""
@@ -310,13 +317,15 @@ class CheckpointSaver:
             job.staged = None
             job.timings["staged_wait"] = time.perf_counter() - t0
 
-    def _stager(self, deferred: set[str] | None) -> dict:
+    def _stager(self, deferred: set[str] | None, release: threading.Event) -> dict:
         """`async_stager=` for torch versions that take one (2.7+), with reused buffers;
-        the `deferred` parameters and the optimizer state are copied later."""
+        the `deferred` parameters and the optimizer state are copied later, once
+        `release` is set."""
         if "async_stager" not in inspect.signature(dcp.async_save).parameters:
             return {}
         if self._staging is None:
             self._staging = ReusedBufferStager()
+        self._staging.release = release
         params = deferred or set()
         self._staging.deferred = lambda path: deferred is not None and (
             path[0] == "optim" or (path[0] == "model" and ".".join(path[1:]) in params))

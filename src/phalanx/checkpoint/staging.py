@@ -10,11 +10,16 @@ copied *later*, in a thread, while the next forward and backward run (`deferred`
 rest (buffers a forward may update, e.g. BatchNorm statistics) is copied before `stage`
 returns. The caller must then wait for the returned future before the next optimizer
 step (`Run.checkpoint_staged`). Buffers are reused only after the save that read them
-has finished: the saver finishes one save before starting the next.
+has finished: the saver finishes one save before starting the next. The later copies
+start only once `release` (an event the saver sets when `run.save` returns) is set: DCP's
+upload thread waits for them before it plans, so neither thread takes the interpreter
+lock from the training thread before it is back in training (a background thread
+holding it cost the stall up to 13 ms here, 0.3 ms when it did not).
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -32,6 +37,7 @@ class ReusedBufferStager(AsyncStager):
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.deferred: Callable[[tuple], bool] = lambda path: False
+        self.release: threading.Event | None = None  # see the module docstring
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
         later: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -41,8 +47,11 @@ class ReusedBufferStager(AsyncStager):
             return staged
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="phalanx-staging")
+        release = self.release
 
         def finish() -> dict[str, Any]:
+            if release is not None:
+                release.wait()
             for buffer, source in later:
                 buffer.copy_(source, non_blocking=source.is_cuda)
             _synchronize()
