@@ -65,6 +65,24 @@ def unused_parameter(run, out: Path) -> None:
     (out / f"unused-rank{run.rank}.txt").write_text(message)
 
 
+def unwritable_checkpoint(run, out: Path) -> None:
+    """A save rank 0 cannot make a directory for: every rank raises rank 0's message (no
+    collective agrees on it first), then a save elsewhere works (the ranks kept in step)."""
+    from phalanx.checkpoint.store import CheckpointError
+
+    model = run.setup(nn.Linear(4, 2))
+    if run.is_main:
+        (out / "a-file").write_text("not a directory")
+    run.barrier()
+    try:
+        run.save(out / "a-file" / "checkpoints", 1, model)
+        message = "saved"
+    except CheckpointError as exc:
+        message = str(exc)
+    after = run.save(out / "after-failure", 2, model)
+    (out / f"unwritable-rank{run.rank}.txt").write_text(f"{message}\n{after.name}")
+
+
 def log_scenario(run, out: Path) -> None:
     """`run.log` on 2 ranks: reduced over ranks, written by rank 0 only."""
     run.log_dir = out / "run-log"
@@ -92,6 +110,7 @@ def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
         two_rank_scenarios(run, prepare(small_corpus, cache, 0.1), out)
         guard_scenarios(run, out)
         log_scenario(run, out)
+        unwritable_checkpoint(run, out)
 
 
 if __name__ == "__main__":

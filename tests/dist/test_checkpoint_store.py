@@ -280,8 +280,8 @@ def test_disk_writes_start_while_a_file_is_still_being_written(run, tmp_path, mo
     from phalanx.checkpoint import writer
 
     calls = []
-    real = writer._START_WRITEBACK
-    monkeypatch.setattr(writer, "_START_WRITEBACK", lambda fd, offset, n: (
+    real = writer.START_WRITEBACK
+    monkeypatch.setattr(writer, "START_WRITEBACK", lambda fd, offset, n: (
         calls.append((offset, n)), works and (real is None or real(fd, offset, n)))[1])
     model, opt = trained(run, width=1024)  # ~3 MiB of weights, 9 MiB with AdamW's state
     model2 = nn.Linear(1024, 2048)  # + 8 MiB: one tensor over the threshold on its own

@@ -144,3 +144,14 @@ def test_run_log_reduces_over_ranks_and_rank_0_writes(results):
     tb.Reload()
     assert [(e.step, e.value) for e in tb.Scalars("train/x")] == [(1, 3.0), (2, 10.0),
                                                                   (3, 5.0)]
+
+
+def test_a_checkpoint_directory_rank_0_cannot_make_fails_on_every_rank_alike(results):
+    first, second = ((results / f"unwritable-rank{r}.txt").read_text().splitlines()
+                     for r in (0, 1))
+    assert first == second, (first, second)
+    assert first[0].startswith("cannot create checkpoint directory `"), first
+    assert first[0].endswith("Not a directory. The previous checkpoints in "
+                             f"`{results / 'a-file' / 'checkpoints'}` are intact; free space "
+                             "or choose a writable `--out`."), first
+    assert first[1] == "step-00000002"  # the next save, on every rank: still in step

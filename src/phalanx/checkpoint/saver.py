@@ -154,21 +154,24 @@ class _Job:
 
     def begin(self, removing: bool = False) -> None:
         """Rank 0 makes the temporary directory (after removing what an ended process
-        left: `.tmp-step-*`, and `.rotated-*` unless this process is `removing` them)."""
+        left: `.tmp-step-*`, and `.rotated-*` unless this process is `removing` them).
+        No collective: no rank writes before DCP's plan, which rank 0 sends only after
+        this; DCP's first step creates the directory on every rank, so if rank 0 cannot,
+        DCP fails on every rank and every rank raises rank 0's message (`agree`)."""
         if self.rank == 0:
             stale = [*self.root.glob(".tmp-step-*"), *([] if removing else
                                                         self.root.glob(f"{ROTATED}*"))]
             try:
                 for path in stale:
                     shutil.rmtree(path, ignore_errors=True)
-                self.tmp.mkdir(parents=True)
+                self.tmp.mkdir(parents=True, exist_ok=True)  # another rank's DCP may be first
             except OSError as exc:
                 self.error = f"cannot create checkpoint directory `{self.tmp}`: {exc.strerror}"
-        _agree(self.error)
 
     def write_failed(self, exc: BaseException) -> None:
-        self.error = (f"writing checkpoint {step_name(self.step)} failed: "
-                      f"{_root_cause(exc, self.root)}")
+        if self.error is None:  # a failure at `begin` is the first cause
+            self.error = (f"writing checkpoint {step_name(self.step)} failed: "
+                          f"{_root_cause(exc, self.root)}")
 
     def complete(self, future: Future | None = None) -> None:
         """After the write (in DCP's thread for a background save): note a failure, commit
@@ -214,6 +217,17 @@ def _version() -> str:
     from phalanx import __version__
 
     return __version__
+
+
+def _delete_quietly(paths: list[Path]) -> None:
+    """Delete `paths` at the lowest CPU priority this thread can take (Linux: a thread's
+    own nice value), so freeing their pages does not take a core from training."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: the same work at normal priority
+        pass
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class CheckpointSaver:
@@ -298,9 +312,8 @@ class CheckpointSaver:
         `.rotated-*` left by a process that ended first.)"""
         if paths:
             self._removed()
-            self._removing = threading.Thread(
-                target=lambda: [shutil.rmtree(p, ignore_errors=True) for p in paths],
-                name="phalanx-rotate", daemon=False)
+            self._removing = threading.Thread(target=_delete_quietly, args=(paths,),
+                                              name="phalanx-rotate", daemon=False)
             self._removing.start()
 
     def _removed(self) -> None:

@@ -40,7 +40,7 @@ def _writeback_starter():
     return lambda fd, offset, n: call(fd, offset, n, 2) == 0  # 2: SYNC_FILE_RANGE_WRITE
 
 
-_START_WRITEBACK = _writeback_starter()
+START_WRITEBACK = _writeback_starter()
 
 
 class _DigestingFile:
@@ -52,7 +52,7 @@ class _DigestingFile:
     def __init__(self, raw, on_close) -> None:
         self._raw, self._on_close, self._hash, self._size = raw, on_close, new_hash(), 0
         self._started = 0  # bytes whose write-back has been started
-        self._writeback = _START_WRITEBACK
+        self._writeback = START_WRITEBACK
 
     def write(self, data) -> int:
         self._hash.update(data)
