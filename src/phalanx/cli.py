@@ -7,7 +7,8 @@ import os
 import sys
 
 from phalanx import __version__
-from phalanx.errors import DistributedError, Interrupted, UserError, record_for_agent
+from phalanx.errors import (DistributedError, Interrupted, UserError, record_for_agent,
+                            storage_errors)
 from phalanx.lifecycle import die_with_agent
 from phalanx.ranklogs import log_traceback, quiet_worker
 from phalanx.bench import command as bench_command
@@ -88,7 +89,8 @@ def _main(argv: list[str] | None) -> int:
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
     ns = parse(build_parser(), argv)
     try:
-        return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
+        with storage_errors():  # a full or read-only disk is the user's to fix (exit 2)
+            return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)

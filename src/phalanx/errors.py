@@ -7,6 +7,8 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 
 
@@ -18,6 +20,41 @@ class UserError(PhalanxError):
     """Bad input: what was found, what was expected, how to fix it. Exit code 2."""
 
     exit_code = 2
+
+
+class StorageFull(UserError):
+    """A write failed because the disk is full, over quota or read-only."""
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+def storage_error(exc: BaseException, into: str | os.PathLike | None = None
+                  ) -> StorageFull | None:
+    """The user's error behind an OSError of a full, over-quota or read-only disk (wherever
+    in a run it came: metrics, logs, a plot, an export); None for any other error. `into`:
+    the directory being written, named when the error does not name its file. What
+    Phalanx commits (checkpoints, `latest`) is written so that such a failure never leaves
+    it half-written."""
+    if not isinstance(exc, OSError) or exc.errno not in _STORAGE_ERRNOS:
+        return None
+    where = (f" writing `{exc.filename}`" if exc.filename else
+             f" writing into `{into}`" if into else "")
+    return StorageFull(f"{exc.strerror or os.strerror(exc.errno)}{where}. Free space or "
+                       f"choose a writable location (e.g. `--out`), then run again.")
+
+
+@contextlib.contextmanager
+def storage_errors(into: str | os.PathLike | None = None):
+    """Raise a full, over-quota or read-only disk met inside as the user's error
+    (`storage_error`); any other error passes unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        known = storage_error(exc, into)
+        if known is None:
+            raise
+        raise known from exc
 
 
 class DistributedError(PhalanxError):

@@ -123,7 +123,11 @@ def test_a_full_or_read_only_disk_keeps_the_previous_checkpoint(small_corpus_fil
     assert_one_message(_Proc(full), "[rank 0] writing checkpoint step-00000004 failed: No space "
                                     "left on device. The previous checkpoints in")
     assert_one_message(_Proc(read_only), "is not a writable directory (Read-only file system)")
-    for outcome in (full, read_only):
+    nearly = result["nearly_full"]  # a write outside the checkpoint (metrics, logs) fails
+    assert_one_message(_Proc(nearly), "[rank 0] No space left on device writing")
+    assert f"`{mount / 'run'}" in nearly["stderr"]  # the file, or the run it was for
+    assert "Free space or choose a writable location (e.g. `--out`)" in nearly["stderr"]
+    for outcome in (full, nearly, read_only):
         assert outcome["newest_valid"] == "step-00000002"  # verified by its manifest
         assert outcome["entries"] == ["latest", "step-00000002"]  # no temporary left
 

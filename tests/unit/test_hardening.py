@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from phalanx.data.corpus import prepare
 from phalanx.report.metrics import read_metrics
 
@@ -49,3 +51,23 @@ def test_output_into_a_closed_pipe_ends_quietly():
     finally:
         os.close(write)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_a_full_or_read_only_disk_is_the_users_error_and_nothing_else_is():
+    import errno
+
+    from phalanx.errors import StorageFull, storage_errors
+
+    with pytest.raises(StorageFull, match=r"^No space left on device writing `/r/m.jsonl`\. "
+                                          r"Free space or choose a writable location"):
+        with storage_errors("/r"):
+            raise OSError(errno.ENOSPC, "No space left on device", "/r/m.jsonl")
+    with pytest.raises(StorageFull, match=r"^Read-only file system writing into `/r`\."):
+        with storage_errors("/r"):
+            raise OSError(errno.EROFS, "Read-only file system")  # no file named: the run's
+    with pytest.raises(StorageFull, match=r"^Disk quota exceeded\. Free space"):
+        with storage_errors():
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    with pytest.raises(PermissionError):  # not the disk: unchanged, with its traceback
+        with storage_errors("/r"):
+            raise PermissionError(errno.EACCES, "Permission denied", "/r/x")

@@ -17,7 +17,7 @@ from phalanx.config import Config
 from phalanx.checkpoint.rundir import remove_if_unused
 from phalanx.data.corpus import TokenSplits, prepare, source_files
 from phalanx.envinfo import under_launcher
-from phalanx.errors import Interrupted, UserError
+from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.faults import check_faults
 from phalanx.lifecycle import exit_code
 from phalanx.startup_trace import mark
@@ -82,7 +82,7 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     created = not Path(cfg.train.out).expanduser().exists()
     out = prepare_out_dir(cfg.train.out)
     try:
-        with quiet_store_retries(cfg):
+        with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
             return _train_in(cfg, out, argv)
     except UserError:
         if created:  # refused before anything ran: leave no empty run directory behind
