@@ -71,3 +71,16 @@ def test_a_full_or_read_only_disk_is_the_users_error_and_nothing_else_is():
     with pytest.raises(PermissionError):  # not the disk: unchanged, with its traceback
         with storage_errors("/r"):
             raise PermissionError(errno.EACCES, "Permission denied", "/r/x")
+
+
+def test_gradient_norms_are_read_in_one_copy_and_kept_as_floats():
+    import torch
+
+    from phalanx.train.loop import _settle_norms
+
+    norms = [torch.tensor(1.0), None, torch.tensor(2.0, dtype=torch.float64),
+             torch.tensor(4.0)]
+    assert _settle_norms(norms, 3) == 3.0  # the window's norms that were taken
+    assert isinstance(norms[0], torch.Tensor) and norms[1:] == [None, 2.0, 4.0]  # floats now
+    assert _settle_norms(norms, 4) == pytest.approx(7 / 3) and norms[0] == 1.0
+    assert _settle_norms([None, None], 2) is None and _settle_norms([], 0) is None

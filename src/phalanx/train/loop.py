@@ -53,7 +53,7 @@ class TrainResult:
     val_losses: dict[int, float] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
     stopped: int = 0  # the signal (SIGINT/SIGTERM) that ended the loop early, or 0
-    grad_norms: list = field(default_factory=list)  # per step, before clipping (tensors)
+    grad_norms: list = field(default_factory=list)  # per step, before clipping (floats once logged)
 
 
 def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer,
@@ -206,10 +206,9 @@ class Logger:
                   "tokens_per_s": tokens / max(elapsed, 1e-9),
                   "step_time_s": elapsed / max(1, self.steps_since),
                   "memory_mib": peak_memory_mib(self.run.device)}
-        norms = [n for n in result.grad_norms[-self.steps_since:] if n is not None]
-        if norms:  # the global norm: the same on every rank
-            record["grad_norm"] = torch.stack([torch.as_tensor(n).float().cpu()
-                                               for n in norms]).mean().item()
+        norm = _settle_norms(result.grad_norms, self.steps_since)
+        if norm is not None:  # the global norm: the same on every rank
+            record["grad_norm"] = norm
         if self.progress is not None:
             self.progress.update(step, record["loss"], record["tokens_per_s"], lr)
         self.pending, self.steps_since = [], 0
@@ -228,6 +227,20 @@ class Logger:
             self.progress.close()
         if self.writes:
             self.run.end_log()
+
+
+def _settle_norms(norms: list, last: int) -> float | None:
+    """The mean of the `last` steps' gradient norms (None where none was taken), read
+    from the device in one copy, not one host sync per step; those entries of `norms`
+    become floats, so a long run keeps no device tensor per step."""
+    window = [i for i in range(max(0, len(norms) - last), len(norms)) if norms[i] is not None]
+    held = [i for i in window if isinstance(norms[i], torch.Tensor)]
+    if held:
+        for i, value in zip(held, torch.stack([norms[i].float() for i in held]).cpu().tolist()):
+            norms[i] = value
+    if not window:
+        return None
+    return torch.tensor([norms[i] for i in window], dtype=torch.float32).mean().item()
 
 
 def peak_memory_mib(device: torch.device) -> float:
