@@ -1,7 +1,7 @@
 """Writing checkpoints: the commit protocol, synchronously or in the background.
 
 Every save is a collective (all ranks call it at the same step):
-1. rank 0 creates `.tmp-step-…/` and every rank learns whether that worked;
+1. rank 0 creates `.tmp-step-…/` (no collective: see `_Job.begin`);
 2. every rank writes its part with DCP into it — `dcp.save`, or `dcp.async_save`, which
    copies the state to memory and writes from a thread (on its own gloo group, so its
    collectives never interleave with training's);
