@@ -312,3 +312,24 @@ def test_deferred_staging_copies_wait_for_the_release(run):
     copy = staged.result(timeout=10)
     assert torch.equal(copy["now"], now) and torch.equal(copy["later"], later)
     stager.close()
+
+
+def test_dealing_a_replicated_state_is_remembered_for_the_same_shapes():
+    from phalanx.checkpoint.store import _leaves, share_of_replicated
+
+    state = {"model": {"a": torch.zeros(8), "b": torch.zeros(4), "c": torch.zeros(2)},
+             "optim": {"a": {"step": torch.tensor(1.0), "lr": 0.1}}}
+    plans: dict = {}
+    shares = [share_of_replicated(state, r, 2, plans) for r in (0, 1)]
+    assert shares == [share_of_replicated(state, r, 2) for r in (0, 1)]  # the same dealing
+    assert [sorted(p for p, _ in _leaves(s)) for s in shares] == [
+        [("model", "a"), ("optim", "a", "lr")],  # non-tensors: rank 0
+        [("model", "b"), ("model", "c"), ("optim", "a", "step")]]
+    assert len(plans) == 1
+    (key,) = plans
+    plans[key] = {("model", "c"): 0}  # what is remembered is what is used ...
+    assert ("model", "c") in [p for p, _ in _leaves(share_of_replicated(state, 0, 2, plans))]
+    state["model"]["c"] = torch.zeros(16)  # ... until a shape changes: dealt anew
+    assert sorted(p for p, _ in _leaves(share_of_replicated(state, 0, 2, plans))) == [
+        ("model", "c"), ("optim", "a", "lr")]
+    assert len(plans) == 1 and key not in plans

@@ -67,31 +67,39 @@ def _leaves(tree: Any, path: tuple = ()):
         yield path, tree
 
 
-def share_of_replicated(state: dict, rank: int, world: int) -> dict:
+def share_of_replicated(state: dict, rank: int, world: int, plans: dict | None = None) -> dict:
     """This rank's part of a state every rank holds in full: tensors dealt out largest
     first to the least-loaded rank (the same answer on every rank), non-tensors to rank
-    0. DCP then writes and stages each tensor once, and loads at any world size."""
+    0. DCP then writes and stages each tensor once, and loads at any world size.
+    `plans`: a dict kept by the caller between saves, where the dealing of a state with
+    the same names, shapes and dtypes is remembered (it was most of the call's time)."""
     leaves = list(_leaves(state))
-    load, owner = [0] * world, {}
-    tensors = sorted((p for p, v in leaves if isinstance(v, torch.Tensor)),
-                     key=lambda p: (-_nbytes(state, p), p))
-    for path in tensors:
-        r = min(range(world), key=lambda i: (load[i], i))
-        owner[path], load[r] = r, load[r] + _nbytes(state, path)
+    key = (world, *((p, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (p,)
+                    for p, v in leaves))
+    owner = None if plans is None else plans.get(key)
+    if owner is None:
+        owner = _deal(leaves, world)
+        if plans is not None:
+            plans.clear()  # one state shape at a time: the newest
+            plans[key] = owner
     mine: dict = {}
     for path, value in leaves:
         if owner.get(path, 0) == rank:
             node = mine
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
+            for key_part in path[:-1]:
+                node = node.setdefault(key_part, {})
             node[path[-1]] = value
     return mine
 
 
-def _nbytes(state: dict, path: tuple) -> int:
-    for key in path:
-        state = state[key]
-    return state.numel() * state.element_size()
+def _deal(leaves: list, world: int) -> dict[tuple, int]:
+    """{path: rank} for every tensor leaf: largest first, to the least-loaded rank."""
+    size = {p: v.numel() * v.element_size() for p, v in leaves if isinstance(v, torch.Tensor)}
+    load, owner = [0] * world, {}
+    for path in sorted(size, key=lambda p: (-size[p], p)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        owner[path], load[r] = r, load[r] + size[path]
+    return owner
 
 
 def plain(module: torch.nn.Module) -> bool:

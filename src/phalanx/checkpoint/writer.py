@@ -34,7 +34,7 @@ def _writeback_starter():
     range of a file to disk without waiting for it; None where there is none."""
     try:
         call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no libc by that name, no such call
         return None
     call.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
     return lambda fd, offset, n: call(fd, offset, n, 2) == 0  # 2: SYNC_FILE_RANGE_WRITE

@@ -42,6 +42,7 @@ class Strategy(ABC):
     def __init__(self, topology: Topology, options: Any = None) -> None:
         self.topology = topology
         self.options = options if options is not None else self.spec.options()
+        self._share_plans: dict = {}  # how the last saved state was dealt out to ranks
 
     @property
     def spec(self) -> StrategySpec:
@@ -110,7 +111,8 @@ class Strategy(ABC):
             return store.dcp_template(model, optimizer)[0]  # (DCP writes duplicates once)
         state = store.direct_state(module, optimizer)
         world = self.topology.world_size
-        return store.share_of_replicated(state, self.topology.rank, world) if world > 1 \
+        return store.share_of_replicated(state, self.topology.rank, world,
+                                         self._share_plans) if world > 1 \
             else state
 
     def load_template(self, model: nn.Module, optimizer: torch.optim.Optimizer | None

@@ -52,7 +52,8 @@ class ZeroStrategy(DDPStrategy):
         the parameters this rank owns, under their names."""
         module = self.unwrap(model)
         t = self.topology
-        state = store.share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size)
+        state = store.share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size,
+                                          self._share_plans)
         if optimizer is not None:
             local = self.local_optimizer(optimizer)
             state["optim"] = store.direct_state(module, local)["optim"]
