@@ -29,7 +29,7 @@ class StorageFull(UserError):
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
-def storage_error(exc: BaseException, into: str | os.PathLike | None = None
+def _storage_error(exc: BaseException, into: str | os.PathLike | None = None
                   ) -> StorageFull | None:
     """The user's error behind an OSError of a full, over-quota or read-only disk (wherever
     in a run it came: metrics, logs, a plot, an export); None for any other error. `into`:
@@ -47,11 +47,11 @@ def storage_error(exc: BaseException, into: str | os.PathLike | None = None
 @contextlib.contextmanager
 def storage_errors(into: str | os.PathLike | None = None):
     """Raise a full, over-quota or read-only disk met inside as the user's error
-    (`storage_error`); any other error passes unchanged."""
+    (`_storage_error`); any other error passes unchanged."""
     try:
         yield
     except OSError as exc:
-        known = storage_error(exc, into)
+        known = _storage_error(exc, into)
         if known is None:
             raise
         raise known from exc

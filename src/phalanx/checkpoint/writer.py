@@ -116,30 +116,36 @@ class _DigestedResult(WriteResult):
     digests: dict = field(default_factory=dict)
 
 
-_crc_lock = threading.Lock()
-_crc_users = [0, True]  # writes in progress, torch's setting before the first of them
+class _ZipCrcOff:
+    """torch's per-record CRC-32 off while any write of this process is under way (see
+    the module docstring); torch's setting from before the first is restored after the
+    last. One per process, as the setting it switches is."""
+
+    def __init__(self) -> None:
+        self._lock, self._writes, self._before = threading.Lock(), 0, True
+
+    @contextlib.contextmanager
+    def during(self):
+        from torch import serialization
+
+        if not hasattr(serialization, "set_crc32_options"):  # torch < 2.6: always computed
+            yield
+            return
+        with self._lock:
+            if self._writes == 0:
+                self._before = serialization.get_crc32_options()
+            self._writes += 1
+            serialization.set_crc32_options(False)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writes -= 1
+                if self._writes == 0:
+                    serialization.set_crc32_options(self._before)
 
 
-@contextlib.contextmanager
-def _without_zip_crc():
-    """torch's per-record CRC-32 off for the duration (see the module docstring)."""
-    from torch import serialization
-
-    if not hasattr(serialization, "set_crc32_options"):  # torch < 2.6: always computed
-        yield
-        return
-    with _crc_lock:
-        if _crc_users[0] == 0:
-            _crc_users[1] = serialization.get_crc32_options()
-        _crc_users[0] += 1
-        serialization.set_crc32_options(False)
-    try:
-        yield
-    finally:
-        with _crc_lock:
-            _crc_users[0] -= 1
-            if _crc_users[0] == 0:
-                serialization.set_crc32_options(_crc_users[1])
+_ZIP_CRC_OFF = _ZipCrcOff()
 
 
 class DigestingWriter(FileSystemWriter):
@@ -152,7 +158,7 @@ class DigestingWriter(FileSystemWriter):
         self.digests: dict[str, tuple[int, str]] = {}
 
     def write_data(self, plan, planner):
-        with _without_zip_crc():
+        with _ZIP_CRC_OFF.during():
             results = list(super().write_data(plan, planner).wait())  # a torch Future, done
         if results:
             first = results[0]
