@@ -35,15 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def slowest(run, seconds: float) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(seconds, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return max(per_rank(seconds))
 
 
 def per_rank(seconds: float) -> list[float]:
+    """Every rank's `seconds`, on every rank."""
     import torch
     import torch.distributed as dist
 
@@ -115,7 +111,7 @@ def one_repeat(run, model, opt, step, root: Path, r: int, args, n_bytes: int) ->
         t0 = time.perf_counter()
         run.save(root, len(MODES) * r + i + 1, model, opt, keep=2, **MODES[mode])
         out[f"{mode}_ranks"] = per_rank(time.perf_counter() - t0)
-        out[f"{mode}_stall"] = max(out[f"{mode}_ranks"])
+        out[f"{mode}_stall"] = max(out[f"{mode}_ranks"])  # the slowest rank
         if mode != "sync":  # training goes on while the write runs
             out[f"{mode}_steps"] = slowest(run, steps_timed(step, args.steps))
             run.wait_checkpoint()
