@@ -1,3 +1,3 @@
-from phalanx.cli import main
+from phalanx.entry import main
 
 raise SystemExit(main())

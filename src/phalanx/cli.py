@@ -9,6 +9,7 @@ import sys
 from phalanx import __version__
 from phalanx.errors import (DistributedError, Interrupted, UserError, record_for_agent,
                             storage_errors)
+from phalanx.entry import interrupted
 from phalanx.lifecycle import die_with_agent
 from phalanx.ranklogs import log_traceback, quiet_worker
 from phalanx.bench import command as bench_command
@@ -76,6 +77,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # before the verb runs (parsing, start-up)
+        return interrupted()
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
@@ -103,10 +106,8 @@ def _main(argv: list[str] | None) -> int:
     except Interrupted as exc:
         print(f"phalanx: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("phalanx: interrupted", file=sys.stderr)
-        return 130
-
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (see phalanx.entry)
+        return interrupted()
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
         record_for_agent(exc)  # (the launcher shows it once; the rank's log holds it)
         if isinstance(exc, Exception) and log_traceback(exc):

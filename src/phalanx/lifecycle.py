@@ -6,8 +6,8 @@
   watcher thread where prctl is not available).
 - `StopSignals`: the first SIGINT/SIGTERM only asks to stop: the training loop finishes
   its step, every rank agrees (one all-reduce per step), a checkpoint is committed and
-  the process exits with 128 + the signal (130 / 143). The first signal also puts the
-  default action back, so a second one stops the process at once.
+  the process exits with 128 + the signal (130 / 143). A second one, more than two
+  seconds later, stops the process at once (even with its main thread stuck in C).
   The agent forwards a signal it gets to its workers once (they run in sessions of
   their own, so a terminal's Ctrl-C reaches the launcher only).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -64,26 +65,88 @@ def exit_code(signum: int) -> int:
 
 
 class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a request (`requested`), the second into the
-    default action (immediate stop). Installs only in the main thread; `restore()` puts
-    the previous handlers back."""
+    """Turns the first SIGINT/SIGTERM/SIGUSR1 into a request (`requested`); another one
+    more than `GRACE_S` later stops the process at once (exit 128 + the signal).
+
+    The handlers are never changed while a signal may be pending: CPython runs the
+    handlers of signals that arrived together one after another, and a handler that
+    switched another signal to SIG_DFL made CPython raise `OSError: Signal 15 ignored
+    due to race condition` wherever the main thread was (e.g. in autograd's engine)
+    when SIGINT and SIGTERM arrived at once — the agent forwarding one signal while
+    another reached the worker. Signals are also counted by a thread that reads
+    CPython's wakeup fd, so a second signal stops a process whose main thread is stuck
+    in C code (a collective that never returns), where no Python handler can run.
+    A signal within `GRACE_S` of the first is the same request arriving twice (the
+    agent's forward of a Ctrl-C that also reached the worker, or SIGINT then SIGTERM).
+
+    Installs only in the main thread; `restore()` puts the previous handlers back. A
+    request caught by an enclosing StopSignals (installed earlier, e.g. during
+    start-up) carries over."""
+
+    GRACE_S = 2.0
 
     def __init__(self) -> None:
         self.requested = 0
+        self._first_at: float | None = None
         self._previous: dict[int, Any] = {}
+        self._wakeup: tuple[socket.socket, socket.socket, int] | None = None
 
     def install(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+            outer = getattr(self._previous[sig], "__self__", None)
+            if isinstance(outer, StopSignals) and outer.requested and not self.requested:
+                self.requested, self._first_at = outer.requested, outer._first_at
+        self._watch_wakeup_fd()
         return self
 
+    def _watch_wakeup_fd(self) -> None:
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            old = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            reader.close()
+            writer.close()
+            return
+        self._wakeup = (reader, writer, old)
+        threading.Thread(target=self._count, args=(reader,), daemon=True,
+                         name="phalanx-stop-signals").start()
+
+    def _count(self, reader: socket.socket) -> None:
+        """The wakeup fd's bytes are the numbers of the signals that arrived."""
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    self._arrived(signum)
+
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = self.requested or signum
-        for sig in STOP_SIGNALS:  # a second signal: the default action, at once
-            signal.signal(sig, signal.SIG_DFL)
+        if self._wakeup is None:  # no counting thread: count here
+            self._arrived(signum)
+
+    def _arrived(self, signum: int) -> None:
+        now = time.monotonic()
+        if not self.requested:
+            self.requested, self._first_at = signum, now
+        elif self._first_at is not None and now - self._first_at > self.GRACE_S:
+            sys.stderr.flush()
+            os._exit(exit_code(signum))  # the second request: stop at once
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+        if self._wakeup is not None:
+            reader, writer, old = self._wakeup
+            self._wakeup = None
+            signal.set_wakeup_fd(old)
+            writer.close()
+            reader.close()

@@ -67,7 +67,7 @@ def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
     step = int(meta.get("train_state", {}).get("step", 0))
     if step < cfg.train.max_steps:
         return path, None
-    reached = _last_val_loss(Path(out_dir), step)
+    reached = last_val_loss(Path(out_dir), step)
     where = (f"at step {step} of {cfg.train.max_steps}" if step == cfg.train.max_steps
              else f"at step {step}, past `--max-steps` {cfg.train.max_steps}")
     return path, (f"the run in `{out_dir}` is already complete: checkpoint {path.name} is "
@@ -76,7 +76,8 @@ def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
                     "further, or start over with `--resume never`.")
 
 
-def _last_val_loss(out_dir: Path, step: int) -> float | None:
+def last_val_loss(out_dir: Path, step: int) -> float | None:
+    """The newest validation loss `metrics.jsonl` holds at or before `step` (None: none)."""
     path = out_dir / "metrics.jsonl"
     if not path.is_file():
         return None
