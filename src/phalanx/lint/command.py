@@ -1,16 +1,30 @@
 """`phalanx lint PATH... [--format text|json|sarif] [--select/--ignore CODES] [--explain CODE]`.
 
 Exit codes: 1 when an error-level finding remains, 0 otherwise, 2 for usage errors.
+With `--diff`: 1 when there is a fix to apply. With `--fix`: also 1 when a file changed
+while it was being fixed (it is left as it is), 3 when a fix would not parse (a bug in
+Phalanx; no file is written).
+
+A file that cannot be read, is not a regular file or is not valid Python is a usage
+error when it was named (no file is written), and skipped with a line on stderr when it
+was found in a directory (the other files are fixed). Every file's fix is decided (and
+re-parsed) before any file is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.errors import UserError
 from phalanx.paths import kind, require_file
+
+if TYPE_CHECKING:
+    from phalanx.lint.fix import Fix
 
 SUMMARY = "Find DDP mistakes in training scripts without running them (ast only)."
 
@@ -34,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fixing = parser.add_mutually_exclusive_group()
     fixing.add_argument("--fix", action="store_const", const="fix", dest="fixing",
                         help="rewrite what can be fixed without changing behaviour (PX502 "
-                             "weights_only=True, PX603 torch.amp) in place, then report "
-                             "what is left")
+                             "weights_only=True, PX603 torch.amp), each file replaced "
+                             "atomically and only once every file's fix parses, then "
+                             "report what is left")
     fixing.add_argument("--diff", action="store_const", const="diff", dest="fixing",
                         help="print those fixes as a unified diff; write nothing (exit 1 "
                              "when there is one)")
@@ -61,55 +76,93 @@ def chosen_rules(select: str, ignore: str):
             and not any(r.code.startswith(c) for c in skipped)]
 
 
-def _fix(path: Path, source: str, rules, mode: str | None, tally: list[int]) -> str:
-    """`--fix`: write the fixed file and return its source; `--diff`: print the diff."""
-    from phalanx.lint.fix import diff, fixed_source
-
-    if mode is None:
-        return source
-    fixed, count = fixed_source(str(path), source, rules)
-    if not count:
-        return source
-    tally[0], tally[1] = tally[0] + count, tally[1] + 1
-    if mode == "diff":
-        print(diff(str(path), source, fixed), end="")
-        return source
-    try:
-        path.write_text(fixed, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write the fixes to `{path}`: {exc.strerror}.") from None
-    return fixed
+def _skip(path: Path, why: str) -> None:
+    print(f"phalanx lint: skipped `{path}`{why}.", file=sys.stderr)
 
 
-def _lint_file(path: Path, rules, named: bool, mode: str | None = None,
-               tally: list[int] | None = None, modules: dict | None = None):
-    """The file's findings; a file that is not Python is a usage error when it was named,
-    and reported (stderr) and skipped when it was found in a directory. `mode`: fix or
-    diff first (`tally`: fixes, files)."""
-    from phalanx.lint.engine import lint_source
+def _read(path: Path, named: bool):
+    """The file's bytes and text (fix.Source), decoded as Python decodes them. A file that
+    cannot be read is a usage error when it was named, and reported (stderr) and skipped
+    (None) when it was found in a directory."""
+    from phalanx.lint.fix import Unreadable, read_source
 
     if named:
         require_file(path, "path", "Give Python files or directories to lint.")
     elif kind(path) != "a regular file":  # a FIFO named x.py would block the read
-        print(f"phalanx lint: skipped `{path}`: it is {kind(path)}, not a regular file.",
-              file=sys.stderr)
+        return _skip(path, f": it is {kind(path)}, not a regular file")
+    try:
+        return read_source(path)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except Unreadable as exc:
+        why = str(exc)
+    if named:
+        raise UserError(f"cannot read `{path}`: {why}.")
+    return _skip(path, f": cannot read it ({why})")
+
+
+@dataclass
+class _Checked:
+    path: Path
+    fix: Fix | None  # with --fix/--diff, when something in the file can be fixed
+    findings: list  # of the fixed text, when there is a fix
+
+
+def _check(path: Path, rules, named: bool, mode: str | None, modules) -> _Checked | None:
+    """Read, fix (`mode`: fix or diff; nothing is written here) and lint one file; None
+    when it is skipped (said on stderr). A file that is not Python is a usage error when
+    it was named, and skipped when it was found in a directory. FixBroke: a fix of
+    Phalanx's own that would not parse."""
+    from phalanx.lint.engine import lint_source
+    from phalanx.lint.fix import NotFixable, fix_file
+
+    source = _read(path, named)
+    if source is None:
         return None
     try:
-        source = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read `{path}`: {getattr(exc, 'strerror', None) or exc}.") \
-            from None
-    try:
-        return lint_source(str(path), _fix(path, source, rules, mode, tally or [0, 0]), rules,
-                           modules)
+        fix = None
+        if mode is not None:
+            try:
+                fix = fix_file(path, source, rules)
+            except NotFixable as exc:
+                print(f"phalanx lint: {exc}", file=sys.stderr)
+        fix = fix if fix is not None and fix.count else None
+        text = fix.text if fix is not None else source.text
+        return _Checked(path, fix, lint_source(str(path), text, rules, modules))
     except (SyntaxError, ValueError, RecursionError) as exc:
         where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
         why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
         if named:
             raise UserError(f"`{path}`{where}: not valid Python ({why}).") from None
-        print(f"phalanx lint: skipped `{path}`{where}: not valid Python for this interpreter "
-              f"({why}).", file=sys.stderr)
-        return None
+        return _skip(path, f"{where}: not valid Python for this interpreter ({why})")
+
+
+def _show_or_write(checked: list[_Checked], mode: str | None, rules, modules) -> int:
+    """Show (`diff`) or write (`fix`) every file's fixes, once all were decided; the exit
+    code this asks for (1: a diff to apply, or a file that changed meanwhile)."""
+    from phalanx.lint.engine import lint_source
+    from phalanx.lint.fix import diff, distinct, write_fixes
+
+    fixes = distinct([c.fix for c in checked if c.fix is not None])
+    if mode == "diff":
+        for fix in fixes:
+            print(diff(str(fix.path), fix.source.text, fix.text), end="")
+        print(f"{sum(f.count for f in fixes)} fix(es) in {len(fixes)} file(s) would be "
+              f"applied (`--fix` writes them).", file=sys.stderr)
+        return 1 if fixes else 0
+    if mode != "fix":
+        return 0
+    written, changed = write_fixes(fixes)
+    for fix in changed:
+        print(f"phalanx lint: `{fix.path}` changed while it was being fixed; left as it is "
+              f"now (not fixed). Run `phalanx lint --fix` again.", file=sys.stderr)
+        for c in checked:  # report what was read, not the fix that was not written
+            if c.fix is not None and os.path.realpath(c.path) == os.path.realpath(fix.path):
+                c.fix, c.findings = None, lint_source(str(c.path), fix.source.text, rules,
+                                                      modules)
+    print(f"fixed {sum(f.count for f in written)} finding(s) in {len(written)} file(s).",
+          file=sys.stderr)
+    return 1 if changed else 0
 
 
 def _shown(globs: tuple[str, ...]) -> str:
@@ -119,6 +172,7 @@ def _shown(globs: tuple[str, ...]) -> str:
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
     from phalanx.lint.files import patterns, python_files
+    from phalanx.lint.fix import FixBroke
     from phalanx.lint.project import project_collectives
     from phalanx.lint.rules import BY_CODE
 
@@ -132,30 +186,27 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError("give at least one file or directory to lint.")
     rules = chosen_rules(ns.select, ns.ignore)
     named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
-    findings, files, skipped, tally = [], 0, 0, [0, 0]
     globs = patterns(ns.exclude, ns.extend_exclude)
     paths = list(python_files(ns.paths, globs))
     modules = project_collectives(paths) if len(paths) > 1 else None
-    for path in paths:
-        found = _lint_file(path, rules, path in named, ns.fixing, tally, modules)
-        if found is None:
-            skipped += 1
-            continue
-        findings += found
-        files += 1
-    if files == 0 and skipped == 0:
+    try:  # every file read, checked and its fix decided before any file is written
+        checked = [_check(path, rules, path in named, ns.fixing, modules) for path in paths]
+    except FixBroke as exc:
+        print(f"phalanx lint: {exc}", file=sys.stderr)
+        return 3
+    found = [c for c in checked if c is not None]
+    if not checked:
         raise UserError(f"no Python file to check under {', '.join(f'`{p}`' for p in ns.paths)}"
                         f" (no `.py` file there, or every one excluded by "
                         f"{_shown(globs)}). Name a file or a directory that holds `.py` "
                         f"files, or change `--exclude`.")
+    code = _show_or_write(found, ns.fixing, rules, modules)
     if ns.fixing == "diff":
-        print(f"{tally[0]} fix(es) in {tally[1]} file(s) would be applied (`--fix` writes "
-              f"them).", file=sys.stderr)
-        return 1 if tally[0] else 0
-    if ns.fixing == "fix":
-        print(f"fixed {tally[0]} finding(s) in {tally[1]} file(s).", file=sys.stderr)
+        return code
+    findings = [f for c in found for f in c.findings]
+    files, skipped = len(found), len(checked) - len(found)
     output = {"text": lambda: report.text(findings, files, skipped),
               "json": lambda: report.as_json(findings, files, skipped),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()
     print(output)
-    return 1 if any(f.severity == "error" for f in findings) else 0
+    return max(code, 1 if any(f.severity == "error" for f in findings) else 0)
