@@ -1,16 +1,19 @@
 """Kubernetes through Kubeflow's training operator (PyTorchJob, kubeflow.org/v1).
 
-`phalanx k8s [train options] --nodes N --image IMG` renders a PyTorchJob manifest (JSON,
-which kubectl reads as YAML) with one Master and N-1 Worker pods, each running
-`python -m phalanx train …` as that node's launcher. The operator tells each pod its
-place through torchrun's variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+`phalanx k8s [train options] --nodes N --image IMG` renders a PyTorchJob manifest (YAML)
+with one Master and N-1 Worker pods, each running `python -m phalanx train …` as that
+node's launcher, with CPU and memory requests and a memory-backed /dev/shm (the
+container runtime's default is 64 MiB; NCCL and DataLoader workers use shared memory).
+The operator tells each pod its place through torchrun's variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
 PET_MASTER_ADDR/PORT), which become `--nnodes`, `--nproc-per-node`, `--node-rank` and
 `--rdzv-endpoint` (flags given explicitly still win). The operator also sets RANK and
 WORLD_SIZE — but to the pod's index and the number of pods, so Phalanx does not read them
 as a process's rank there (`envinfo.operator_pod`).
 
 The manifest is checked in the tests against the operator's published API (the models
-that Kubeflow's `kubeflow-training` SDK generates from the CRD's OpenAPI schema).
+that Kubeflow's `kubeflow-training` SDK generates from the CRD's OpenAPI schema). Every
+value is checked first: an image reference, a PVC name (a DNS-1123 subdomain), an
+absolute mount path and Kubernetes quantities, or a one-line error.
 """
 
 from __future__ import annotations
@@ -27,9 +30,20 @@ from phalanx.options import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render a Kubeflow PyTorchJob manifest that runs `phalanx train` on N nodes."
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")  # a DNS-1123 label, room for suffixes
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")  # a PVC's name
+_HOST = r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+_PATH = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(  # the reference grammar of docker's distribution/reference
+    rf"({_HOST}(:[0-9]+)?/)?{_PATH}(/{_PATH})*(:\w[\w.-]{{0,127}})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?", re.ASCII)
+_QUANTITY = re.compile(r"([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SHM = "/dev/shm"
 NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
 OWN_FLAGS = {"--nodes": True, "--image": True, "--name": True, "--gpus-per-node": True,
-             "--volume-claim": True, "--mount-path": True, "--manifest": True}
+             "--volume-claim": True, "--mount-path": True, "--manifest": True,
+             "--cpu-request": True, "--memory-request": True}
 
 
 def operator_dist(environ: dict) -> dict[str, Any]:
@@ -62,15 +76,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a PersistentVolumeClaim every pod mounts: --out must be on it")
     g.add_argument("--mount-path", default="/phalanx", help="where it is mounted (default: "
                    "/phalanx)")
+    g.add_argument("--cpu-request", default=None, metavar="QUANTITY",
+                   help="CPU each pod requests, a Kubernetes quantity such as 8 or 500m "
+                        "(default: --threads-per-rank, else 1, per rank)")
+    g.add_argument("--memory-request", default=None, metavar="QUANTITY",
+                   help="memory each pod requests, a Kubernetes quantity such as 32Gi "
+                        "(default: 4Gi per rank)")
     g.add_argument("--manifest", default=None, metavar="FILE",
                    help="write the manifest here too (default: print only)")
 
 
-def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
+def _show(value: str) -> str:
+    return repr(value)[1:-1]  # one line: line breaks and control characters escaped
+
+
+def check_values(ns: argparse.Namespace) -> None:
+    """Every value of the manifest that Kubernetes would refuse (or pull as nothing),
+    refused here in one line."""
     if not _NAME.match(ns.name):
-        raise UserError(f"`--name {ns.name}` is not a Kubernetes name: lower-case letters, "
-                        f"digits and '-', at most 52 characters, starting and ending with a "
-                        f"letter or digit.")
+        raise UserError(f"`--name {_show(ns.name)}` is not a Kubernetes name: lower-case "
+                        f"letters, digits and '-', at most 52 characters, starting and ending "
+                        f"with a letter or digit.")
+    if not ns.image.strip():
+        raise UserError("`--image` is empty: give the container image that has phalanx "
+                        "installed, e.g. `--image registry.example.com/team/phalanx:1.0`.")
+    if not _IMAGE.fullmatch(ns.image):
+        raise UserError(f"`--image {_show(ns.image)}` is not an image reference: expected "
+                        f"[REGISTRY/]PATH[:TAG][@DIGEST] with a lower-case path, e.g. "
+                        f"`--image registry.example.com/team/phalanx:1.0`.")
+    if ns.volume_claim is not None and not _SUBDOMAIN.fullmatch(ns.volume_claim):
+        raise UserError(f"`--volume-claim {_show(ns.volume_claim)}` is not a "
+                        f"PersistentVolumeClaim name: lower-case letters, digits, '-' and "
+                        f"'.', at most 253 characters, starting and ending with a letter or "
+                        f"digit (a DNS-1123 subdomain), e.g. `--volume-claim runs`.")
+    mount = ns.mount_path.rstrip("/")
+    if not ns.mount_path.startswith("/") or _CONTROL.search(ns.mount_path) or not mount \
+            or (mount + "/").startswith(SHM + "/"):
+        raise UserError(f"`--mount-path {_show(ns.mount_path)}` is not a directory a volume "
+                        f"can be mounted at: expected an absolute path other than `/` and "
+                        f"`{SHM}`, e.g. `--mount-path /phalanx`.")
+    for flag, value in (("--cpu-request", ns.cpu_request),
+                        ("--memory-request", ns.memory_request)):
+        if value is not None and not _QUANTITY.fullmatch(value):
+            raise UserError(f"`{flag} {_show(value)}` is not a Kubernetes quantity: expected "
+                            f"a number with an optional suffix (m, k, M, G, Ki, Mi, Gi, …), "
+                            f"e.g. `--cpu-request 8`, `--cpu-request 500m`, "
+                            f"`--memory-request 32Gi`.")
+
+
+def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
+    check_values(ns)
     procs = ns.gpus_per_node or cfg.dist.nproc_per_node or 1
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator finds the training container by this name
@@ -78,20 +133,21 @@ def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
         # the operator gives each pod its shape (PET_*): those flags are not repeated
         "command": ["python", "-m", "phalanx", "train", *without_flags(argv, {
             **OWN_FLAGS, **dict.fromkeys(NODE_FLAGS, True)})],
+        "resources": _resources(ns, cfg, procs),
+        "volumeMounts": [{"name": "shm", "mountPath": SHM}],
     }
-    pod: dict[str, Any] = {"containers": [container]}
-    if ns.gpus_per_node:
-        # a Kubernetes quantity, which the API types as a string
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(ns.gpus_per_node)}}
+    # the container runtime's /dev/shm is 64 MiB: NCCL and DataLoader workers need more
+    pod: dict[str, Any] = {"containers": [container],
+                           "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}
     if ns.volume_claim:
-        mount = ns.mount_path.rstrip("/") or "/"
+        mount = ns.mount_path.rstrip("/")
         if not (cfg.train.out + "/").startswith(mount + "/"):
             raise UserError(f"`--out {cfg.train.out}` is not under `--mount-path {mount}`: "
                             f"every pod must write the same run directory. Use e.g. "
                             f"`--out {mount}/run1`.")
-        container["volumeMounts"] = [{"name": "runs", "mountPath": mount}]
-        pod["volumes"] = [{"name": "runs",
-                           "persistentVolumeClaim": {"claimName": ns.volume_claim}}]
+        container["volumeMounts"].append({"name": "runs", "mountPath": mount})
+        pod["volumes"].append({"name": "runs",
+                               "persistentVolumeClaim": {"claimName": ns.volume_claim}})
     replica = lambda n: {"replicas": n, "restartPolicy": "OnFailure",  # noqa: E731
                          "template": {"spec": pod}}
     specs = {"Master": replica(1)}
@@ -104,9 +160,61 @@ def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
                      "runPolicy": {"cleanPodPolicy": "None"}}}
 
 
+def _resources(ns: argparse.Namespace, cfg, procs: int) -> dict[str, Any]:
+    """Requests (a pod without them is the first evicted), no CPU or memory limits (a CPU
+    limit throttles the ranks; the memory-backed /dev/shm counts against a memory one).
+    Quantities are strings in the API."""
+    cpu = ns.cpu_request or str(procs * (cfg.dist.threads_per_rank or 1))
+    out: dict[str, Any] = {"requests": {"cpu": cpu,
+                                        "memory": ns.memory_request or f"{4 * procs}Gi"}}
+    if ns.gpus_per_node:
+        out["limits"] = {"nvidia.com/gpu": str(ns.gpus_per_node)}
+    return out
+
+
+_YAML_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./-]*")
+_YAML_WORDS = {"y", "yes", "n", "no", "true", "false", "on", "off", "null", "none"}
+
+
+def to_yaml(value: Any) -> str:
+    """Block-style YAML of the manifest (dicts, lists, strings, ints). A string is plain
+    only when no YAML reader (1.1 or 1.2) can take it for anything else; otherwise it is
+    written as a JSON string, which is a YAML double-quoted scalar."""
+    return "\n".join(_yaml_lines(value, 0)) + "\n"
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and _YAML_PLAIN.fullmatch(value) and \
+            value.lower() not in _YAML_WORDS:
+        return value
+    return json.dumps(value)  # also {} and [] (flow style)
+
+
+def _yaml_lines(value: Any, indent: int) -> list[str]:
+    pad, lines = " " * indent, []
+    nested = lambda v: isinstance(v, (dict, list)) and v  # noqa: E731
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if nested(item):
+                lines += [f"{pad}{_yaml_scalar(key)}:", *_yaml_lines(item, indent + 2)]
+            else:
+                lines.append(f"{pad}{_yaml_scalar(key)}: {_yaml_scalar(item)}")
+    else:
+        for item in value:
+            inner = _yaml_lines(item, indent + 2) if nested(item) else \
+                [f"{pad}  {_yaml_scalar(item)}"]
+            lines += [f"{pad}- {inner[0].lstrip()}", *inner[1:]]
+    return lines
+
+
 def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
-    text = json.dumps(manifest(ns, cfg, argv), indent=2) + "\n"
+    text = ("# Rendered by `phalanx k8s`: a Kubeflow PyTorchJob; `kubectl apply -f` it.\n"
+            + to_yaml(manifest(ns, cfg, argv)))
     if ns.manifest:
         try:
             Path(ns.manifest).expanduser().write_text(text)

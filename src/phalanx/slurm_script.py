@@ -7,6 +7,12 @@ its step, they agree at the step boundary (one small all-reduce), a checkpoint i
 committed and the tasks exit with 138 (128 + SIGUSR1); the script then requeues the job
 (`scontrol requeue`) and the requeued job resumes from that checkpoint. One requeue per
 signal; any other failure is not requeued.
+
+Every value is checked before it is written (`sbatch_values`): a value in a `#SBATCH`
+line cannot hold a line break (the rest of it would run as a command, and sbatch would
+ignore every directive after it), job and partition names are limited to the characters
+SLURM's own names use, and the run directory is quoted as sbatch reads quotes. The
+command line in the body is shell-quoted (`shlex.join`), one word per argument.
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ from phalanx.options import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # fullmatch: no trailing newline
+_JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+_PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+_PLAIN = re.compile(r"[A-Za-z0-9_./@+,=:%-]+")  # written as is in a #SBATCH line
+# a line break ends the directive (the rest runs as a command); sbatch blanks "packjob" out
+# of a #SBATCH line; SLURM's file pattern reads a backslash as "expand no %j"
+_UNCARRIED = re.compile(r"[\x00-\x1f\x7f\\]|packjob", re.IGNORECASE)
 # flag → takes a value (the rest of the command line goes to `phalanx train`)
 OWN_FLAGS = {"--nodes": True, "--ntasks-per-node": True, "--gpus-per-node": True,
              "--cpus-per-task": True, "--time": True, "--partition": True,
@@ -42,8 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "else 1)")
     g.add_argument("--gpus-per-node", type=count(0, 64), default=0,
                    help="GPUs per node to request (default: 0)")
-    g.add_argument("--cpus-per-task", type=count(1, 4096), default=1,
-                   help="CPU cores per rank (default: 1)")
+    g.add_argument("--cpus-per-task", type=count(1, 4096), default=None,
+                   help="CPU cores per rank (default: --threads-per-rank when given, else "
+                        "not written: the cluster's default applies, 1 per task or the "
+                        "partition's DefCpuPerGPU)")
     g.add_argument("--time", default="01:00:00",
                    help="time limit, as sbatch takes it: [D-]HH:MM:SS, MM (default: 01:00:00)")
     g.add_argument("--partition", default=None, help="partition (default: the cluster's)")
@@ -57,24 +71,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="submit it with sbatch and print the job id")
 
 
+def _show(value: str) -> str:
+    """`value` on one line, its line breaks and control characters escaped."""
+    return repr(value)[1:-1]
+
+
+def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
+    """The strings that go into `#SBATCH` lines, checked: UserError for one that the
+    script cannot carry. (The numbers are argparse's `count`s.)"""
+    if not _TIME.fullmatch(ns.time):
+        raise UserError(f"`--time {_show(ns.time)}` is not a SLURM time; use [D-]HH:MM:SS, "
+                        f"e.g. `--time 02:00:00` or `--time 1-00:00:00`.")
+    if not _JOB_NAME.fullmatch(ns.job_name):
+        raise UserError(f"`--job-name {_show(ns.job_name)}` is not a job name this script can "
+                        f"carry: use letters, digits and `_.+-`, at most 128 characters, no "
+                        f"spaces or line breaks, e.g. `--job-name gpt-run-2`.")
+    if ns.partition is not None and not _PARTITIONS.fullmatch(ns.partition):
+        raise UserError(f"`--partition {_show(ns.partition)}` is not a SLURM partition name: "
+                        f"letters, digits and `_.-`, several separated by commas, e.g. "
+                        f"`--partition gpu` or `--partition gpu,gpu-long`.")
+    return {"time": ns.time, "job_name": ns.job_name, "partition": ns.partition or "",
+            "output": _output_pattern(out)}
+
+
+def _output_pattern(out: str | Path) -> str:
+    """`--output` for OUT/slurm-%j.out as sbatch reads it: `%` doubled (SLURM's file
+    pattern), quoted when it holds anything but plain characters."""
+    text = str(out)
+    found = _UNCARRIED.search(text)
+    if found:
+        raise UserError(f"`--out {_show(text)}` holds `{_show(found.group())}`, which an sbatch "
+                        f"script cannot carry in its `#SBATCH --output` line: choose a run "
+                        f"directory without it.")
+    pattern = text.replace("%", "%%") + "/slurm-%j.out"
+    return pattern if _PLAIN.fullmatch(pattern) else '"' + pattern.replace('"', '\\"') + '"'
+
+
 def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
-    if not _TIME.match(ns.time):
-        raise UserError(f"`--time {ns.time}` is not a SLURM time; use [D-]HH:MM:SS, e.g. "
-                        f"`--time 02:00:00` or `--time 1-00:00:00`.")
+    v = sbatch_values(ns, out)
     tasks = ns.ntasks_per_node or ns.gpus_per_node or cfg.dist.nproc_per_node or 1
+    cpus = ns.cpus_per_task or cfg.dist.threads_per_rank
     # OUT is made absolute below; SLURM sets the ranks
     rest = without_flags(argv, {**OWN_FLAGS, "--out": True, "--nproc-per-node": True})
     command = [sys.executable, "-m", "phalanx", "train", *rest, "--out", str(out)]
     lines = ["#!/bin/bash",
              "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
-             f"#SBATCH --job-name={ns.job_name}", f"#SBATCH --nodes={ns.nodes}",
-             f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={ns.cpus_per_task}",
-             f"#SBATCH --time={ns.time}"]
+             f"#SBATCH --job-name={v['job_name']}", f"#SBATCH --nodes={ns.nodes}",
+             f"#SBATCH --ntasks-per-node={tasks}"]
+    lines += [f"#SBATCH --cpus-per-task={cpus}"] if cpus else [
+        "# CPUs per rank: the cluster's default (1, or DefCpuPerGPU); ask with --cpus-per-task"]
+    lines += [f"#SBATCH --time={v['time']}"]
     lines += [f"#SBATCH --gpus-per-node={ns.gpus_per_node}"] if ns.gpus_per_node else []
-    lines += [f"#SBATCH --partition={ns.partition}"] if ns.partition else []
+    lines += [f"#SBATCH --partition={v['partition']}"] if v["partition"] else []
     lines += [f"#SBATCH --signal=USR1@{ns.signal_s}",
               "#SBATCH --requeue", "#SBATCH --open-mode=append",
-              f"#SBATCH --output={out}/slurm-%j.out", "",
+              f"#SBATCH --output={v['output']}", "",
               "# every task is one rank (phalanx reads SLURM_PROCID/LOCALID/STEP_NUM_TASKS and",
               "# meets on the first host). Not --kill-on-bad-exit: on the warning signal every",
               "# rank exits 138 after the checkpoint, and killing the slower ones would turn",
@@ -87,7 +138,7 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
               "  else",
               "    echo \"phalanx: scontrol is not available here (a container?): cannot "
               "requeue; submit this script again to resume\" >&2",
-              "  fi", "fi", "exit $code", ""]
+              "  fi", "fi", "exit \"$code\"", ""]
     return "\n".join(lines)
 
 
@@ -97,6 +148,7 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.paths import kind
 
     cfg = resolve(ns)
+    _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved
     out = Path(cfg.train.out).expanduser().resolve()
     text = render(ns, cfg, argv, out)  # every check before anything is written
     script = Path(ns.script).expanduser() if ns.script else out / "phalanx.sbatch"
@@ -108,8 +160,9 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     except OSError as exc:
         raise UserError(f"cannot write `{script}` (`--script`): {exc.strerror}.") from None
     if not ns.submit:
-        print(text, end="")
-        print(f"# written to {script}; submit with: sbatch {script}", file=sys.stderr)
+        print(text, end="", flush=True)  # all of it before the note, in a shared stream
+        print(f"# written to {script}; submit with: sbatch {shlex.quote(str(script))}",
+              file=sys.stderr)
         return 0
     if shutil.which("sbatch") is None:
         raise UserError(f"`--submit` needs `sbatch`, which is not on PATH here. The script is "

@@ -6,17 +6,24 @@ and takes the store that holds its own step's id — so a port another job on th
 derived as well (or any other program holds) is skipped instead of joining the wrong
 job or failing. MASTER_PORT is then set to the port in use, for what reads it later
 (the hang watchdog's store client).
+
+The store listens on one address, the one the other tasks connect to (MASTER_ADDR as
+rank 0's host resolves it; `listen_address`), through the socket Phalanx binds itself
+(`rendezvous.bound_store`) — not on every interface, as `TCPStore("0.0.0.0", …)` would.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import ipaddress
 import os
+import socket
 import threading
 import time
 
 from phalanx.errors import DistributedError
-from phalanx.slurm_env import candidate_ports, step_id
+from phalanx.slurm_env import candidate_ports, expand_nodelist, step_id
 
 OWNER = "phalanx/slurm-step"
 PROBE_S = 2.0  # how long a task waits on one candidate before it tries the next
@@ -28,21 +35,64 @@ def srun_store(rank: int, world_size: int, timeout: datetime.timedelta):
     environ = dict(os.environ)
     host, ports, me = environ["MASTER_ADDR"], candidate_ports(environ), step_id(environ)
     if rank == 0:
-        store, port = _serve(dist, ports, world_size, timeout, me)
+        store, port = _serve(host, listen_address(environ, ports[0]), ports, timeout, me)
     else:
         store, port = _find(dist, host, ports, world_size, timeout, me, rank)
     os.environ["MASTER_PORT"] = str(port)
     return store
 
 
-def _serve(dist, ports: list[int], world_size: int, timeout, me: str):
+def listen_address(environ: dict, port: int) -> str:
+    """The address rank 0's store listens on: MASTER_ADDR as this host resolves it, which
+    is where the other tasks connect. A name that resolves to loopback here (a
+    `127.0.1.1 host` line in /etc/hosts) while the step spans other hosts, which resolve
+    it to this host's network address: the address this host uses towards them."""
+    host = environ["MASTER_ADDR"]
+    address = _resolve(host)
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    others = expand_nodelist(nodelist)[1:] if nodelist else []  # rank 0 is on the first
+    if not ipaddress.ip_address(address).is_loopback or not others:
+        return address
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((_resolve(others[0]), port))  # no packet is sent
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise DistributedError(f"MASTER_ADDR `{host}` resolves to {address} (loopback) on "
+                               f"{socket.gethostname()} and there is no route to the step's "
+                               f"host {others[0]} ({exc.strerror or exc}): set MASTER_ADDR "
+                               f"to an address of this host the others reach.", [0]) from None
+
+
+def _resolve(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        raise DistributedError(f"cannot resolve MASTER_ADDR `{host}` on "
+                               f"{socket.gethostname()}: set MASTER_ADDR to an address or a "
+                               f"name every node resolves.", [0]) from None
+
+
+def _serve(host: str, address: str, ports: list[int], timeout, me: str):
+    from phalanx.rendezvous import bound_store
+
     busy = []
     for port in ports:
         try:
-            store = dist.TCPStore("0.0.0.0", port, world_size, is_master=True, timeout=timeout,
-                                  wait_for_workers=False)
+            store = bound_store(address, port, timeout.total_seconds())
         except (RuntimeError, OSError) as exc:  # torch's DistNetworkError is a RuntimeError
-            if "in use" not in str(exc).lower():
+            if getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
+                raise DistributedError(
+                    f"MASTER_ADDR `{host}` ({address}) is not an address of "
+                    f"{socket.gethostname()}, where rank 0 runs: its store can listen only "
+                    f"on its own addresses. Unset MASTER_ADDR (the step's first host is "
+                    f"used) or set it to this host.", [0]) from None
+            if getattr(exc, "errno", None) != errno.EADDRINUSE and \
+                    "in use" not in str(exc).lower():
                 raise
             busy.append(port)
             continue

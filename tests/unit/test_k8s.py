@@ -13,8 +13,10 @@ from phalanx.options import resolve
 
 
 def render(capsys, *argv: str) -> dict:
+    """The manifest, read as kubectl reads it (YAML)."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads the manifest back")
     assert cli.main(["k8s", *argv]) == 0
-    return json.loads(capsys.readouterr().out)
+    return yaml.safe_load(capsys.readouterr().out)
 
 
 def test_the_manifest_is_a_pytorchjob_with_a_master_and_workers(capsys):
@@ -29,8 +31,11 @@ def test_the_manifest_is_a_pytorchjob_with_a_master_and_workers(capsys):
     assert container["name"] == "pytorch" and container["image"] == "reg/phalanx:1"
     assert container["command"] == ["python", "-m", "phalanx", "train", "--max-steps", "100",
                                     "--out", "/phalanx/run1"]  # the operator gives the rest
-    assert container["volumeMounts"] == [{"name": "runs", "mountPath": "/phalanx"}]
-    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "runs"}
+    assert container["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"},
+                                         {"name": "runs", "mountPath": "/phalanx"}]
+    assert pod["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}},
+                              {"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
     assert specs["Master"]["restartPolicy"] == "OnFailure"
 
 
@@ -53,7 +58,10 @@ def against_the_operators_api(job: dict) -> None:
 @pytest.mark.parametrize("argv", [
     ["--nodes", "1", "--image", "img:1"],
     ["--nodes", "4", "--image", "img:1", "--gpus-per-node", "8", "--max-steps", "10",
-     "--out", "/phalanx/r", "--volume-claim", "runs", "--name", "gpt-run-2"]])
+     "--out", "/phalanx/r", "--volume-claim", "runs", "--name", "gpt-run-2"],
+    ["--nodes", "2", "--image", "reg.example.com:5000/team/phalanx:1.0", "--cpu-request",
+     "500m", "--memory-request", "1.5Gi", "--volume-claim", "runs.v1", "--mount-path",
+     "/mnt/runs/", "--out", "/mnt/runs/r"]])
 def test_the_manifest_validates_against_the_pytorchjob_schema(capsys, argv):
     against_the_operators_api(render(capsys, *argv))
 
