@@ -1,4 +1,5 @@
-"""What a path the user named is, said in words, so that only regular files are read.
+"""What a path the user named is, said in words, so that only regular files are read;
+and how Phalanx writes into a run directory without following a link it did not make.
 
 A FIFO read blocks forever, `/dev/zero` never ends, a directory is not a file: each is
 refused before it is opened, with a message that says what was found.
@@ -6,6 +7,9 @@ refused before it is opened, with a message that says what was found.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import stat
 from pathlib import Path
 
@@ -34,3 +38,193 @@ def require_file(path: str | Path, what: str, hint: str) -> Path:
     if found == "missing":
         raise UserError(f"{what} `{path}` does not exist. {hint}")
     raise UserError(f"{what} `{path}` is {found}, not a regular file. {hint}")
+
+
+# --- Writing into a run directory: never through a link Phalanx did not make ---------
+#
+# A run directory may come from elsewhere (a copy, a shared filesystem) or be writable by
+# others; a link planted in it would make a write, a move or a delete land outside it.
+# The run directory is checked once when it is locked (`check_run_dir`, `RunDirLock`);
+# each write below also refuses or replaces a link met at that moment, so one planted
+# between the check and the write is never followed. `--out` itself may be a link.
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+RUN_SUBDIRS = ("checkpoints", "logs", "tb")  # where Phalanx writes below the top level
+
+
+def shown(text: object) -> str:
+    """`text` on one line: a line break or other control character in a (planted) name
+    is shown escaped, never printed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def link_error(link: Path, where: str, hint: str = "") -> UserError:
+    """One line: the link, where it points, that Phalanx does not write through it, and
+    the fix."""
+    return UserError(f"`{shown(link)}` is a link (→ `{shown(link_target(link))}`) "
+                     f"{shown(where)}; Phalanx writes nothing through a link it did not "
+                     f"make. {hint or 'Remove the link or choose another `--out`.'}")
+
+
+def _entries(directory: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:  # missing, not a directory, unreadable: nothing to find (writes fail)
+        return []
+
+
+def run_dir_links(out: str | os.PathLike) -> list[Path]:
+    """Links inside run directory `out` where Phalanx writes or moves things: its own
+    entries, those of `checkpoints/` (and of each checkpoint in it), `logs/` and `tb/`.
+    `out` itself being a link is the user's choice and is not reported."""
+    out, found = Path(out), []
+    for entry in _entries(out):
+        if entry.is_symlink():
+            found.append(out / entry.name)
+        elif entry.name in RUN_SUBDIRS and entry.is_dir(follow_symlinks=False):
+            for inner in _entries(out / entry.name):
+                if inner.is_symlink():
+                    found.append(out / entry.name / inner.name)
+                elif entry.name == "checkpoints" and inner.is_dir(follow_symlinks=False):
+                    found += [Path(inner.path) / e.name for e in _entries(Path(inner.path))
+                              if e.is_symlink()]
+    return found
+
+
+def check_run_dir(out: str | os.PathLike) -> None:
+    """Refuse run directory `out` when it holds a link (`run_dir_links`): a UserError
+    naming the first, where it points and the fix — before anything is moved or written."""
+    links = run_dir_links(out)
+    if links:
+        more = (f" (and {len(links) - 1} more: "
+                + ", ".join(f"`{p.relative_to(out)}`" for p in links[1:4])
+                + (", …" if len(links) > 4 else "") + ")") if len(links) > 1 else ""
+        raise link_error(links[0], f"in the run directory `{out}`{more}")
+
+
+def refuse_link(path: Path, where: str = "in the run directory", hint: str = "") -> None:
+    """A UserError if `path` (not what it points to) is a link."""
+    if os.path.islink(path):
+        raise link_error(path, where, hint)
+
+
+def ensure_dir(path: str | os.PathLike, where: str = "in the run directory") -> Path:
+    """`mkdir -p path`, refusing when `path` is a link (mkdir would accept one to a
+    directory and every write below would land where it points)."""
+    path = Path(path)
+    refuse_link(path, where)
+    path.mkdir(parents=True, exist_ok=True)
+    refuse_link(path, where)  # planted between the two
+    return path
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove `path` whatever it is, quietly: a link is unlinked (never what it points
+    to: `shutil.rmtree` refuses a link and would leave it in place), a directory removed
+    with everything in it."""
+    import shutil
+
+    path = Path(path)
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass
+
+
+def _create(path: Path, mode: int) -> int:
+    """A new file at `path` (O_EXCL: a link or anything else there is an error, never
+    followed)."""
+    return os.open(path, _CREATE, mode)
+
+
+def _write_all(fd: int, data: bytes, sync: bool) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    if sync:
+        os.fsync(fd)
+
+
+def create_new(path: str | os.PathLike, data: bytes | str, *, sync: bool = False,
+               mode: int = 0o666) -> None:
+    """Write a file that must not exist yet (FileExistsError if anything is there, a link
+    included); `sync`: fsync it."""
+    fd = _create(Path(path), mode)
+    try:
+        _write_all(fd, data.encode() if isinstance(data, str) else data, sync)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = False,
+                 mode: int = 0o666) -> Path:
+    """Replace `path` with `data` (str: UTF-8): written to `.NAME.tmp` beside it, created
+    new (a stale temporary or a link planted there is removed, never followed), then
+    renamed over `path` — which replaces a link at `path` rather than writing where it
+    points. `sync`: fsync the file before the rename. Readers see the old or the new file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    for attempt in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        try:
+            fd = _create(tmp, mode)
+            break
+        except FileExistsError:  # planted again between the unlink and the create
+            if attempt == 2:
+                raise
+    try:
+        _write_all(fd, data.encode() if isinstance(data, str) else data, sync)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, mode: int = 0o666):
+    """For a library that writes a file by name (safetensors): yields a path in a new
+    private directory beside `path` (mkdtemp: mode 0700) to write to; on success it gets
+    the umask's permissions and is renamed over `path` (a link there is replaced, not
+    followed). The private directory is removed either way."""
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = private / path.name
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, mode & ~umask, follow_symlinks=False)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def open_append(path: str | os.PathLike, mode: int = 0o666) -> int:
+    """A descriptor appending to `path` (created if missing); a link there is refused
+    (`link_error`), not followed."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                       | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise link_error(Path(path), "in the run directory") from None
+        raise

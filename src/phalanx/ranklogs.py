@@ -24,6 +24,9 @@ import sys
 import traceback
 from pathlib import Path
 
+from phalanx.errors import UserError
+from phalanx.paths import ensure_dir, open_append
+
 LOGS_ENV = "PHALANX_RANK_LOGS"
 _FILE_ENV = "PHALANX_RANK_LOG_FILE"  # set in a worker once its output goes to this file
 
@@ -57,8 +60,12 @@ def quiet_worker() -> Path | None:
     if os.environ.get(_FILE_ENV) or not directory or rank is None:
         return Path(os.environ[_FILE_ENV]) if os.environ.get(_FILE_ENV) else None
     path = log_path(directory, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:  # the launcher refused a run directory holding links; one planted since: refused
+        ensure_dir(path.parent)
+        fd = open_append(path)
+    except UserError as exc:  # before the CLI's own handler: said here, in its words
+        print(f"phalanx: error: [rank {rank}] {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
     stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     stream.write(f"=== rank {rank} on {socket.gethostname()}, pid {os.getpid()}, attempt "
@@ -84,6 +91,10 @@ def log_traceback(exc: BaseException) -> bool:
     if not path:
         return False
     sys.stderr.flush()
-    with open(path, "a", encoding="utf-8", errors="replace") as log:
+    try:
+        fd = open_append(path)
+    except (OSError, UserError):  # replaced by a link: not written through
+        return False
+    with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as log:
         log.write("".join(traceback.format_exception(exc)))
     return True

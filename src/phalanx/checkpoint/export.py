@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from phalanx.models import GPTConfig, MiniGPT
+from phalanx.paths import atomic_write, replacing
 
 TIED = "lm_head.weight"
 
@@ -25,13 +25,13 @@ def export_weights(model: MiniGPT, out_dir: Path, extra: dict[str, Any] | None =
     """Write `out_dir/filename` and `out_dir/config.json`; returns the weights' path."""
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
     path = Path(out_dir) / filename
-    save_file(state, str(path), metadata={"format": "pt"})
-    mask = os.umask(0)  # safetensors creates the file 0600; every other output follows
-    os.umask(mask)  # the umask, and so does this one
-    os.chmod(path, 0o666 & ~mask)
+    # written beside and renamed into place: a link at either name is replaced, never
+    # written through; safetensors creates its file 0600, `replacing` gives it the umask's
+    with replacing(path) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
     config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
               "tie_word_embeddings": True, "tokenizer": "bytes", **(extra or {})}
-    (Path(out_dir) / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write(Path(out_dir) / "config.json", json.dumps(config, indent=2))
     return path
 
 

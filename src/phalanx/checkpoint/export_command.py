@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.paths import kind
+from phalanx.paths import kind, refuse_link
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,9 @@ def _target(out: str, force: bool) -> Path:
     except OSError as exc:
         raise UserError(f"cannot create `{path.parent}` for `--out`: {exc.strerror}.") from None
     for existing in (path, path.parent / "config.json"):
+        refuse_link(existing, "where `phalanx export` writes",
+                    "Remove the link or choose another `--out` (`--force` replaces files; it "
+                    "never writes through a link).")
         found = kind(existing)
         if found not in ("missing", "a regular file"):
             raise UserError(f"`{existing}` is {found}; `phalanx export` writes a regular file "

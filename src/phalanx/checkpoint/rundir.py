@@ -4,6 +4,9 @@
   the life of the run; the file says who holds it (pid, host, start time). A second run
   on the same directory is refused naming the holder. The kernel drops the lock when
   the holder dies, however it dies, so a killed run never blocks the next one.
+- **No links.** Nothing Phalanx writes follows a link it did not make: a run directory
+  holding one (`phalanx.paths.run_dir_links`) is refused when it is locked, naming the
+  link and where it points, before anything is moved or written.
 - **One lineage.** `OUT/checkpoints/` only ever holds checkpoints of the current run,
   ascending by step, the newest named by `latest`. When a run starts fresh in a
   directory that holds an earlier run (`--resume never`, no usable checkpoint, or a
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from phalanx.errors import UserError
+from phalanx.paths import check_run_dir, link_error, refuse_link
 
 
 def fsync_dir(path: Path) -> None:
@@ -49,9 +53,16 @@ class RunDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunDirLock:
+        """Refuse a directory holding links (`check_run_dir`: the one check, before the
+        run moves or writes anything there), then take the lock."""
+        check_run_dir(self.path.parent)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         0o644)
         except OSError as exc:
+            if os.path.islink(self.path):
+                raise link_error(self.path, f"in the run directory `{self.path.parent}`"
+                                 ) from None
             raise UserError(f"cannot create the lock file `{self.path}` ({exc.strerror}). "
                             f"Choose a writable `--out`.") from None
         try:
@@ -115,7 +126,7 @@ def step_of(path: Path) -> int:
 def _stamp(out: Path) -> Path:
     base = Path(out) / SUPERSEDED / time.strftime("%Y%m%d-%H%M%S")
     target, n = base, 1
-    while target.exists():
+    while os.path.lexists(target):
         target, n = base.with_name(f"{base.name}-{n}"), n + 1
     return target
 
@@ -136,8 +147,12 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
     """
     out = Path(out)
     root = out / "checkpoints"
+    for path in (root, out / SUPERSEDED):  # checked at the lock; moved through: never
+        refuse_link(path, f"in the run directory `{out}`")
     steps = sorted(p for p in root.glob("step-*")) if root.is_dir() else []
-    inside = resume_from is not None and Path(resume_from).resolve().parent == root.resolve()
+    # by name: a checkpoint that is a link is still this run's (never "another directory")
+    inside = resume_from is not None and \
+        Path(resume_from).absolute().parent.resolve() == root.resolve()
     if inside:
         limit = step_of(Path(resume_from))
         stray = [p for p in steps if step_of(p) > limit]

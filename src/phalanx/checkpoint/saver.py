@@ -39,6 +39,7 @@ from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, 
                                       fsync_dir, step_name, step_of, write_synced)
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
+from phalanx.paths import atomic_write, ensure_dir, remove_tree
 
 ROTATED = ".rotated-"  # a rotated-out checkpoint being deleted (see `rotate`)
 
@@ -72,13 +73,11 @@ def commit(tmp: Path, final: Path, manifest: dict, keep: int,
         manifest["files"][p.name] = entry(*known)
     write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
     fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    if os.path.lexists(final):
+        remove_tree(final)  # a link there is unlinked, never followed
     os.rename(tmp, final)
     fsync_dir(final.parent)
-    marker = final.parent / f".{LATEST}.tmp"
-    write_synced(marker, final.name)
-    os.replace(marker, final.parent / LATEST)
+    atomic_write(final.parent / LATEST, final.name, sync=True)  # via `.latest.tmp`
     rotate(final, keep, later)
     return reread
 
@@ -93,13 +92,13 @@ def rotate(final: Path, keep: int, later: list[Path] | None = None) -> None:
              if p != final and step_of(p) < step_of(final)]
     for old in older[:max(0, len(older) - (keep - 1))]:
         if later is None:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
             continue
         trash = old.with_name(f"{ROTATED}{old.name}")
         try:
             os.rename(old, trash)
         except OSError:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
         else:
             later.append(trash)
 
@@ -163,10 +162,12 @@ class _Job:
                                                         self.root.glob(f"{ROTATED}*"))]
             try:
                 for path in stale:
-                    shutil.rmtree(path, ignore_errors=True)
-                self.tmp.mkdir(parents=True, exist_ok=True)  # another rank's DCP may be first
+                    remove_tree(path)  # a link is unlinked: never followed
+                ensure_dir(self.tmp)  # another rank's DCP may be first; a link: refused
             except OSError as exc:
                 self.error = f"cannot create checkpoint directory `{self.tmp}`: {exc.strerror}"
+            except UserError as exc:
+                self.error = f"cannot create checkpoint directory: {exc}"
 
     def write_failed(self, exc: BaseException) -> None:
         if self.error is None:  # a failure at `begin` is the first cause
@@ -206,7 +207,7 @@ class _Job:
                 self.error = (f"committing checkpoint {step_name(self.step)} failed: "
                               f"{exc.strerror or exc}")
         if self.error is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            remove_tree(self.tmp)
 
     def agree(self) -> None:
         _agree(self.error and f"{self.error}. The previous checkpoints in `{self.root}` are "
@@ -227,7 +228,7 @@ def _delete_quietly(paths: list[Path]) -> None:
     except (AttributeError, OSError):  # not Linux: the same work at normal priority
         pass
     for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
 
 
 class CheckpointSaver:

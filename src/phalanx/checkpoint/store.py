@@ -17,7 +17,6 @@ directory; every rank raises the same error.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from phalanx.checkpoint.digest import entry_digest, file_digest, known_algorithm
 from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
 from phalanx.checkpoint.safety import check_metadata, safe_reader
 from phalanx.errors import UserError
+from phalanx.paths import create_new
 
 MANIFEST, STATE, LATEST = "manifest.json", "train_state.json", "latest"
 
@@ -41,10 +41,9 @@ def step_name(step: int) -> str:
 
 
 def write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """A new file (inside a checkpoint being written), fsynced; anything already there —
+    a link included — is an error, never written through."""
+    create_new(path, text, sync=True)
 
 
 def direct_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:

@@ -4,12 +4,14 @@ so the page needs no font and no network)."""
 from __future__ import annotations
 
 import io
+import math
+import warnings
 from typing import Any
 
-# (title, y label, [(metrics key, legend label, style)])
+# (title, y label, [(metrics key, legend label, style)]); the loss's label is the run's
+# unit when it has one (loss_label)
 CHARTS = [
-    ("Loss", "cross-entropy (nats/byte)",
-     [("loss", "train", "-"), ("val_loss", "validation", "o-")]),
+    ("Loss", "loss", [("loss", "train", "-"), ("val_loss", "validation", "o-")]),
     ("Learning rate", "lr", [("lr", "lr", "-")]),
     ("Throughput", "tokens/s", [("tokens_per_s", "tokens/s", "-")]),
     ("Step time", "seconds per step", [("step_time_s", "step time", "-")]),
@@ -21,37 +23,66 @@ EVENT_COLOURS = {"restart": "#d62728", "nan": "#ff7f0e", "rollback": "#9467bd",
                  "spike": "#bcbd22", "straggler": "#17becf"}
 
 
-def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
-    """One SVG per chart that has data; events are marked on the loss chart."""
+def loss_label(unit: str | None) -> str:
+    """The loss chart's y label: cross-entropy in the run's unit, or plain "loss"."""
+    return f"cross-entropy ({unit})" if unit else "loss"
+
+
+def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]],
+               loss_unit: str | None = None) -> list[tuple[str, str]]:
+    """(what it shows, SVG) per chart that has data; events are marked on the loss chart.
+    `records` are checked ones (report.records): an int `step`, float figures; points
+    that are not finite are left out. A chart matplotlib cannot draw (values spanning
+    more than a float, e.g. ±1e308) is a line of text in its place."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     out = []
-    with matplotlib.rc_context({"svg.fonttype": "path", "font.size": 9}):
+    with matplotlib.rc_context({"svg.fonttype": "path", "font.size": 9}), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflow drawing e.g. 1e308
         for title, ylabel, series in CHARTS:
-            points = [(key, label, style, [(r["step"], r[key]) for r in records
-                                           if isinstance(r.get(key), (int, float))])
+            ylabel = loss_label(loss_unit) if title == "Loss" else ylabel
+            points = [(label, style, [(r["step"], r[key]) for r in records
+                                      if _drawable(r.get(key))])
                       for key, label, style in series]
             if not any(p for *_, p in points):
                 continue
-            fig, ax = plt.subplots(figsize=(5.4, 3.0))
-            for _, label, style, p in points:
-                if p:
-                    ax.plot(*zip(*p), style, label=label, markersize=3, linewidth=1.4)
-            if title == "Loss":
-                _mark_events(ax, events)
-            ax.set_title(title, loc="left", fontsize=10, fontweight="bold")
-            ax.set_xlabel("step")
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            if len([p for *_, p in points if p]) > 1 or title == "Loss":
-                ax.legend(fontsize=8, frameon=False)
-            fig.tight_layout()
-            out.append(_svg(fig))
-            plt.close(fig)
+            try:
+                svg = _chart(title, ylabel, points, events if title == "Loss" else [])
+            except (ValueError, OverflowError, FloatingPointError):
+                svg = (f'<p class="none">{title}: the values span more than the chart can '
+                       "draw.</p>")
+            out.append((f"{title}: {ylabel} by step", svg))
     return out
+
+
+def _chart(title: str, ylabel: str, points: list[tuple[str, str, list]],
+           events: list[dict[str, Any]]) -> str:
+    """One chart of `points` ([(legend label, style, [(step, value)])]) as SVG."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.4, 3.0))
+    try:
+        for label, style, p in points:
+            if p:
+                ax.plot(*zip(*p), style, label=label, markersize=3, linewidth=1.4)
+        _mark_events(ax, events)
+        ax.set_title(title, loc="left", fontsize=10, fontweight="bold")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if len([p for *_, p in points if p]) > 1 or title == "Loss":
+            ax.legend(fontsize=8, frameon=False)
+        fig.tight_layout()
+        return _svg(fig)
+    finally:
+        plt.close(fig)
+
+
+def _drawable(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _mark_events(ax, events: list[dict[str, Any]]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 KINDS = ("restart", "nan", "rollback", "spike", "straggler")
 FILE = "events.jsonl"
@@ -33,9 +33,10 @@ def warn(run, out_dir: Path | None, kind: str, step: int, text: str) -> None:
         record_event(out_dir, kind, step, text)
 
 
-def read_events(out_dir: Path) -> list[dict[str, Any]]:
-    """The run's events (unreadable lines, e.g. a torn last one, are skipped)."""
-    from phalanx.report.metrics import read_metrics
+def read_events(out_dir: Path, warn: Callable[[str], None] | None = None
+                ) -> list[dict[str, Any]]:
+    """The run's events: lines that are not an event as `record_event` writes it (a torn
+    last one, a `time` that is not text, ...) are skipped, said in one line to `warn`."""
+    from phalanx.report.records import check_event, read_records
 
-    path = Path(out_dir) / FILE
-    return read_metrics(path) if path.is_file() else []
+    return read_records(Path(out_dir) / FILE, check_event, warn or (lambda _: None))

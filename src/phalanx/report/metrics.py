@@ -28,22 +28,31 @@ class MetricsWriter:
 def read_metrics(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The records of a metrics file; unreadable lines (a torn tail) are skipped and,
     with `warn`, reported in one message."""
-    records, bad = [], []
     text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-        else:
-            bad.append(number)
+    lines = parse_lines(text)
+    records = [record for _, record, _ in lines if record is not None]
+    bad = [number for number, record, _ in lines if record is None]
     if bad and warn is not None:
         torn = bad == [len(text.splitlines())] and not text.endswith("\n")
         what = "ends with a torn line (a crash mid-write)" if torn else \
             f"has {len(bad)} unreadable line(s) ({', '.join(map(str, bad[:5]))})"
         warn(f"warning: `{path}` {what}; skipped.")
     return records
+
+
+def parse_lines(text: str) -> list[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, the line's JSON object or None, why not) for each non-blank line."""
+    lines = text.splitlines()
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record, why = json.loads(line), "not a JSON object"
+        except RecursionError:  # e.g. 100000 nested lists: json recurses once per level
+            record, why = None, "nested too deeply"
+        except ValueError:
+            torn = number == len(lines) and not text.endswith("\n")
+            record, why = None, "torn (a crash mid-write)" if torn else "not valid JSON"
+        out.append((number, record, why) if isinstance(record, dict) else (number, None, why))
+    return out

@@ -2,30 +2,55 @@
 
 from __future__ import annotations
 
+import io
+import math
+import warnings
 from pathlib import Path
+from typing import Callable
 
-from phalanx.report.metrics import read_metrics
+from phalanx.report.charts import loss_label
+from phalanx.report.outfile import write_atomic
+from phalanx.report.records import check_metric, read_records
 
 
-def plot_losses(metrics_path: Path, out_path: Path) -> Path:
+def plot_losses(metrics_path: Path, out_path: Path, unit: str | None = "nats/byte",
+                warn: Callable[[str], None] | None = None) -> Path:
+    """`phalanx train`'s loss plot (its loss is in nats/byte). Records the plot cannot
+    use are skipped, said through `warn` when given (train's finish leaves that to the
+    run report it builds next, so the warning comes once)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path)
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if train:
-        ax.plot(*zip(*train), label="train loss")
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/byte)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    records = read_records(Path(metrics_path), check_metric, warn or (lambda _: None))
+    train, val = ([(r["step"], r[key]) for r in records if math.isfinite(r.get(key, math.nan))]
+                  for key in ("loss", "val_loss"))
+    try:
+        png = _plot(plt, train, val, unit)
+    except (ValueError, OverflowError, FloatingPointError):  # values beyond drawing, ±1e308
+        png = _plot(plt, [], [], unit)
+    write_atomic(Path(out_path), png)  # never through a link planted there
     return out_path
+
+
+def _plot(plt, train: list, val: list, unit: str | None) -> bytes:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # overflow drawing e.g. 1e308
+            if train:
+                ax.plot(*zip(*train), label="train loss")
+            if val:
+                ax.plot(*zip(*val), "o-", label="validation loss")
+            ax.set_xlabel("step")
+            ax.set_ylabel(loss_label(unit))
+            ax.grid(alpha=0.3)
+            if train or val:
+                ax.legend()
+            fig.tight_layout()
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=110)
+            return png.getvalue()
+    finally:
+        plt.close(fig)

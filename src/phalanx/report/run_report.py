@@ -2,20 +2,32 @@
 charts of loss, validation loss, learning rate, throughput, step time, gradient norm and
 memory, the run's events (restarts, NaN-guard skips, spikes, slow ranks), its
 checkpoints, its configuration and environment. Written at the end of `phalanx train`;
-`phalanx report RUN_DIR` rebuilds it from the files, e.g. after a failed run."""
+`phalanx report RUN_DIR` rebuilds it from the files, e.g. after a failed run, or of a run
+a user's script wrote through the library API (`run.log`, `run.save`).
+
+It always renders: what it reads is checked first (report.records) and a record it
+cannot use is skipped with one warning per file; it never follows a symbolic link in
+the run directory (report.listing); it shows what the run recorded it used, never a
+raw `None` (report.used). Only a page path that cannot be written is an error, the
+user's (report.outfile)."""
 
 from __future__ import annotations
 
 import html
 import json
-import os
 import statistics
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.report import used
 from phalanx.report.charts import charts_svg
 from phalanx.report.events import read_events
-from phalanx.report.metrics import read_metrics
+from phalanx.report.listing import list_checkpoints, recorded_world_size
+from phalanx.report.outfile import PageFile, write_atomic
+from phalanx.report.records import (Warn, check_metric, finite, read_object, read_records,
+                                    whole_step)
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;
@@ -39,40 +51,60 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
 """
 
 
-def build_report(run_dir: Path, out_path: Path | None = None) -> Path:
-    """Write the report of the run in `run_dir` (default: `run_dir/report.html`)."""
+@dataclass
+class RunFiles:
+    """What the report read from a run directory, checked."""
+    records: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    config: dict[str, Any]
+    env: dict[str, Any]
+
+
+def build_report(run_dir: Path, out_path: Path | None = None, warn: Warn | None = None
+                 ) -> Path:
+    """Write the report of the run in `run_dir` (default: `run_dir/report.html`). Records
+    it cannot use are skipped with one line per file through `warn` (default: stderr);
+    a page path that cannot be written raises UserError, before anything is read."""
     run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
-    records = read_metrics(metrics_path) if metrics_path.is_file() else []
-    config = _json(run_dir / "run_config.json")
-    events = read_events(run_dir)
-    body = [f"<h1>Phalanx run: {_e(run_dir.resolve().name)}</h1>",
+    given = out_path is not None
+    with PageFile(Path(out_path) if given else run_dir / "report.html", run_dir,
+                  given) as page:
+        warn = warn or _stderr
+        files = RunFiles(records=read_records(run_dir / "metrics.jsonl", check_metric, warn),
+                         events=read_events(run_dir, warn),
+                         config=read_object(run_dir / "run_config.json", warn),
+                         env=read_object(run_dir / "environment.json", warn))
+        name = run_dir.resolve().name
+        return page.commit(f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+                           f"<title>Phalanx run {_e(name)}</title><style>{STYLE}</style>"
+                           "</head><body><main>" + "\n".join(_body(run_dir, files))
+                           + "</main></body></html>\n")
+
+
+def _body(run_dir: Path, files: RunFiles) -> list[str]:
+    checkpoints, latest, note = list_checkpoints(run_dir)
+    config, env = files.config, files.env
+    facts = {"status": used.status(run_dir, config), "strategy": used.strategy(env),
+             "ranks": used.ranks(env, recorded_world_size(run_dir, checkpoints, latest))}
+    return [f"<h1>Phalanx run: {_e(run_dir.resolve().name)}</h1>",
             f'<div class="sub">{_e(str(run_dir.resolve()))}</div>',
-            _summary(records, config, _json(run_dir / "environment.json"),
-                     "complete" if (run_dir / "model.safetensors").is_file() else
-                     "not finished"),
-            "<h2>Charts</h2>", _charts(records, events),
-            "<h2>Events</h2>", _events(events),
-            "<h2>Checkpoints</h2>", _checkpoints(run_dir),
+            _summary(files.records, config, facts),
+            "<h2>Charts</h2>", _charts(files.records, files.events,
+                                        used.loss_unit(env, config)),
+            "<h2>Events</h2>", _events(files.events, used.trainer_run(config)),
+            "<h2>Checkpoints</h2>", _checkpoints(checkpoints, latest, note),
             "<h2>Configuration and environment</h2>",
-            _config({"environment": _json(run_dir / "environment.json"), **config}),
+            _config({"environment": used.shown_environment(env),
+                     **used.shown_config(config, env)}),
             "<h2>Step-time breakdown</h2>",
             '<p class="none">Not profiled in training; <code>phalanx bench --profile</code> '
             "splits a step into compute, communication and the rest.</p>"]
-    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Phalanx run '
-            f"{_e(run_dir.resolve().name)}</title><style>{STYLE}</style></head><body><main>"
-            + "\n".join(body) + "</main></body></html>\n")
-    out_path = Path(out_path) if out_path is not None else run_dir / "report.html"
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out_path)
-    return out_path
 
 
 def write_environment(run, cfg, out_dir: Path) -> None:
-    """`out_dir/environment.json`: where and with what the run trains (rank 0, at start)."""
+    """`out_dir/environment.json`: where and with what the run trains (rank 0, at start).
+    `loss_unit`: the trainer's loss is cross-entropy over bytes, in nats."""
     import platform
-    import sys
 
     import torch
 
@@ -86,66 +118,73 @@ def write_environment(run, cfg, out_dir: Path) -> None:
            "world_size": run.world_size, "strategy": run.strategy.name,
            "backend": run.backend, "launcher": run.launcher,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "threads_per_rank": run.threads, "precision": cfg.train.precision}
-    (Path(out_dir) / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+           "threads_per_rank": run.threads, "precision": cfg.train.precision,
+           "loss_unit": "nats/byte"}
+    write_atomic(Path(out_dir) / "environment.json", (json.dumps(env, indent=2) + "\n").encode())
 
 
-def _summary(records: list[dict], config: dict, env: dict, status: str) -> str:
-    train = config.get("train", {}) if isinstance(config, dict) else {}
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
     last = lambda key: next((r[key] for r in reversed(records) if key in r), None)  # noqa: E731
-    speed = [r["tokens_per_s"] for r in records if isinstance(r.get("tokens_per_s"), (int, float))]
-    step_times = [r["step_time_s"] for r in records if "step_time_s" in r]
-    memory = [r["memory_mib"] for r in records if "memory_mib" in r]
-    done, total = (max(steps) if steps else 0), train.get("max_steps")
+    figures = {key: finite([r[key] for r in records if key in r])
+               for key in ("tokens_per_s", "step_time_s", "memory_mib")}
+    speed, step_times, memory = figures.values()
+    done = max((r["step"] for r in records), default=0)
+    total = train.get("max_steps")
     cards = [
-        ("steps", f"{done:,} / {total:,}" if isinstance(total, int) else f"{done:,}"),
-        ("final train loss", _num(last("loss"))),
+        ("steps", f"{done:,} / {total:,}" if whole_step(total) else f"{done:,}"),
+        ("final train loss" if used.trainer_run(config) else "final loss", _num(last("loss"))),
         ("final val loss", _num(last("val_loss"))),
-        ("median tokens/s", f"{statistics.median(speed):,.0f}" if speed else "–"),
-        ("median step time", f"{statistics.median(step_times):.3f} s" if step_times else "–"),
-        ("peak memory, rank 0", f"{max(memory):,.0f} MiB" if memory else "–"),
-        ("status", status),
-        ("ranks", str(env.get("world_size", "–"))),
-        ("strategy", str(env.get("strategy", "–"))),
+        ("median tokens/s", _num(statistics.median(speed), ",.0f") if speed else "–"),
+        ("median step time", _num(statistics.median(step_times), ".3f") + " s"
+         if step_times else "–"),
+        ("peak memory, rank 0", _num(max(memory), ",.0f") + " MiB" if memory else "–"),
+        ("status", facts["status"]),
+        ("ranks", facts["ranks"]),
+        ("strategy", facts["strategy"]),
     ]
     return '<div class="cards">' + "".join(
         f"<div class=card><b>{_e(v)}</b><span>{_e(k)}</span></div>" for k, v in cards) + "</div>"
 
 
-def _charts(records: list[dict], events: list[dict]) -> str:
-    svgs = charts_svg(records, events)
-    if not svgs:
+def _charts(records: list[dict], events: list[dict], loss_unit: str | None) -> str:
+    charts = charts_svg(records, events, loss_unit)
+    if not charts:
         return '<p class="none">No metrics were logged yet.</p>'
-    return '<div class="charts">' + "".join(f'<div class="chart">{s}</div>' for s in svgs) + \
-        "</div>"
+    return '<div class="charts">' + "".join(
+        f'<div class="chart" role="img" aria-label="{_e(label)}">{svg}</div>'
+        for label, svg in charts) + "</div>"
 
 
-def _events(events: list[dict]) -> str:
-    if not events:
+def _events(events: list[dict], trainer: bool) -> str:
+    if not events and trainer:  # the trainer records each of these when it happens
         return '<p class="none">None: no restart, no skipped step, no spike, no slow rank.</p>'
-    rows = "".join(f"<tr><td class=num>{_e(e.get('step', ''))}</td><td class=kind>"
-                   f"{_e(e.get('kind', ''))}</td><td>{_e(e.get('message', ''))}</td>"
+    if not events:
+        return '<p class="none">No events recorded (<code>phalanx train</code> records them).</p>'
+    rows = "".join(f"<tr><td class=num>{_e(e['step'])}</td><td class=kind>"
+                   f"{_e(e['kind'])}</td><td>{_e(e['message'])}</td>"
                    f"<td class=when>{_e(e.get('time', '').replace('T', ' '))}</td></tr>"
                    for e in events)
     return ("<table><tr><th>step</th><th>event</th><th>what happened</th><th>when</th></tr>"
             f"{rows}</table>")
 
 
-def _checkpoints(run_dir: Path) -> str:
-    from phalanx.checkpoint.store import read_latest
-
-    root = run_dir / "checkpoints"
-    found = sorted(p for p in root.glob("step-*") if p.is_dir()) if root.is_dir() else []
+def _checkpoints(found: list, latest: str | None, note: str | None) -> str:
     if not found:
-        return '<p class="none">No checkpoint was committed.</p>'
-    latest = read_latest(root)
+        return f'<p class="none">{_e(note or "No checkpoint was committed.")}</p>'
     rows = []
-    for p in found:
-        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        mark = " (latest)" if latest is not None and latest.name == p.name else ""
-        rows.append(f"<tr><td><code>{_e(p.name)}</code>{mark}</td>"
-                    f"<td class=num>{size / 2**20:,.1f} MiB</td></tr>")
+    for c in found:
+        if c.link:
+            rows.append(f"<tr><td><code>{_e(c.name)}</code></td>"
+                        "<td class=none>symbolic link, not followed</td></tr>")
+            continue
+        notes = [f"{c.links} symbolic link{'s' if c.links > 1 else ''} inside, not followed"
+                 ] if c.links else []
+        notes += [f"{c.unreadable} folder(s) inside could not be read"] if c.unreadable else []
+        mark = " (latest)" if c.name == latest else ""
+        said = "".join(f" <span class=none>({_e(n)})</span>" for n in notes)
+        rows.append(f"<tr><td><code>{_e(c.name)}</code>{mark}{said}</td>"
+                    f"<td class=num>{c.size / 2**20:,.1f} MiB</td></tr>")
     return "<table><tr><th>checkpoint</th><th>size</th></tr>" + "".join(rows) + "</table>"
 
 
@@ -164,22 +203,32 @@ def _table(values: dict[str, Any], title: str | None = None) -> str:
     if not values:
         return '<p class="none">Not recorded.</p>'
     head = f'<tr><th colspan="2">{_e(title)}</th></tr>' if title else ""
-    rows = "".join(f"<tr><td><code>{_e(k)}</code></td><td><code>{_e(v)}</code></td></tr>"
+    rows = "".join(f"<tr><td><code>{_e(k)}</code></td><td><code>{_e(_cell(v))}</code></td></tr>"
                    for k, v in values.items())
     return f"<table>{head}{rows}</table>"
 
 
-def _json(path: Path) -> dict:
+def _cell(value: Any) -> str:
+    """A config value as written in JSON (`null`, `[1, 2]`), text as it is."""
+    if isinstance(value, str):
+        return value
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        return json.dumps(value)
+    except (ValueError, RecursionError):
+        return str(value)
 
 
-def _num(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) else "–"
+def _num(value: Any, spec: str = ".4f") -> str:
+    """`value` formatted by `spec`; beyond a trillion, in 4 significant digits (1e+308
+    stays short)."""
+    if not isinstance(value, (int, float)):
+        return "–"
+    return format(value, ".4g" if abs(value) >= 1e12 else spec)
 
 
 def _e(value: Any) -> str:
     return html.escape(str(value))
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
