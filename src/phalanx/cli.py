@@ -77,8 +77,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # before the verb runs (parsing, start-up)
-        return interrupted()
+    except KeyboardInterrupt as exc:  # before the verb runs (parsing, start-up)
+        return interrupted(exc)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
@@ -106,8 +106,8 @@ def _main(argv: list[str] | None) -> int:
     except Interrupted as exc:
         print(f"phalanx: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (see phalanx.entry)
-        return interrupted()
+    except KeyboardInterrupt as exc:  # Ctrl-C outside the training loop (phalanx.entry)
+        return interrupted(exc)
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
         record_for_agent(exc)  # (the launcher shows it once; the rank's log holds it)
         if isinstance(exc, Exception) and log_traceback(exc):

@@ -1,26 +1,44 @@
-"""The `phalanx` command and `python -m phalanx`: a Ctrl-C at any moment — while Phalanx
-and torch are still being imported, too — ends in one line (exit 130), never a
-traceback. Workers of Phalanx's launcher stay silent: the launcher says it once."""
+"""The `phalanx` command and `python -m phalanx`: a Ctrl-C or SIGTERM at any moment —
+while Phalanx and torch are still being imported, too — ends in one line (exit 130 /
+143), never a traceback. Workers of Phalanx's launcher stay silent: the launcher says
+it once. (Inside the training loop `lifecycle.StopSignals` takes over: the first signal
+commits a checkpoint instead.)"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop: unwinds like Ctrl-C's KeyboardInterrupt."""
+
+    signum = signal.SIGTERM
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main() -> int:
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         from phalanx.cli import main as cli_main
 
         return cli_main()
-    except KeyboardInterrupt:
-        return interrupted()
+    except KeyboardInterrupt as exc:
+        return interrupted(exc)
 
 
-def interrupted() -> int:
+def interrupted(exc: BaseException | None = None) -> int:
+    """One line (none in a worker of Phalanx's launcher); the shell's exit code."""
+    signum = getattr(exc, "signum", signal.SIGINT)
     if not os.environ.get("PHALANX_LAUNCHED"):
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
         try:
-            print("phalanx: interrupted", file=sys.stderr, flush=True)
+            print(f"phalanx: {what}", file=sys.stderr, flush=True)
         except (OSError, ValueError):  # stderr is gone: the exit code says it
             pass
-    return 130
+    return 128 + int(signum)

@@ -8,6 +8,10 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=nan` makes this rank's next loss NaN (the NaN guard's test);
 `action=spike` multiplies this rank's next loss by 20 (the spike warning's test);
 `action=slow` makes this rank's every forward from then on 40 ms slower (a straggler);
+`action=pause` says `phalanx-fault: pause at PHASE STEP` on stderr and sleeps 2 s there
+(a window for a signal to land in: the Ctrl-C stress test). Phases: `step` (after the
+optimizer step), `checkpoint` (while writing it), `eval` (as evaluation starts),
+`export` (as the final outputs are written).
 `attempts=always` fires on every elastic restart too (a rank that always fails),
 `attempts=first` (default) only before the first restart, `attempts=N` only on restart
 N. A fault fires once per process (`times=N`: up to N times, when `--on-nan rollback`
@@ -29,8 +33,8 @@ class InjectedFault(RuntimeError):
     """The error `action=raise` raises."""
 
 
-_CHOICES = {"phase": ("step", "checkpoint"),
-            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow")}
+_CHOICES = {"phase": ("step", "checkpoint", "eval", "export"),
+            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow", "pause")}
 
 
 def _specs() -> list[dict[str, str]]:
@@ -48,8 +52,8 @@ def _specs() -> list[dict[str, str]]:
         specs.append(spec)
         if not _valid(spec):
             raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
-                            f"`rank=1,step=7,phase=step,action=kill` (phase: step|checkpoint; "
-                            f"action: kill|raise|hang|perturb|nan|spike|slow; attempts: first|always|N; times: N).")
+                            f"`rank=1,step=7,phase=step,action=kill` (phase: {'|'.join(_CHOICES['phase'])}; "
+                            f"action: {'|'.join(_CHOICES['action'])}; attempts: first|always|N; times: N).")
     return specs
 
 
@@ -102,6 +106,12 @@ def _fire(action: str, phase: str, step: int, model) -> None:
             return logits, loss * factor
 
         handle = model.register_forward_hook(poison)
+    elif action == "pause":
+        import sys
+        import time
+
+        print(f"phalanx-fault: pause at {phase} {step}", file=sys.stderr, flush=True)
+        time.sleep(2.0)
     elif action == "slow":
         import time
 

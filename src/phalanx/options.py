@@ -45,6 +45,19 @@ def add_config_flags(parser: argparse.ArgumentParser, hide: tuple[str, ...] = ()
             _add_field(group, section, cls, f, hidden=f"{section}.{f.name}" in hide)
 
 
+# What only a training run to its end uses (its length and schedule, evaluation, logging,
+# checkpoints, the sample, resume, NaN/spike/straggler handling): verbs that time or plan
+# a few steps (bench, plan) accept these — a `phalanx train` command line works — but do
+# not list them in --help.
+TRAINING_RUN_ONLY = (
+    "train.max_steps", "train.min_lr", "train.warmup_steps", "train.lr_decay_steps",
+    "train.on_nan", "train.nan_patience", "train.spike_factor", "train.eval_every",
+    "train.eval_batches", "train.log_every", "train.compile", "train.sample_tokens",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.async_checkpoint",
+    "train.resume", "dist.hang_timeout_s", "dist.tee_ranks", "dist.check_consistency_every",
+    "dist.straggler_every")
+
+
 LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
                  "rdzv_timeout_s", "nccl_preset")
 
@@ -107,7 +120,7 @@ def load_toml(path: str) -> dict[str, dict[str, Any]]:
         if not isinstance(table, dict):
             raise UserError(f"`{section}` in `{path}` must be a table (`[{section}]`), "
                             f"got a {type(table).__name__}.")
-        out[section] = {_check_key(path, section, k, v): v for k, v in table.items()}
+        out[section] = dict(_check_key(path, section, k, v) for k, v in table.items())
     return out
 
 
@@ -126,7 +139,10 @@ def _unknown_section(path: str, name: str, value: Any) -> str:
     return f"unknown section `[{name}]` in `{path}`; {hint}expected one of: {tables}."
 
 
-def _check_key(path: str, section: str, key: str, value: Any) -> str:
+def _check_key(path: str, section: str, key: str, value: Any) -> tuple[str, Any]:
+    """(field name, value) of one TOML entry, or a UserError naming it. A whole number
+    for a text field (`nnodes = 2`, `rdzv_id = 1234`) is taken as its digits, as the
+    same value given on the command line is."""
     cls = SECTIONS[section]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     name = key.replace("-", "_")
@@ -134,6 +150,8 @@ def _check_key(path: str, section: str, key: str, value: Any) -> str:
         raise UserError(f"unknown key `{key}` in `[{section}]` of `{path}`; "
                         f"{_suggest(name, fields)}valid keys are: {', '.join(fields)}.")
     kind = _field_type(cls, fields[name])
+    if kind is str and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         ok = True
@@ -144,7 +162,7 @@ def _check_key(path: str, section: str, key: str, value: Any) -> str:
     if choices and value not in choices:
         raise UserError(f"`{section}.{key}` in `{path}` is {value!r}; expected one of: "
                         f"{', '.join(choices)}.")
-    return name
+    return name, value
 
 
 def _suggest(word: str, options: Any) -> str:

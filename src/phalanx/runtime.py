@@ -48,6 +48,7 @@ class Run:
     _stop: Any = field(default=None, repr=False)
     log_dir: Path | None = None  # where `log` writes (phalanx.init's `log_dir`; settable)
     _sink: Any = field(default=None, repr=False)
+    _said: set = field(default_factory=set, repr=False)  # see say_once
 
     rank = property(lambda self: self.topology.rank)
     local_rank = property(lambda self: self.topology.local_rank)
@@ -146,7 +147,7 @@ class Run:
         "min") first combines each value over the ranks in one all-reduce: call it on
         every rank then. `reduce=None`: rank 0's values as they are, no collective.
         Returns the record on rank 0, else None."""
-        from phalanx.report.sink import MetricsSink, reduce_values
+        from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 
         if self.log_dir is None:
             raise UserError("run.log needs a directory to write to: "
@@ -156,6 +157,7 @@ class Run:
             return None
         if self._sink is None or self._sink.out_dir != Path(self.log_dir):
             self.end_log()  # opened at the first step logged (see MetricsSink)
+            self.say_once(tensorboard_note())
             self._sink = MetricsSink(Path(self.log_dir), step, say=self.print)
         record = {"step": int(step), **values}
         self._sink.write(record)
@@ -297,6 +299,13 @@ class Run:
 
         found = newest_valid(Path(root), self.print) if self.is_main else None
         return self.broadcast(found)
+
+    def say_once(self, text: str | None) -> None:
+        """Print `text` on rank 0 the first time this Run is given it: a note such as a
+        missing TensorBoard, said once per run however many loops the run drives."""
+        if text and text not in self._said:
+            self._said.add(text)
+            self.print(text)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on rank 0 only."""

@@ -43,7 +43,9 @@ def test_a_launch_leaves_no_agent_directory_behind(tmp_path):
                           cwd=tmp_path, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 0" in done.stdout and "rank 1" not in done.stdout  # rank 1: its log
-    assert "rank 1" in (tmp_path / "logs" / "rank-1.log").read_text()
+    logs = list(tmp_path.glob("runs/watch-*/logs/rank-1.log"))  # said at the start
+    assert len(logs) == 1 and "rank 1" in logs[0].read_text()
+    assert f"go to {logs[0].parent.parent.resolve()}/" in done.stderr
     assert [p.name for p in temp.iterdir()] == []
 
 

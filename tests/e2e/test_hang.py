@@ -74,7 +74,8 @@ dist.destroy_process_group()
 
 def watch(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
-                           *args, str(script)], capture_output=True, text=True, timeout=180,
+                           "--report-dir", str(cwd), *args, str(script)],
+                          capture_output=True, text=True, timeout=180,
                           cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

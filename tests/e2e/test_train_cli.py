@@ -12,6 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from phalanx.checkpoint.export import load_minigpt
+from phalanx.config import build_config
+from phalanx.data.corpus import prepare
+from phalanx.train.finish import sample_prompt
 
 SMALL = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
          "--micro-batch-size", "4", "--max-steps", "6", "--eval-every", "3", "--log-every", "2",
@@ -40,7 +43,10 @@ def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cach
     model = load_minigpt(out)
     assert torch.equal(model.lm_head.weight, weights["wte.weight"])
     assert (out / "loss.png").stat().st_size > 1000
-    assert (out / "sample.txt").read_text(encoding="utf-8").startswith("def ")
+    prompt = sample_prompt(build_config({"data": {"path": str(corpus_file)}}),
+                           prepare(str(corpus_file), str(cache_dir), 0.05))
+    assert any(line.startswith(prompt) for line in corpus_file.read_text().splitlines())
+    assert (out / "sample.txt").read_text(encoding="utf-8").startswith(prompt)  # --data's text
     wrote = next(line for line in proc.stdout.splitlines() if line.startswith("wrote: "))
     assert wrote == "wrote: " + ", ".join(f"{out}/{name}" for name in (
         "model.safetensors", "config.json", "metrics.jsonl", "sample.txt", "loss.png",

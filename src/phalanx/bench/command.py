@@ -12,15 +12,15 @@ import statistics
 from pathlib import Path
 
 from phalanx.errors import Interrupted, UserError
-from phalanx.options import add_config_flags, count, resolve
+from phalanx.options import TRAINING_RUN_ONLY, add_config_flags, count, resolve
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
            "where the time goes; scaling.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_flags(parser)
-    group = parser.add_argument_group("bench")
+    """bench's own flags first; then the training options that shape the timed step."""
+    group = parser.add_argument_group("bench options")
     group.add_argument("--peers", action="store_true",
                        help="also time a plain DDP loop, Accelerate and Lightning Fabric "
                             "(`pip install phalanx[bench]`)")
@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="steps per block (1-10000; default: 10)")
     group.add_argument("--warmup", type=count(0, 10000), default=3, metavar="N",
                        help="untimed steps first (0-10000; default: 3)")
+    add_config_flags(parser, hide=TRAINING_RUN_ONLY)
 
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:

@@ -27,9 +27,20 @@ def load_factory(spec: str | None):
         raise UserError(f"`--model {spec}`: expected `package.module:factory`.")
     try:
         return getattr(importlib.import_module(module_name), attr)
+    except SystemExit as exc:  # a script's `exit()` at import: not a quiet rc 0 (or 5, 3)
+        raise exited(spec, f"importing `{module_name}`", exc) from None
     except Exception as exc:  # ImportError, a SyntaxError, or whatever the import raised
         raise UserError(f"`--model {spec}`: cannot load it ({exc}). The module must be "
                         f"importable from the current directory or PYTHONPATH.") from None
+
+
+def exited(spec: str, what: str, exc: SystemExit) -> UserError:
+    """The one-line error for a user's module or factory that called `exit()` /
+    `sys.exit(...)` where Phalanx expected a model."""
+    code = exc.code if exc.code is None or isinstance(exc.code, int) else 1  # sys.exit("msg")
+    return UserError(f"`--model {spec}`: {what} called exit (SystemExit, exit code "
+                     f"{code or 0}) instead of returning. Put the module's own start-up under "
+                     f"`if __name__ == \"__main__\":` and have the factory return the model.")
 
 
 def _minigpt():
@@ -89,6 +100,8 @@ def make_model(spec: str | None):
     factory = load_factory(spec)
     try:
         made = factory()
+    except SystemExit as exc:
+        raise exited(spec, f"calling `{spec.partition(':')[2]}()`", exc) from None
     except Exception as exc:  # the user's code: say what it raised, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise UserError(f"`--model {spec}`: the factory raised {type(exc).__name__}"

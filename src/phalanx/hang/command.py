@@ -8,6 +8,8 @@ verification. The same is available under torchrun itself:
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from pathlib import Path
 
 from phalanx.errors import UserError
@@ -26,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-collectives", action="store_true",
                         help="verify every collective across ranks "
                              "(TORCH_DISTRIBUTED_DEBUG=DETAIL) and explain a mismatch")
-    parser.add_argument("--report-dir", default=".", metavar="DIR",
+    parser.add_argument("--report-dir", default=None, metavar="DIR",
                         help="where hang-report.txt and the ranks' logs (logs/rank-R.log) go "
-                             "(default: .)")
+                             "(default: runs/watch-YYYYmmdd-HHMMSS, a new one per run)")
     parser.add_argument("script", metavar="SCRIPT", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -48,17 +50,33 @@ def check_script(script: str) -> None:
         raise UserError(f"`{script}` cannot be read as Python: {exc}.") from None
 
 
+def make_report_dir(given: str | None) -> Path:
+    """`--report-dir`, or a new `runs/watch-<time>` (not the current folder itself),
+    created; a UserError when it cannot be."""
+    path = Path(given or time.strftime("runs/watch-%Y%m%d-%H%M%S")).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"`--report-dir` `{path}` cannot be created ({exc.strerror}). "
+                        f"Choose a directory you can write to.") from None
+    return path.resolve()
+
+
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.launch import launch_or_work
     from phalanx.ranklogs import LOGS_ENV
 
     check_script(ns.script)
+    dist = dist_config(ns)
+    report_dir = make_report_dir(ns.report_dir)
     env = {"PHALANX_HANG_TIMEOUT": str(ns.hang_timeout_s),
-           "PHALANX_HANG_REPORT_DIR": str(Path(ns.report_dir).resolve())}
+           "PHALANX_HANG_REPORT_DIR": str(report_dir)}
     if ns.debug_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    dist = dist_config(ns)
     if not dist.tee_ranks:
-        env[LOGS_ENV] = str(Path(ns.report_dir).resolve() / "logs")
+        env[LOGS_ENV] = str(report_dir / "logs")
+    logs = "" if dist.tee_ranks else "the ranks' logs (logs/rank-R.log) and "
+    print(f"phalanx: watch: {logs}any hang report go to {report_dir}/", file=sys.stderr,
+          flush=True)
     return launch_or_work(dist, ["-m", "phalanx.hang", ns.script, *ns.args], None,
                           env=env)

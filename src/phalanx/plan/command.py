@@ -10,18 +10,22 @@ import json
 import sys
 
 from phalanx.errors import UserError
-from phalanx.options import add_config_flags, count, resolve
+from phalanx.options import TRAINING_RUN_ONLY, add_config_flags, count, resolve
 from phalanx.plan import estimate, timing
 from phalanx.plan.devices import GPUS, busbw_from, device, human
 
 SUMMARY = ("Predict per-rank memory and step time of each strategy before launching "
            "(--measure: and check it on the local ranks).")
 DEFAULT_MFU = 0.4
+# nothing is read or written (the data, the run directory) or launched for long
+NOT_PLANNED = TRAINING_RUN_ONLY + ("data.path", "data.cache_dir", "data.val_fraction",
+                                   "train.out", "dist.max_restarts", "dist.nccl_preset",
+                                   "dist.debug_collectives")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_flags(parser)
-    g = parser.add_argument_group("plan")
+    """plan's own flags first; then the training options that shape the planned step."""
+    g = parser.add_argument_group("plan options")
     g.add_argument("--world-size", type=count(1, 1 << 20), default=None, metavar="N",
                    help="data-parallel ranks to plan for (default: --nproc-per-node × "
                         "--nnodes, or one per local GPU/core)")
@@ -45,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "predicted beside measured")
     g.add_argument("--measure-steps", type=count(1, 100), default=2, metavar="N",
                    help="steps measured per strategy, after 3 warm-up steps (default: 2)")
+    add_config_flags(parser, hide=NOT_PLANNED)
 
 
 def worldhuman(ns: argparse.Namespace, cfg) -> int:

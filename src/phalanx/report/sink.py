@@ -1,5 +1,5 @@
 """Where a run's metrics go: `metrics.jsonl` always, and TensorBoard event files in
-`OUT/tb/` when TensorBoard is installed (`pip install 'phalanx[tensorboard]'`). The JSON
+`OUT/tb/` when TensorBoard is installed (`install_command("tensorboard")`). The JSON
 file never depends on TensorBoard; `phalanx report` and the plots read it.
 
 Tags: `train/loss`, `val/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
@@ -32,6 +32,34 @@ def tensorboard_available() -> bool:
     return True
 
 
+def install_command(extra: str) -> str:
+    """How to add Phalanx's optional `extra`: from PyPI, or — for an editable install of
+    a source checkout (pip's direct_url.json says so) — from that checkout."""
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        direct = json.loads(metadata.distribution("phalanx").read_text("direct_url.json")
+                            or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        direct = {}
+    if not direct.get("dir_info", {}).get("editable"):
+        return f"pip install 'phalanx[{extra}]'"
+    checkout = Path(unquote(urlparse(direct.get("url", "")).path) or ".")
+    where = "." if checkout.resolve() == Path.cwd().resolve() else str(checkout)
+    return f"pip install -e '{where}[{extra}]'"
+
+
+def tensorboard_note() -> str | None:
+    """The note for a run without TensorBoard (said once per run, before its progress);
+    None when it is installed."""
+    if tensorboard_available():
+        return None
+    return ("phalanx: note: TensorBoard is not installed, so no OUT/tb/ event files "
+            f"(metrics.jsonl has the same figures); `{install_command('tensorboard')}` "
+            "adds them.")
+
+
 class MetricsSink:
     """Rank 0's writer of `out/metrics.jsonl` and `out/tb/`, opened at the first step it
     logs: what the file holds from that step on belongs to a continuation that was lost
@@ -50,10 +78,6 @@ class MetricsSink:
 
             self.tb = SummaryWriter(log_dir=str(out_dir / "tb"),
                                     purge_step=first_step if kept else None)
-        elif say is not None:
-            say("phalanx: note: TensorBoard is not installed, so no OUT/tb/ event files "
-                "(metrics.jsonl has the same figures); `pip install 'phalanx[tensorboard]'` "
-                "adds them.")
 
     def write(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)

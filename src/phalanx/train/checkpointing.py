@@ -81,8 +81,9 @@ def last_val_loss(out_dir: Path, step: int) -> float | None:
     path = out_dir / "metrics.jsonl"
     if not path.is_file():
         return None
-    losses = [r["val_loss"] for r in read_metrics(path) if "val_loss" in r
-              and isinstance(r.get("step"), int) and r["step"] <= step]
+    losses = [float(r["val_loss"]) for r in read_metrics(path)
+              if type(r.get("val_loss")) in (int, float)  # a torn or odd record: not a loss
+              and type(r.get("step")) is int and r["step"] <= step]
     return losses[-1] if losses else None
 
 

@@ -22,6 +22,7 @@ from phalanx.faults import check_faults
 from phalanx.lifecycle import exit_code
 from phalanx.startup_trace import mark
 from phalanx.options import add_config_flags, resolve
+from phalanx.paths import create_new
 from phalanx.strategies import default_name, spec
 
 
@@ -35,7 +36,7 @@ def prepare_out_dir(path: str) -> Path:
     probe = out / f".phalanx-write-test-{os.getpid()}"  # one per rank: no race
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
+        create_new(probe, "ok")  # O_EXCL: never through a link planted at its name
         probe.unlink()
     except OSError as exc:
         raise UserError(f"`--out` `{path}` is not a writable directory ({exc.strerror}). "
@@ -94,6 +95,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
     from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
     from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
+    from phalanx.train.finish import missing_outputs
 
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if not _own_launcher_checked() and _complete_quietly(cfg, out):
@@ -106,9 +108,15 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
         check_data_fits(cfg, splits)
         resume_from, complete = precheck(cfg, out)
         mark("corpus and checkpoints checked")
-        if complete:
+        missing = missing_outputs(cfg, out) if complete else []
+        if complete and not missing:
             print(f"phalanx: {complete}", flush=True)
             return 0
+        if missing:  # stopped while it wrote them: written again from the last checkpoint
+            print(f"phalanx: the run is complete but {', '.join(missing)} "
+                  f"{'is' if len(missing) == 1 else 'are'} missing: writing "
+                  f"{'it' if len(missing) == 1 else 'them'} from {resume_from.name}.",
+                  flush=True)
         lock.record_holder()
         start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
         verified = {} if resume_from is None else {VERIFIED_ENV: verified_token(resume_from)}
@@ -116,6 +124,10 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
             return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv),
                              verified)
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
+            if precheck(cfg, out)[1] and not missing_outputs(cfg, out):
+                print(f"phalanx: {signal.Signals(exc.signum).name} came after the last "
+                      f"step: the run is complete and every output is written.", flush=True)
+                return 0  # nothing to resume
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
 
 
@@ -221,25 +233,35 @@ def strategy_options(cfg: Config, world: int | None = None) -> dict:
 
 
 def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    """This process's world size as the runtime will see it: torchrun's variables, or
+    SLURM's under a plain `srun` (WORLD_SIZE is not set there — reading only it chose
+    `single` and dropped every DDP option the user gave, while the runtime built DDP)."""
+    from phalanx.envinfo import detect_launch_env
+
+    return detect_launch_env().world_size
 
 
 def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None,
            argv: list[str] | None = None) -> int:
     """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
-    signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM)."""
+    signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).
+    A signal once every step is done does not stop the final outputs (seconds): the
+    run is complete, it writes them and exits 0."""
+    from phalanx.train.agreement import check_agreement
     from phalanx.train.finish import finish, banner
     from phalanx.train.loop import train
 
     with init_run(cfg, threads, out) as run:
         mark("process group up")
+        check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
         if not restart_attempt():  # a restart says so in one line when it resumes
             run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)
-        if result.stopped:
+        if result.stopped and result.state.step < cfg.train.max_steps:
             if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher
                 print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
                       file=sys.stderr, flush=True)
-        else:
-            finish(cfg, run, result, out)  # every rank: sharded weights are gathered
-    return exit_code(result.stopped) if result.stopped else 0  # closing the run waits for rank 0's writing (a barrier)
+            return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)
+        with run.catch_stop_signals():  # a first signal waits for the outputs
+            finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
+    return 0

@@ -10,13 +10,18 @@ import torch
 from phalanx.checkpoint.export import export_weights
 from phalanx.config import Config
 from phalanx.data import ByteTokenizer, TokenSplits
+from phalanx.errors import UserError
+from phalanx.faults import fault_point
 from phalanx.models import build_model
+from phalanx.paths import atomic_write
 from phalanx.report.plots import plot_losses
 from phalanx.report.run_report import build_report
 from phalanx.runtime import Run, derive_seed
 from phalanx.train.loop import TrainResult
+from phalanx.train.checkpointing import last_val_loss
 
-SAMPLE_PROMPT = "def "
+SAMPLE_PROMPT = "def "  # the embedded corpus is Python source
+PROMPT_BYTES = 16  # of the user's own text (see sample_prompt)
 
 
 def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
@@ -31,20 +36,47 @@ def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
             f"{gb} sequences = {gb * m.block_size:,} tokens/step, {t.max_steps} steps")
 
 
-def sample_text(model: torch.nn.Module, cfg: Config, run: Run) -> str:
+def sample_prompt(cfg: Config, splits: TokenSplits | None) -> str:
+    """What the sample starts from: `def ` on the embedded Python corpus; on the user's
+    own text (`--data`), the start of the first whole line of its validation split (up to
+    PROMPT_BYTES), or a newline."""
+    if cfg.data.path is None:
+        return SAMPLE_PROMPT
+    if splits is None:
+        return "\n"
+    lines = bytes(splits.load("val")[:1024]).split(b"\n")
+    line = next((x for x in lines[1:-1] if x.strip()), lines[0])  # not the line cut in two
+    text = line[:PROMPT_BYTES].decode("utf-8", "ignore")
+    return text if text.strip() else "\n"
+
+
+def sample_text(model: torch.nn.Module, cfg: Config, run: Run,
+                splits: TokenSplits | None = None) -> str:
     if cfg.train.sample_tokens <= 0:
         return ""
     tok = ByteTokenizer()
-    prompt = torch.tensor([tok.encode(SAMPLE_PROMPT)], device=run.device)
+    prompt = torch.tensor([tok.encode(sample_prompt(cfg, splits))], device=run.device)
     g = torch.Generator(device=run.device).manual_seed(derive_seed(cfg.train.seed, 0xA11CE))
     model.eval()
     out = model.generate(prompt, cfg.train.sample_tokens, generator=g)
     return tok.decode(out[0].tolist())
 
 
-def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
+def missing_outputs(cfg: Config, out: Path) -> list[str]:
+    """The files `finish` leaves in `out` that are not there (a run stopped while it
+    wrote them): a complete run whose list is not empty writes them again."""
+    names = ["model.safetensors", "config.json", "loss.png", "report.html"]
+    if cfg.train.sample_tokens > 0:
+        names.append("sample.txt")
+    return [name for name in names if not (out / name).is_file()]
+
+
+def finish(cfg: Config, run: Run, result: TrainResult, out: Path,
+           splits: TokenSplits | None = None) -> None:
     """Every rank: gather the weights (a collective when sharded); rank 0 then writes
-    them, samples text from them and plots the losses."""
+    them, samples text from them (prompted from `splits`' validation text) and plots the
+    losses."""
+    fault_point("export", result.state.step)
     weights = run.full_state_dict(result.model)
     if not run.is_main:
         return
@@ -52,16 +84,21 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: Path) -> None:
     model.load_state_dict(weights)
     model.to(run.device)
     export_weights(model, out, {"phalanx": cfg.to_dict()})
-    text = sample_text(model, cfg, run)
+    text = sample_text(model, cfg, run, splits)
     wrote = [out / "model.safetensors", out / "config.json", out / "metrics.jsonl"]
     if text:
-        (out / "sample.txt").write_text(text, encoding="utf-8")
+        atomic_write(out / "sample.txt", text)  # a link there is replaced, not followed
         run.print(f"--- sample ---\n{text}\n--------------")
         wrote.append(out / "sample.txt")
     wrote.append(plot_losses(out / "metrics.jsonl", out / "loss.png"))
-    wrote.append(build_report(out))
+    try:
+        wrote.append(build_report(out))
+    except UserError as exc:  # e.g. `report.html` is a directory: the model is written
+        run.print(f"phalanx: warning: no report page: {exc}")
     wrote += [out / name for name in ("tb", "logs") if (out / name).is_dir()]
-    final = result.val_losses[max(result.val_losses)] if result.val_losses else float("nan")
+    final = (result.val_losses[max(result.val_losses)] if result.val_losses
+             else last_val_loss(out, result.state.step))  # (outputs written again)
+    final = float("nan") if final is None else final
     run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
               f"final val loss {final:.4f} (byte-uniform: 5.5452)\n"
               f"wrote: {', '.join(str(p) + ('/' if p.is_dir() else '') for p in wrote)}")

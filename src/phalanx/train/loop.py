@@ -25,11 +25,13 @@ from phalanx.data.dataset import Recorded
 from phalanx.errors import UserError
 from phalanx.faults import fault_point
 from phalanx.models import build_model
+from phalanx.paths import atomic_write
 from phalanx.precision import Precision
 from phalanx.report.events import warn
 from phalanx.startup_trace import mark
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.run_report import write_environment
+from phalanx.report.sink import tensorboard_note
 from phalanx.runtime import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
@@ -156,6 +158,8 @@ class Logger:
     def __init__(self, run: Run, cfg: Config, out_dir: Path | None, start_step: int) -> None:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
+        if out_dir is not None:  # before the first progress line, once per run
+            run.say_once(tensorboard_note())
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
         self.out_dir, self.spikes = out_dir, SpikeWatch(cfg.train.spike_factor)
         self.writes = out_dir is not None  # through run.log (rank 0 writes)
@@ -263,6 +267,7 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
     if step % t.eval_every == 0 or last:
         record = record or {"step": step}
         run.beat(step, "eval")
+        fault_point("eval", step)
         record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
         result.val_losses[step] = record["val_loss"]
     if record is not None:
@@ -296,7 +301,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: Path | None = Non
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
-        (Path(out_dir) / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        atomic_write(Path(out_dir) / "run_config.json", json.dumps(cfg.to_dict(), indent=2))
         write_environment(run, cfg, Path(out_dir))
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     if samples is not None:

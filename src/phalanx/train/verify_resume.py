@@ -17,16 +17,19 @@ carried over here and lost in a real restart.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
-import shutil
+import sys
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from phalanx.config import Config
+from phalanx.envinfo import under_launcher
 from phalanx.errors import UserError
 from phalanx.options import add_config_flags, resolve
+from phalanx.paths import atomic_write, remove_tree
 
 if TYPE_CHECKING:
     import torch
@@ -113,19 +116,39 @@ def compare(straight, halves: list, ids: tuple[list[int], list[int]], per_step: 
     return [f"{label}: {text}" for label, text in zip(labels, found) if text]
 
 
+PHASES = ("straight", "halves")
+
+
+def scratch_dir(out: str) -> Path:
+    """Where verify-resume trains: beside the run directory `--out`, never in it (the
+    user's checkpoints, logs and metrics stay untouched), on the same file system (every
+    machine of a multi-node job sees it)."""
+    out_path = Path(os.path.abspath(Path(out).expanduser()))  # `--out .` has a name too
+    return out_path.parent / f"{out_path.name}-verify-resume"
+
+
+def clear(root: Path, logs: bool = False) -> None:
+    """Remove what verify-resume writes in `root` (its phases, the verdict; with `logs`
+    the ranks' logs too), then `root` itself if that left it empty."""
+    for name in (*PHASES, VERDICT, *(("logs",) if logs else ())):
+        remove_tree(root / name)  # a link there is unlinked, never followed
+    with contextlib.suppress(OSError):
+        root.rmdir()
+
+
 def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
     from phalanx.train.command import init_run
     from phalanx.train.loop import train
 
     n, half = cfg.train.max_steps, cfg.train.max_steps // 2
-    with init_run(cfg, threads) as run:
+    with init_run(cfg, threads, root) as run:  # a hang report goes there too
         if run.is_main:
-            shutil.rmtree(root, ignore_errors=True)
+            clear(root)
         run.barrier()
         straight_ids: list[int] = []
         resumed_ids: list[int] = []
         run.print(f"verify-resume: {n} steps straight, then {half} + resume + {n - half} "
-                  f"on {run.world_size} rank(s)…")
+                  f"on {run.world_size} rank(s), in {root}/ (not --out)…")
         straight = train(phase_config(cfg, root / "straight", n, "never"), run, splits,
                          root / "straight", samples=straight_ids)
         first = train(phase_config(cfg, root / "halves", half, "never"), run, splits,
@@ -136,16 +159,25 @@ def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
         problems = compare(straight, [first, second], (straight_ids, resumed_ids), per_step,
                            run.strategy.local_optimizer)
         verdicts = run.gather_objects(problems)
-        code = report(run, verdicts, n, len(straight_ids))
+        code = report(run, verdicts, n, len(straight_ids),
+                      (straight.losses[-1:], second.losses[-1:]))
         if run.is_main:
-            (root / VERDICT).write_text(str(code))
+            atomic_write(root / VERDICT, str(code))
     # under Phalanx's launcher the parent reads the verdict; failing ranks would read
     # as a crashed job there
     return 0 if os.environ.get("PHALANX_LAUNCHED") == "1" else code
 
 
-def report(run, verdicts: list[list[str]], steps: int, samples: int) -> int:
+def report(run, verdicts: list[list[str]], steps: int, samples: int,
+           finals: tuple[list[float], list[float]] = ([], [])) -> int:
+    """The verdict on rank 0; `finals`: the last step's loss, straight and resumed —
+    the progress lines above average over windows of steps that differ between the
+    runs (the halves log at N/2), so their figures differ where the steps do not."""
     bad = [(rank, p) for rank, problems in enumerate(verdicts) for p in problems]
+    if finals[0] and finals[1]:
+        run.print(f"compared: step {steps} loss {finals[0][0]!r} straight, "
+                  f"{finals[1][0]!r} resumed (the progress lines above average over "
+                  f"different windows of steps, so they need not match)")
     if not bad:
         run.print(f"PASS: resume is exact — {steps} losses, the {samples} samples per rank and "
                   f"their order, every weight and optimizer tensor are bitwise identical on "
@@ -166,11 +198,19 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"`--max-steps` must be at least 2 to split the run in halves, got "
                         f"{cfg.train.max_steps}.")
     source_files(cfg.data.path)  # `--data` is readable before anything is written
-    root = prepare_out_dir(cfg.train.out) / "verify-resume"
+    root = prepare_out_dir(str(scratch_dir(cfg.train.out)))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(root)))
     splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
     check_data_fits(cfg, splits)
-    code = run_ranks(cfg, "verify-resume", argv,
+    code = run_ranks(cfg, "verify-resume", argv,  # the ranks' logs: root/logs
                      lambda threads: work(cfg, splits, root, threads))
     if code == 0 and (root / VERDICT).is_file():
         code = int((root / VERDICT).read_text())
+    if under_launcher():  # every rank gets here: the launching command cleans up, if any
+        return code
+    if code == 0:
+        clear(root, logs=True)
+    else:
+        print(f"phalanx: verify-resume: its runs and logs are kept in {root}/",
+              file=sys.stderr, flush=True)
     return code
