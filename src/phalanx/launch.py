@@ -167,11 +167,13 @@ def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None
     if nodes is None:  # every store and gloo listen on loopback only
         return LaunchConfig(min_nodes=1, max_nodes=1, run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
                             local_addr="127.0.0.1", rdzv_endpoint="127.0.0.1:0", **common)
+    configs = {"is_host": nodes.is_host, "join_timeout": int(nodes.timeout_s)}
+    if nodes.node_rank is not None:  # named when two launchers claim node rank 0
+        configs["node_rank"] = nodes.node_rank
     return LaunchConfig(min_nodes=nodes.min_nodes, max_nodes=nodes.max_nodes,
                         run_id=nodes.run_id, local_addr=nodes.local_addr,
                         rdzv_endpoint=nodes.endpoint, rdzv_timeout=int(nodes.timeout_s),
-                        rdzv_configs={"is_host": nodes.is_host,
-                                      "join_timeout": int(nodes.timeout_s)}, **common)
+                        rdzv_configs=configs, **common)
 
 
 def workers_env(plan: LaunchPlan) -> dict[str, str]:

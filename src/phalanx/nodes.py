@@ -9,6 +9,7 @@ interface — and gloo uses that address's interface (GLOO_SOCKET_IFNAME).
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
@@ -67,6 +68,17 @@ def route_to(host: str, port: int) -> str:
                         f"machine can reach.") from None
 
 
+def is_local(address: str) -> bool:
+    """Whether `address` is one of this machine's own (a socket can be bound to it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
 def node_plan(d: DistConfig) -> NodePlan | None:
     """None for one machine; else where and how this node joins."""
     low, high = d.node_range()
@@ -80,7 +92,37 @@ def node_plan(d: DistConfig) -> NodePlan | None:
                         f"{socket.gethostname()}. Use an IP address or a name every machine "
                         f"resolves.") from None
     local = route_to(target, port)
-    addresses = interface_addresses()
-    is_host = d.node_rank == 0 if d.node_rank is not None else target in addresses
-    return NodePlan(low, high, f"{target}:{port}", d.rdzv_id, local, addresses.get(local),
-                    is_host, d.node_rank, d.rdzv_timeout_s)
+    at_endpoint = is_local(target)
+    _check_node_rank(d, target, port, local, at_endpoint, high)
+    is_host = d.node_rank == 0 if d.node_rank is not None else at_endpoint
+    return NodePlan(low, high, f"{target}:{port}", d.rdzv_id, local,
+                    interface_addresses().get(local), is_host, d.node_rank, d.rdzv_timeout_s)
+
+
+def _others(high: int) -> str:
+    return "`--node-rank 1`" if high == 2 else f"`--node-rank` 1 .. {high - 1} (one each)"
+
+
+def _check_node_rank(d: DistConfig, target: str, port: int, local: str, at_endpoint: bool,
+                     high: int) -> None:
+    """Node rank 0 serves the rendezvous, so it runs on the endpoint's host and no other
+    node rank does (on a loopback endpoint every node is on this machine: a trial)."""
+    me, given = socket.gethostname(), f"`--rdzv-endpoint {d.rdzv_endpoint}`"
+    if d.node_rank == 0 and not at_endpoint:
+        from phalanx.rendezvous import tell_host
+
+        said = (f"{me} ({local}) was started with `--node-rank 0` too and stopped: two "
+                f"launchers claim node rank 0, which must run on the endpoint's host "
+                f"{target}. Start {me} again with {_others(high)}, and the other host(s) "
+                f"again as they were.")
+        tell_host(target, port, d.rdzv_id, said)  # its launcher stops too, in one line
+        raise UserError(f"`--node-rank 0` on {me} ({local}), but node rank 0 serves the "
+                        f"rendezvous and must run on the endpoint's host {target} ({given}). "
+                        f"Start the host at {target} with `--node-rank 0` and this one with "
+                        f"{_others(high)}.")
+    if d.node_rank and at_endpoint and not ipaddress.ip_address(target).is_loopback:
+        raise UserError(f"`--node-rank {d.node_rank}` on {me}, but {me} holds the endpoint's "
+                        f"address {target} ({given}), where node rank 0 must run: it serves "
+                        f"the rendezvous. Start this host with `--node-rank 0` and the other "
+                        f"host(s) with {_others(high)} (to run several ranks on one machine, "
+                        f"use `--nproc-per-node` instead of several launchers).")

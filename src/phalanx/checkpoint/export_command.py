@@ -4,6 +4,8 @@ from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 from pathlib import Path
 
 from phalanx.errors import UserError
@@ -27,10 +29,7 @@ def _target(out: str, force: bool) -> Path:
         path = path / "model.safetensors"
     if path.suffix != ".safetensors" or not path.stem:
         raise UserError(f"`--out` `{out}` should name a .safetensors file (or a directory).")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create `{path.parent}` for `--out`: {exc.strerror}.") from None
+    _missing_parents(path.parent)  # created only when the export is written
     for existing in (path, path.parent / "config.json"):
         refuse_link(existing, "where `phalanx export` writes",
                     "Remove the link or choose another `--out` (`--force` replaces files; it "
@@ -43,6 +42,46 @@ def _target(out: str, force: bool) -> Path:
             raise UserError(f"`{existing}` already exists; `phalanx export` does not overwrite "
                             f"it silently. Pass `--force`, or choose another `--out`.")
     return path
+
+
+def _missing_parents(parent: Path) -> list[Path]:
+    """The directories of `--out` that do not exist yet, outermost first; a UserError when
+    the nearest one that exists is not a directory."""
+    missing, here = [], parent
+    while not os.path.lexists(here) and here.parent != here:
+        missing.append(here)
+        here = here.parent
+    if not here.is_dir():
+        found = kind(here) if kind(here) != "missing" else "a link to nothing"
+        raise UserError(f"cannot create `{parent}` for `--out`: `{here}` is {found}, not a "
+                        f"directory. Choose another `--out`.")
+    if missing and not os.access(here, os.W_OK | os.X_OK):
+        raise UserError(f"cannot create `{parent}` for `--out`: `{here}` is not writable "
+                        f"here. Choose another `--out`.")
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def _parents_while_writing(parent: Path):
+    """Create the missing directories of `--out`; when the write fails, remove the ones
+    made here (a failed export leaves no empty directories behind)."""
+    made: list[Path] = []
+    try:
+        for directory in _missing_parents(parent):
+            try:
+                directory.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: theirs
+                continue
+            except OSError as exc:
+                raise UserError(f"cannot create `{directory}` for `--out`: "
+                                f"{exc.strerror or exc}.") from None
+            made.append(directory)
+        yield
+    except BaseException:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):  # only if still empty
+                directory.rmdir()
+        raise
 
 
 def _saved_config(checkpoint: Path):
@@ -75,7 +114,9 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     model = build_model(cfg)
     load_checkpoint(checkpoint, model, None)
     try:
-        path = export_weights(model, target.parent, {"phalanx": cfg.to_dict()}, target.name)
+        with _parents_while_writing(target.parent):
+            path = export_weights(model, target.parent, {"phalanx": cfg.to_dict()},
+                                  target.name)
     except (OSError, SafetensorError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
         raise UserError(f"cannot write `{target}`: {reason}.") from None

@@ -1,0 +1,78 @@
+"""A failed `phalanx export` leaves no empty `--out` directories behind (issue 25): the
+directories of `--out` are made only when the weights are written, and those it made are
+removed again when that write fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.cli import main
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_no_checkpoint_creates_no_out_directories(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    out = tmp_path / "new" / "a" / "b" / "model.safetensors"
+    assert main(["export", str(run), "--out", str(out)]) == 2
+    assert "holds no valid checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists(), _tree(tmp_path)
+
+
+def test_an_unreadable_checkpoint_creates_no_out_directories(tmp_path, capsys):
+    step = tmp_path / "run" / "checkpoints" / "step-00000004"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("{not json")
+    out = tmp_path / "new" / "a" / "model.safetensors"
+    assert main(["export", str(step), "--out", str(out)]) == 2
+    assert "cannot be used" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists(), _tree(tmp_path)
+
+
+@pytest.fixture
+def a_checkpoint(monkeypatch, tmp_path):
+    """`export` finds a valid (stand-in) checkpoint of a tiny model."""
+    import phalanx.checkpoint.export_command as command
+    import phalanx.checkpoint.resume as resume
+    import phalanx.checkpoint.store as store
+    from phalanx.config import Config
+
+    cfg = Config()
+    cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size = 1, 2, 16, 8
+    monkeypatch.setattr(resume, "find_checkpoint", lambda source, warn: tmp_path)
+    monkeypatch.setattr(command, "_saved_config", lambda checkpoint: (4, cfg))
+    monkeypatch.setattr(store, "load_checkpoint", lambda *args: None)
+
+
+def test_a_failed_write_removes_the_directories_it_made(tmp_path, capsys, monkeypatch,
+                                                        a_checkpoint):
+    import phalanx.checkpoint.export as export
+
+    def full_disk(model, out_dir, *args):
+        assert out_dir.is_dir()  # made for the write
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "export_weights", full_disk)
+    (tmp_path / "kept").mkdir()
+    out = tmp_path / "kept" / "new" / "a" / "model.safetensors"
+    assert main(["export", "run", "--out", str(out)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not (tmp_path / "kept" / "new").exists() and (tmp_path / "kept").is_dir()
+
+
+def test_a_successful_export_makes_its_directories(tmp_path, capsys, a_checkpoint):
+    out = tmp_path / "new" / "a" / "model.safetensors"
+    assert main(["export", "run", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_file_in_the_way_is_refused_before_the_checkpoint_is_read(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "a" / "model.safetensors"
+    assert main(["export", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot create `{out.parent}` for `--out`: `{tmp_path / 'file'}` is a regular " \
+           f"file, not a directory" in err, err
