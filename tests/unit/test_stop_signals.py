@@ -113,8 +113,8 @@ def test_sigterm_outside_the_loop_unwinds_or_ends_a_process_stuck_in_c():
         def handler(signum, frame):
             raise Terminated()
         terminate_gently(handler, delay_s=0.5)
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)  # (inside: the signal may come at once)
             if sys.argv[1] == "c":
                 ctypes.CDLL(None).system(b"exec sleep 12 </dev/null >/dev/null 2>&1")
             else:
