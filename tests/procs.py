@@ -52,3 +52,17 @@ def wait_for_step(lines, step: int) -> bool:
         if line.startswith("step ") and "/" in words[1] and int(words[1].split("/")[0]) >= step:
             return True
     return False
+
+
+def with_argument(arg: str) -> set[int]:
+    """Every process whose command line holds `arg` (e.g. a run directory)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                words = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if arg.encode() in words:
+                found.add(int(entry.name))
+    return found

@@ -48,7 +48,8 @@ def plan(n: int, seed: int = 0) -> list[Case]:
     rng = random.Random(seed)
     cases = []
     for i in range(n):
-        moment, sig = MOMENTS[i % len(MOMENTS)], (signal.SIGINT, signal.SIGTERM)[i // 8 % 2]
+        moment = MOMENTS[i % len(MOMENTS)]
+        sig = (signal.SIGINT, signal.SIGTERM)[(i + i // len(MOMENTS)) % 2]  # both, per moment
         pause = lambda phase, step: {"PHALANX_FAULT":  # noqa: E731
                                      f"rank=0,step={step},phase={phase},action=pause"}
         if moment == "start-up":
@@ -116,11 +117,13 @@ def stop_once(case: Case, out: Path, corpus: Path, cache: Path) -> Stopped:
     workers = procs.descendants(proc.pid)
     if sent:
         time.sleep(case.delay)
+        workers |= procs.descendants(proc.pid)  # those of a restart, too
         if case.sig == signal.SIGINT:
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group
         else:
             proc.send_signal(signal.SIGTERM)  # e.g. a scheduler stopping the job
     proc.wait(timeout=180)
+    workers |= procs.with_argument(str(out))  # any process of this run still there
     for r in readers:
         r.join(timeout=10)
     return Stopped(proc.returncode, "".join(texts["out"]), "".join(texts["err"]), workers, sent)

@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 
+from phalanx.lifecycle import terminate_gently
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM outside the training loop: unwinds like Ctrl-C's KeyboardInterrupt."""
@@ -22,8 +24,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main() -> int:
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    terminate_gently(_terminate)  # a process stuck in C still ends, 10 s later
     try:
         from phalanx.cli import main as cli_main
 

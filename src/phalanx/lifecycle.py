@@ -94,39 +94,19 @@ class StopSignals:
     def install(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
+        self._watch_wakeup_fd()  # first: a signal arriving from here on is counted
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
             outer = getattr(self._previous[sig], "__self__", None)
             if isinstance(outer, StopSignals) and outer.requested and not self.requested:
                 self.requested, self._first_at = outer.requested, outer._first_at
-        self._watch_wakeup_fd()
         return self
 
     def _watch_wakeup_fd(self) -> None:
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        try:
-            old = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        except ValueError:  # not the main thread of the main interpreter
-            reader.close()
-            writer.close()
-            return
-        self._wakeup = (reader, writer, old)
-        threading.Thread(target=self._count, args=(reader,), daemon=True,
-                         name="phalanx-stop-signals").start()
-
-    def _count(self, reader: socket.socket) -> None:
-        """The wakeup fd's bytes are the numbers of the signals that arrived."""
-        while True:
-            try:
-                data = reader.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum in STOP_SIGNALS:
-                    self._arrived(signum)
+        watched = watch_signals(lambda signum: signum in STOP_SIGNALS and self._arrived(signum),
+                                "phalanx-stop-signals")
+        if watched is not None:
+            self._wakeup = watched
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self._wakeup is None:  # no counting thread: count here
@@ -145,8 +125,83 @@ class StopSignals:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
         if self._wakeup is not None:
-            reader, writer, old = self._wakeup
+            unwatch(self._wakeup)
             self._wakeup = None
-            signal.set_wakeup_fd(old)
-            writer.close()
-            reader.close()
+
+
+def watch_signals(seen, name: str) -> tuple[socket.socket, socket.socket, int] | None:
+    """Call `seen(signum)` from a thread for every signal that reaches a Python handler,
+    as it arrives — also while the main thread is stuck in C, where the handler itself
+    cannot run (CPython's wakeup fd carries each signal's number). The previous wakeup
+    fd comes back with `unwatch`. None where it cannot be set (not the main thread)."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+        old = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        reader.close()
+        writer.close()
+        return None
+    # the thread holds both ends: the writer's descriptor is CPython's wakeup fd, and must
+    # live as long as it is (closed early, its number could be some other file's)
+    threading.Thread(target=_read_signals, args=(reader, seen, writer), daemon=True,
+                     name=name).start()
+    return reader, writer, old
+
+
+def _read_signals(reader: socket.socket, seen, writer: socket.socket) -> None:
+    while True:
+        try:
+            data = reader.recv(64)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            seen(signum)
+
+
+def unwatch(watched: tuple[socket.socket, socket.socket, int]) -> None:
+    reader, writer, old = watched
+    signal.set_wakeup_fd(old)
+    writer.close()
+    reader.close()
+
+
+def _forget_wakeup_fd() -> None:
+    """In a forked child (a DataLoader worker): its signals are its own, not counted by
+    the parent's thread (which the child does not have)."""
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from another thread than the main one
+        pass
+
+
+os.register_at_fork(after_in_child=_forget_wakeup_fd)
+
+
+class _LastResort:
+    """SIGTERM outside the training loop raises `Terminated` (one line, exit 143); if the
+    process is still there `delay_s` later — its main thread stuck in C, where no Python
+    handler runs — it exits 143 at once, as the default action would have."""
+
+    def __init__(self, handler, delay_s: float) -> None:
+        self.handler, self.delay_s = handler, delay_s
+
+    def __call__(self, signum: int) -> None:
+        if signum == signal.SIGTERM:
+            threading.Thread(target=self._later, daemon=True).start()
+
+    def _later(self) -> None:
+        time.sleep(self.delay_s)
+        if signal.getsignal(signal.SIGTERM) is self.handler:  # nobody took it over
+            os._exit(exit_code(signal.SIGTERM))
+
+
+def terminate_gently(handler, delay_s: float = 10.0) -> None:
+    """Install `handler` for SIGTERM (where the default action is in place) with the
+    last resort above. For `phalanx.entry`, before anything heavy is imported."""
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    if watch_signals(_LastResort(handler, delay_s), "phalanx-sigterm") is not None:
+        signal.signal(signal.SIGTERM, handler)

@@ -210,9 +210,7 @@ def replacing(path: str | os.PathLike, mode: int = 0o666):
     try:
         tmp = private / path.name
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, mode & ~umask, follow_symlinks=False)
+        os.chmod(tmp, mode & ~current_umask(), follow_symlinks=False)
         os.replace(tmp, path)
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -228,3 +226,16 @@ def open_append(path: str | os.PathLike, mode: int = 0o666) -> int:
         if exc.errno == errno.ELOOP or os.path.islink(path):
             raise link_error(Path(path), "in the run directory") from None
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, for every thread:
+    a file another thread makes meanwhile would get mode 0666)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

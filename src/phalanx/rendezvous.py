@@ -43,14 +43,18 @@ def bound_store(host: str, port: int, timeout_s: float = 60.0):
         sock.bind((host, port))
         sock.listen(1024)
         port = sock.getsockname()[1]
-        store = dist.TCPStore(host, port, is_master=True, use_libuv=True,
-                              timeout=datetime.timedelta(seconds=timeout_s),
-                              master_listen_fd=sock.fileno())
     except BaseException:
         sock.close()
         raise
-    sock.detach()  # the store owns the descriptor now
-    return store
+    fd = sock.detach()  # handed to the store before it exists: a Ctrl-C arriving just
+    try:  # after its constructor must not close a descriptor the store then owns
+        return dist.TCPStore(host, port, is_master=True, use_libuv=True,
+                             timeout=datetime.timedelta(seconds=timeout_s),
+                             master_listen_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):  # closed by the store already
+            os.close(fd)
+        raise
 
 
 def _create_handler(params):

@@ -213,15 +213,18 @@ class Run:
     @contextlib.contextmanager
     def catch_stop_signals(self):
         """Within this block the first SIGINT/SIGTERM only asks to stop (see
-        `stop_requested`); a second one stops the process at once. Enter it on every rank."""
+        `stop_requested`); another one more than 2 s later stops the process at once.
+        Enter it on every rank. Blocks may nest: a request carries over inwards."""
         from phalanx.lifecycle import StopSignals
 
-        self._stop = StopSignals().install()
+        outer, self._stop = self._stop, StopSignals().install()
         try:
             yield self
         finally:
+            if outer is not None and self._stop.requested and not outer.requested:
+                outer.requested = self._stop.requested  # a request outlives the inner block
             self._stop.restore()
-            self._stop = None
+            self._stop = outer
 
     def stop_requested(self) -> int:
         """The signal number that asked any rank to stop, agreed by all ranks (0: none).

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.paths import atomic_write
 from phalanx.lifecycle import exit_code
 from phalanx.options import add_config_flags, count, resolve, without_flags
 
@@ -36,9 +37,11 @@ _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # fullmatch: no trailing
 _JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 _PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 _PLAIN = re.compile(r"[A-Za-z0-9_./@+,=:%-]+")  # written as is in a #SBATCH line
-# a line break ends the directive (the rest runs as a command); sbatch blanks "packjob" out
-# of a #SBATCH line; SLURM's file pattern reads a backslash as "expand no %j"
-_UNCARRIED = re.compile(r"[\x00-\x1f\x7f\\]|packjob", re.IGNORECASE)
+# a line break ends the directive (the rest runs as a command); sbatch splits a job into
+# components at "packjob"/"hetjob" anywhere in a #SBATCH line (any case); SLURM's file
+# pattern reads a backslash as "expand no %j"
+_UNCARRIED = re.compile(r"[\x00-\x1f\x7f\\]|packjob|hetjob", re.IGNORECASE)
+_COMPONENT = re.compile(r"packjob|hetjob", re.IGNORECASE)
 # flag → takes a value (the rest of the command line goes to `phalanx train`)
 OWN_FLAGS = {"--nodes": True, "--ntasks-per-node": True, "--gpus-per-node": True,
              "--cpus-per-task": True, "--time": True, "--partition": True,
@@ -90,6 +93,11 @@ def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
         raise UserError(f"`--partition {_show(ns.partition)}` is not a SLURM partition name: "
                         f"letters, digits and `_.-`, several separated by commas, e.g. "
                         f"`--partition gpu` or `--partition gpu,gpu-long`.")
+    for flag, value in (("--job-name", ns.job_name), ("--partition", ns.partition or "")):
+        if _COMPONENT.search(value):
+            raise UserError(f"`{flag} {_show(value)}` holds `{_COMPONENT.search(value).group()}`"
+                            f", which sbatch reads in a `#SBATCH` line as the start of another "
+                            f"job component; choose a name without it.")
     return {"time": ns.time, "job_name": ns.job_name, "partition": ns.partition or "",
             "output": _output_pattern(out)}
 
@@ -156,7 +164,7 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"cannot write `{script}` (`--script`): it is {kind(script)}.")
     prepare_out_dir(cfg.train.out)
     try:
-        script.write_text(text)
+        atomic_write(script, text)  # a link planted there is replaced, not followed
     except OSError as exc:
         raise UserError(f"cannot write `{script}` (`--script`): {exc.strerror}.") from None
     if not ns.submit:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from phalanx import cli
+from bad_input_more import round_three, round_three_files
 from phalanx.config import SECTIONS, flag_of
 
 FLOAT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
@@ -220,88 +221,10 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     add("report-missing", ["report", "{d}/nope"], "`{d}/nope` is not a directory")
     add("report-empty", ["report", "{d}/emptydir"], "holds no run: no metrics.jsonl")
     add("report-file", ["report", "{d}/ok.py"], "is not a directory")
-    _round_three(add)
+    round_three(add)
     add("no-verb", [], "the following arguments are required: VERB")
     add("bad-verb", ["trian"], "invalid choice: 'trian'")
     return c
-
-
-def _round_three(add) -> None:
-    """The flags, verbs and refusals of issue 25 (injection, links, reports, encodings)."""
-    for flag, bad, needle in (
-            ("--job-name", "demo\ntouch PWNED", "is not a job name this script can carry"),
-            ("--job-name", "a b", "is not a job name this script can carry"),
-            ("--partition", "gpu\ntouch PWNED", "is not a SLURM partition name"),
-            ("--partition", "gpu;rm", "is not a SLURM partition name"),
-            ("--time", "01:00:00\ntouch PWNED", "is not a SLURM time"),
-            ("--out", "/tmp/r\ntouch PWNED", "holds `\\n`"),
-            ("--out", "/tmp/a\\b", "holds `\\\\`"),
-            ("--out", "/tmp/packjob1", "holds `packjob`")):
-        add(f"slurm{flag}={bad!r}", ["slurm", flag, bad], needle)
-    for name, argv, needle in (
-            ("image-empty", ["--image", ""], "`--image` is empty"),
-            ("image-upper", ["--image", "Reg/Phalanx:1"], "is not an image reference"),
-            ("image-space", ["--image", "a b"], "is not an image reference"),
-            ("pvc-upper", ["--image", "img:1", "--volume-claim", "Runs"],
-             "is not a PersistentVolumeClaim name"),
-            ("pvc-underscore", ["--image", "img:1", "--volume-claim", "my_runs"],
-             "is not a PersistentVolumeClaim name"),
-            ("mount-relative", ["--image", "img:1", "--mount-path", "phalanx"],
-             "is not a directory a volume can be mounted at"),
-            ("mount-root", ["--image", "img:1", "--mount-path", "/"],
-             "is not a directory a volume can be mounted at"),
-            ("cpu-request", ["--image", "img:1", "--cpu-request", "lots"],
-             "is not a Kubernetes quantity"),
-            ("memory-request", ["--image", "img:1", "--memory-request", "8GB"],
-             "is not a Kubernetes quantity")):
-        add(f"k8s-{name}", ["k8s", *argv], needle)
-    for name, argv, needle in (
-            ("not-utf8", ["{d}/notutf8.py"], "is not UTF-8 text"),
-            ("bad-cookie", ["{d}/cookie.py"], "unknown encoding: nope"),
-            ("bom-cookie", ["{d}/bomcookie.py"], "starts with a UTF-8 BOM"),
-            ("ascii-cookie", ["{d}/asciicookie.py"], "is not ascii text"),
-            ("fix-not-utf8", ["--fix", "{d}/notutf8.py"], "is not UTF-8 text")):
-        add(f"lint-{name}", ["lint", *argv], needle)
-    for name, argv, needle in (
-            ("out-dir", ["{run}", "--out", "{w}"], "is a directory; expected a file"),
-            ("out-no-parent", ["{run}", "--out", "{w}/nope/r.html"], "does not exist"),
-            ("out-proc", ["{run}", "--out", "/proc/x.html"], "cannot write the report page"),
-            ("out-under-file", ["{run}", "--out", "{d}/a_file/r.html"], "is not a directory"),
-            ("page-is-dir", ["{d}/htmldir"], "report.html` is a directory")):
-        add(f"report-{name}", ["report", *argv], needle)
-    add("train-link-in-run-dir", ["train", "--out", "{d}/linked"],
-        "environment.json` is a link")
-    add("train-link-checkpoints", ["train", "--out", "{d}/linkedckpt"],
-        "checkpoints` is a link")
-    add("export-force-config-link", ["export", "{run}", "--out", "{d}/cfglink/m.safetensors",
-                                     "--force"], "config.json` is a link")
-    add("train-fault-phase", ["train"], "is malformed",
-        {"PHALANX_FAULT": "rank=0,step=1,phase=export2,action=pause"})
-    add("train-config-nnodes-float", ["train", "--config", "{d}/nnodes.toml"], "nnodes")
-    add("watch-report-dir-proc", ["watch", "--nproc-per-node", "1", "--report-dir", "/proc/x",
-                                  "{d}/ok.py"], "`--report-dir` `/proc/x` cannot be created")
-    for name, spec, needle in (("exits-on-import", "exits_mod:f", "importing `exits_mod` "
-                                "called exit"),
-                               ("exits-in-factory", "factories:exits", "calling `exits()` "
-                                "called exit")):
-        add(f"plan-model-{name}", ["plan", "--model", spec], needle, {"PYTHONPATH": "{d}"},
-            sub=True)
-
-
-def _round_three_files(d: Path) -> None:
-    (d / "notutf8.py").write_bytes(b"x = 1\n\xff\n")
-    (d / "cookie.py").write_bytes(b"# coding: nope\nx = 1\n")
-    (d / "bomcookie.py").write_bytes(b"\xef\xbb\xbf# coding: latin-1\nx = 1\n")
-    (d / "asciicookie.py").write_bytes(b"# coding: ascii\nx = '\xe9'\n")
-    (d / "nnodes.toml").write_text("[dist]\nnnodes = 2.5\n")
-    (d / "exits_mod.py").write_text("import sys\nsys.exit(5)\n")
-    (d / "htmldir").mkdir()
-    (d / "htmldir" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
-    (d / "htmldir" / "report.html").mkdir()
-    for sub, name in (("linked", "environment.json"), ("linkedckpt", "checkpoints"),
-                      ("cfglink", "config.json")):
-        (d / sub).mkdir()
-        (d / sub / name).symlink_to(d / "emptydir")
 
 
 CASES = _cases()
@@ -335,7 +258,7 @@ def files(tmp_path_factory, small_corpus_file, cache_dir):
     (d / "junk").mkdir()
     (d / "junk" / "notes.txt").write_text("hello")
     os.mkfifo(d / "fifo")
-    _round_three_files(d)
+    round_three_files(d)
     for sub, names in (("exists", ["m.safetensors"]), ("withconfig", ["config.json"])):
         (d / sub).mkdir()
         for n in names:

@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from phalanx.paths import current_umask
 from phalanx.errors import UserError
 
 
@@ -39,7 +40,7 @@ class PageFile:
         fd, self._fd = self._fd, None
         try:
             with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), 0o666 & ~_umask())  # as `open` would make it
+                os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # as `open` would make it
                 fh.write(text.encode("utf-8"))
             os.replace(self._tmp, self.path)
         except OSError as exc:
@@ -87,7 +88,7 @@ def write_atomic(path: Path, data: bytes) -> None:
                                suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             fh.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -106,13 +107,3 @@ def _first_up(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it (os.umask would, for all threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022

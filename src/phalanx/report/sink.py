@@ -10,6 +10,7 @@ names, with `/` as written (`eval/accuracy`), else under `train/`.
 from __future__ import annotations
 
 import json
+import shlex
 import math
 import os
 from pathlib import Path
@@ -47,7 +48,7 @@ def install_command(extra: str) -> str:
         return f"pip install 'phalanx[{extra}]'"
     checkout = Path(unquote(urlparse(direct.get("url", "")).path) or ".")
     where = "." if checkout.resolve() == Path.cwd().resolve() else str(checkout)
-    return f"pip install -e '{where}[{extra}]'"
+    return f"pip install -e {shlex.quote(f'{where}[{extra}]')}"  # a path with a quote, too
 
 
 def tensorboard_note() -> str | None:

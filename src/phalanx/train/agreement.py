@@ -29,13 +29,20 @@ if TYPE_CHECKING:
 
 # what may differ between hosts: where each keeps its files, its own place in the job,
 # its cores; the token data itself is compared by size instead of by path
-PER_HOST = {"data.path", "data.cache_dir", "train.out", "train.resume", "dist.node_rank",
-            "dist.rdzv_endpoint", "dist.threads_per_rank", "dist.tee_ranks",
-            "dist.nccl_preset"}
-FLAGS = {f"{section}.{f.name}": f"`{flag_of(f)}`" for section, cls in SECTIONS.items()
-         for f in dataclasses.fields(cls)}
-FLAGS.update({"data.train_tokens": "the training split of `--data` (tokens)",
-              "data.val_tokens": "the validation split of `--data` (tokens)"})
+PER_HOST = frozenset({"data.path", "data.cache_dir", "train.out", "train.resume",
+                      "dist.node_rank", "dist.rdzv_endpoint", "dist.threads_per_rank",
+                      "dist.tee_ranks", "dist.nccl_preset"})
+DATA_SIZES = (("data.train_tokens", "the training split of `--data` (tokens)"),
+              ("data.val_tokens", "the validation split of `--data` (tokens)"))
+
+
+def _flag(key: str) -> str:
+    """`train.lr` → "`--lr`" (the spelling a user typed)."""
+    section, _, name = key.partition(".")
+    for f in dataclasses.fields(SECTIONS[section]) if section in SECTIONS else ():
+        if f.name == name:
+            return f"`{flag_of(f)}`"
+    return dict(DATA_SIZES).get(key, key)
 
 
 def shared_settings(cfg: Config, splits: TokenSplits | None = None) -> dict[str, object]:
@@ -55,7 +62,8 @@ def check_agreement(run: Run, cfg: Config, splits: TokenSplits | None = None) ->
     blob = json.dumps({"host": socket.gethostname(), "settings": mine},
                       sort_keys=True, default=str).encode()
     digest = torch.tensor(list(hashlib.sha256(json.dumps(mine, sort_keys=True, default=str)
-                                               .encode()).digest()), dtype=torch.uint8)
+                                               .encode()).digest()), dtype=torch.uint8,
+                          device=run.device)  # NCCL groups gather device tensors only
     digests = [torch.empty_like(digest) for _ in range(run.world_size)]
     dist.all_gather(digests, digest)
     if all(torch.equal(d, digests[0]) for d in digests):
@@ -65,15 +73,16 @@ def check_agreement(run: Run, cfg: Config, splits: TokenSplits | None = None) ->
 
 
 def _gather_bytes(run: Run, blob: bytes) -> list[bytes]:
-    size = torch.tensor([len(blob)], dtype=torch.int64)
+    size = torch.tensor([len(blob)], dtype=torch.int64, device=run.device)
     sizes = [torch.empty_like(size) for _ in range(run.world_size)]
     dist.all_gather(sizes, size)
     longest = max(int(s) for s in sizes)
     mine = torch.zeros(longest, dtype=torch.uint8)
     mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    mine = mine.to(run.device)
     every = [torch.empty_like(mine) for _ in range(run.world_size)]
     dist.all_gather(every, mine)
-    return [bytes(t[:int(n)].tolist()) for t, n in zip(every, sizes)]
+    return [bytes(t[:int(n)].cpu().tolist()) for t, n in zip(every, sizes)]
 
 
 def disagreement(records: list[dict]) -> str:
@@ -89,7 +98,7 @@ def disagreement(records: list[dict]) -> str:
         for rank, value in enumerate(values):
             groups.setdefault(json.dumps(value, default=str), []).append(rank)
         held = ", ".join(f"{value} on {_who(ranks, records)}" for value, ranks in groups.items())
-        parts.append(f"{FLAGS.get(key, key)} is {held}")
+        parts.append(f"{_flag(key)} is {held}")
     return ("the ranks were started with different settings: " + "; ".join(parts)
             + ". Every host must run the same command and TOML (only paths, `--node-rank` "
               "and threads may differ); start them again with the same settings.")

@@ -36,6 +36,8 @@ def prepare_out_dir(path: str) -> Path:
     probe = out / f".phalanx-write-test-{os.getpid()}"  # one per rank: no race
     try:
         out.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # left by a process SIGKILLed here
+            probe.unlink()  # (unlink removes a link, never what it points to)
         create_new(probe, "ok")  # O_EXCL: never through a link planted at its name
         probe.unlink()
     except OSError as exc:
@@ -141,9 +143,10 @@ def _complete_quietly(cfg: Config, out: Path) -> bool:
     """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
     any error is rank 0's to report, so it means 'no' here.)"""
     from phalanx.train.checkpointing import precheck
+    from phalanx.train.finish import missing_outputs
 
     try:
-        return precheck(cfg, out)[1] is not None
+        return precheck(cfg, out)[1] is not None and not missing_outputs(cfg, out)
     except Exception:  # noqa: BLE001 - rank 0 reports it in one line
         return False
 
@@ -251,7 +254,9 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     from phalanx.train.finish import finish, banner
     from phalanx.train.loop import train
 
-    with init_run(cfg, threads, out) as run:
+    # one stop-signal scope from the process group to the last output: a first signal
+    # before the loop is agreed at its first step; after it, the outputs are still written
+    with init_run(cfg, threads, out) as run, run.catch_stop_signals():
         mark("process group up")
         check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
         if not restart_attempt():  # a restart says so in one line when it resumes
@@ -262,6 +267,5 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
                 print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
                       file=sys.stderr, flush=True)
             return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)
-        with run.catch_stop_signals():  # a first signal waits for the outputs
-            finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
+        finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
     return 0

@@ -3,6 +3,7 @@ a banner, a text sample, `model.safetensors` + `config.json`, and a loss plot.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -68,7 +69,8 @@ def missing_outputs(cfg: Config, out: Path) -> list[str]:
     names = ["model.safetensors", "config.json", "loss.png", "report.html"]
     if cfg.train.sample_tokens > 0:
         names.append("sample.txt")
-    return [name for name in names if not (out / name).is_file()]
+    # (exists: a `report.html` that is a directory was warned about, not rewritten forever)
+    return [name for name in names if not os.path.lexists(out / name)]
 
 
 def finish(cfg: Config, run: Run, result: TrainResult, out: Path,
