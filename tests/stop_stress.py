@@ -57,7 +57,7 @@ def plan(n: int, seed: int = 0) -> list[Case]:
         elif moment == "first step":
             case = Case(moment, sig, "step 1/", 0.0, {}, [])
         elif moment == "mid-step":
-            case = Case(moment, sig, f"step {rng.randint(2, STEPS - 2)}/",
+            case = Case(moment, sig, f"step {rng.randint(2, STEPS - 8)}/",
                         rng.uniform(0, 0.1), {}, [])
         elif moment.startswith("checkpoint"):
             step = rng.choice([8, 16])

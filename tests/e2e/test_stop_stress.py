@@ -1,5 +1,6 @@
 """Ctrl-C / SIGTERM at random moments (issue 25, item 1): each stop exits 130/143 (0 when
-the signal came after the last step: the run is complete and its outputs are written),
+the signal came after the last step — always so for the final export, and for a stop
+that loses the race to the end of a short run: the run is complete, its outputs written),
 prints no traceback, leaves no process, every committed checkpoint verifies, and the
 resumed run ends bit-identical to one that was never interrupted.
 
@@ -42,8 +43,11 @@ def test_a_stop_at_any_moment(case, tmp_path, straight, small_corpus_file, cache
     console = stopped.stdout + stopped.stderr
     assert stopped.sent, f"the moment ({case.trigger!r}) never came:\n{console}"
     assert "Traceback" not in console, console
-    expected = 0 if case.moment == "final export" else 128 + case.sig
+    complete = "came after the last step" in console  # the signal lost the race to the
+    expected = 0 if case.moment == "final export" or complete else 128 + case.sig  # end
     assert stopped.code == expected, console
+    if complete:
+        assert (out / "report.html").is_file() and (out / "model.safetensors").is_file()
     said = [line for line in stopped.stderr.splitlines() + stopped.stdout.splitlines()
             if line.startswith("phalanx: ") and any(w in line for w in STOP_WORDS)]
     assert len(said) == 1, console  # one line says how it ended
