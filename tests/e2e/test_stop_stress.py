@@ -61,3 +61,25 @@ def test_a_stop_at_any_moment(case, tmp_path, straight, small_corpus_file, cache
     weights = load_file(out / "model.safetensors")
     assert weights.keys() == straight.keys()
     assert all(torch.equal(weights[k], straight[k]) for k in weights), "not bit-identical"
+
+
+def test_a_complete_run_missing_its_outputs_writes_them_again(tmp_path, straight,
+                                                              small_corpus_file, cache_dir):
+    """A run cut short while it wrote its outputs (a second signal, a SIGKILL) answered
+    'already complete … nothing written' on resume, so they never appeared."""
+    out = tmp_path / "run"
+    first = subprocess.run(command(out, small_corpus_file, cache_dir), capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    for name in ("report.html", "loss.png", "model.safetensors"):
+        (out / name).unlink()
+    again = subprocess.run(command(out, small_corpus_file, cache_dir), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "is complete but model.safetensors, loss.png, report.html are missing" in again.stdout
+    assert (out / "report.html").is_file() and (out / "loss.png").is_file()
+    weights = load_file(out / "model.safetensors")
+    assert all(torch.equal(weights[k], straight[k]) for k in straight)
+    third = subprocess.run(command(out, small_corpus_file, cache_dir), capture_output=True,
+                           text=True, timeout=300)
+    assert third.returncode == 0 and "already complete" in third.stdout, third.stdout
