@@ -34,6 +34,8 @@ def main() -> int:
     if code in (130, 143):  # stopped: said in one line; leave at once, so that nothing
         _flush()  # at interpreter exit (threads, atexit) can turn it into a traceback or
         os._exit(code)  # exit by the signal instead (seen once in 100 stops: rc -2)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a signal while the interpreter exits
+        signal.signal(sig, signal.SIG_DFL)  # (atexit, finalizers) ends it, no traceback
     return code
 
 
