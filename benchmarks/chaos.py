@@ -170,8 +170,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="phalanx-chaos-") as tmp:
         tmp = Path(tmp)
         corpus, cache = corpus_file(tmp), tmp / "cache"
-        probe = straight_run(tmp / "probe", corpus, cache, 40, 20)  # step time, start-up
-        steps = max(100, int(ns.minutes * 60 / max(probe / 40, 0.02) * 0.6))
+        short = straight_run(tmp / "probe-a", corpus, cache, 40, 20)  # start-up + 40 steps
+        longer = straight_run(tmp / "probe-b", corpus, cache, 240, 20)
+        per_step = max((longer - short) / 200, 1e-3)
+        steps = max(100, int((ns.minutes * 60 - short) / per_step))  # the uninterrupted run
         every = max(10, steps // 40)
         base = straight_run(tmp / "straight", corpus, cache, steps, every)
         chaos = punish(tmp / "chaos", corpus, cache, steps, every, tuple(ns.gap), ns.seed)
