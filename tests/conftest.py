@@ -28,3 +28,14 @@ def small_corpus_file(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A file and a directory outside the run directory, which must stay as they are."""
+    from links import SECRET
+
+    root = tmp_path / "outside"
+    (root / "dir").mkdir(parents=True)
+    (root / "file").write_text(SECRET)
+    return root

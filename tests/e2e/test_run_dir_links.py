@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from links import SECRET
 from phalanx.checkpoint.store import committed
 
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "5", "--eval-batches", "1",
         "--sample-tokens", "0", "--nproc-per-node", "1", "--checkpoint-every", "5",
         "--keep-checkpoints", "2"]
-SECRET = "the outside file's own text\n"
 
 
 def phalanx(*argv: str) -> subprocess.CompletedProcess:
@@ -45,12 +45,6 @@ def refused_naming(proc: subprocess.CompletedProcess, link: Path, target: Path) 
     assert "Remove the link or choose another `--out`" in lines[0], lines[0]
 
 
-@pytest.fixture
-def outside(tmp_path) -> Path:
-    root = tmp_path / "outside"
-    (root / "dir").mkdir(parents=True)
-    (root / "file").write_text(SECRET)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from links import SECRET
 from phalanx.checkpoint.rundir import LOCK, RunDirLock, reconcile
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write, check_run_dir, run_dir_links
 
-SECRET = "the outside file's own text\n"
 
 
-@pytest.fixture
-def outside(tmp_path) -> Path:
-    """A file and a directory outside the run directory, which must stay as they are."""
-    root = tmp_path / "outside"
-    (root / "dir").mkdir(parents=True)
-    (root / "file").write_text(SECRET)
-    return root
 
 
 def untouched(outside: Path) -> bool:
