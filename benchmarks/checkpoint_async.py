@@ -131,7 +131,7 @@ def one_repeat(run, model, opt, step, root: Path, r: int, args, n_bytes: int) ->
 
 def worker(args) -> None:
     import phalanx
-    from phalanx.config import build_config
+    from phalanx.config.sections import build_config
     from phalanx.data.corpus import prepare
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -207,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from phalanx.launch import launch_workers, threads_per_rank
+    from phalanx.launch.agent import launch_workers, threads_per_rank
 
     directory = Path(args.dir or tempfile.mkdtemp(prefix="phalanx-ckpt-bench-", dir="."))
     result = Path(args.result or directory / "result.json")

@@ -32,9 +32,9 @@ def worker(strategy: str, preset: str, out: str) -> None:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     import phalanx
-    from phalanx.config import build_config
+    from phalanx.config.sections import build_config
     from phalanx.models import build_model
-    from phalanx.train.optim import adamw
+    from phalanx.runtime.optim import adamw
 
     with phalanx.init(0, strategy=strategy) as run:
         cfg = build_config({"model": {"preset": preset}})
@@ -111,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for s in STRATEGIES:
             out = Path(tmp) / f"{s}.json"
-            code = ("from phalanx.launch import launch_workers; launch_workers("
+            code = ("from phalanx.launch.agent import launch_workers; launch_workers("
                     f"[{__file__!r}, '--worker', {s!r}, {args.preset!r}, {str(out)!r}], "
                     f"{args.nproc}, threads=1)")
             subprocess.run([sys.executable, "-c", code], check=True,

@@ -24,7 +24,7 @@ def worker(args) -> None:
     import phalanx
     from phalanx.bench import peers
     from phalanx.bench.runner import compare
-    from phalanx.config import build_config
+    from phalanx.config.sections import build_config
     from phalanx.data.corpus import prepare
 
     cfg = build_config({})
@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from phalanx.launch import launch_workers, threads_per_rank
+    from phalanx.launch.agent import launch_workers, threads_per_rank
 
     result = Path(args.result or "/tmp/phalanx-bench-step.json")
     argv = [__file__, "--worker", "--result", str(result), "--repeats", str(args.repeats),

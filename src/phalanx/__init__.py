@@ -17,11 +17,11 @@ __all__ = ["Run", "init", "__version__"]
 def __getattr__(name: str):
     # Lazy: `phalanx --help` and config errors must not pay for `import torch`.
     if name == "Run":
-        from phalanx.runtime import Run
+        from phalanx.runtime.run import Run
 
         return Run
     if name == "init":
-        from phalanx.join import init
+        from phalanx.runtime.join import init
 
         return init
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

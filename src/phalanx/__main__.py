@@ -1,3 +1,3 @@
-from phalanx.entry import main
+from phalanx.cli.entry import main
 
 raise SystemExit(main())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.launch import launch_workers
+from phalanx.launch.agent import launch_workers
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import phalanx
-from phalanx.config import build_config
+from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
 from phalanx.errors import DistributedError
 from phalanx.strategies.ddp import DDPStrategy

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import phalanx
-from phalanx.config import build_config
+from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
 from phalanx.strategies import make_strategy
 from phalanx.train.loop import train

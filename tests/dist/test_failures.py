@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx.errors import DistributedError
-from phalanx.launch import launch_workers
+from phalanx.launch.agent import launch_workers
 
 
 def test_a_crashing_rank_is_named(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from phalanx.guards import fingerprint
+from phalanx.strategies.guards import fingerprint
 
 
 def test_identical_replicas_pass(results):

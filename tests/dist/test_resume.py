@@ -18,7 +18,7 @@ import torch
 import phalanx
 from phalanx.data.corpus import prepare
 from phalanx.data.sampler import ShardedBatchSampler
-from phalanx.launch import launch_workers
+from phalanx.launch.agent import launch_workers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resume_scenarios import HALF, STEPS, train_recorded  # noqa: E402

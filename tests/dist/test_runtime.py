@@ -10,7 +10,7 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 import phalanx
-from phalanx.config import build_config
+from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
 from phalanx.errors import UserError
 from phalanx.train.loop import train

@@ -19,7 +19,7 @@ import torch
 
 import phalanx
 from phalanx.data.corpus import prepare
-from phalanx.launch import launch_workers
+from phalanx.launch.agent import launch_workers
 from phalanx.train.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,6 +1,6 @@
 """Two job steps on one node may derive the same store port from their ids (or another
 program may hold it): the ranks of a plain `srun` step skip a taken port and a store of
-another step, and meet on the next candidate (phalanx.slurm_store).
+another step, and meet on the next candidate (phalanx.cluster.slurm_store).
 
 srun's environment is given to two local processes here (the port logic is Phalanx's;
 SLURM picks no port for it); tests/e2e/test_slurm.py runs the real srun."""
@@ -16,8 +16,8 @@ import sys
 
 import torch.distributed as dist
 
-from phalanx.slurm_env import candidate_ports
-from phalanx.slurm_store import OWNER
+from phalanx.cluster.slurm_env import candidate_ports
+from phalanx.cluster.slurm_store import OWNER
 
 WORKER = """
 import os, phalanx

@@ -20,7 +20,7 @@ import pytest
 
 from phalanx import cli
 from bad_input_more import round_three, round_three_files
-from phalanx.config import SECTIONS, flag_of
+from phalanx.config.sections import SECTIONS, flag_of
 
 FLOAT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
                 if f.type in ("float", "float | None")]

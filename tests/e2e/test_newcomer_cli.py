@@ -122,7 +122,7 @@ def test_a_model_factory_that_exits_is_one_user_error(tmp_path, monkeypatch, cap
 
 
 def test_the_sample_prompt_of_the_embedded_corpus_is_unchanged():
-    from phalanx.config import build_config
+    from phalanx.config.sections import build_config
     from phalanx.train.finish import sample_prompt
 
     assert sample_prompt(build_config({}), None) == "def "

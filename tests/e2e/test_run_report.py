@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from phalanx.report.command import find_browser
+from phalanx.cli.report import find_browser
 from test_fault_tolerance import train
 
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from phalanx.checkpoint.export import load_minigpt
-from phalanx.config import build_config
+from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
 from phalanx.train.finish import sample_prompt
 

@@ -35,10 +35,10 @@ def test_an_unreadable_checkpoint_creates_no_out_directories(tmp_path, capsys):
 @pytest.fixture
 def a_checkpoint(monkeypatch, tmp_path):
     """`export` finds a valid (stand-in) checkpoint of a tiny model."""
-    import phalanx.checkpoint.export_command as command
+    import phalanx.cli.export as command
     import phalanx.checkpoint.resume as resume
     import phalanx.checkpoint.store as store
-    from phalanx.config import Config
+    from phalanx.config.sections import Config
 
     cfg = Config()
     cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size = 1, 2, 16, 8

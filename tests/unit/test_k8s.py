@@ -8,8 +8,8 @@ import json
 import pytest
 
 from phalanx import cli
-from phalanx.envinfo import detect_launch_env, under_launcher
-from phalanx.options import resolve
+from phalanx.cluster.env import detect_launch_env, under_launcher
+from phalanx.config.flags import resolve
 
 
 def render(capsys, *argv: str) -> dict:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx import cli, k8s
-from phalanx.options import resolve
+from phalanx import cli
+from phalanx.cli import k8s
+from phalanx.config.flags import resolve
 
 
 def refused(capsys, tmp_path, *argv: str) -> str:

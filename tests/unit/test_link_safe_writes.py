@@ -167,7 +167,7 @@ def _umask() -> int:
 
 
 def test_export_force_refuses_a_config_json_link(tmp_path, outside):
-    from phalanx.checkpoint.export_command import _target
+    from phalanx.cli.export import _target
 
     out = tmp_path / "w"
     out.mkdir()

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from phalanx.nccl import PRESET_NAMES, apply, preset
+from phalanx.config.nccl import PRESET_NAMES, apply, preset
 
 
 def test_each_preset_sets_documented_variables():

@@ -1,11 +1,11 @@
-"""Naming the rank and host behind gloo's peer address (phalanx.peers)."""
+"""Naming the rank and host behind gloo's peer address (phalanx.cluster.peers)."""
 
 from __future__ import annotations
 
 import pytest
 
 from phalanx.hang.mismatch import peer_lost
-from phalanx.peers import Peers, gather_peers, local_addresses
+from phalanx.cluster.peers import Peers, gather_peers, local_addresses
 
 LO = "127.0.0.1"
 TWO_MACHINES = Peers(("node-a", "node-a", "node-b", "node-b"),

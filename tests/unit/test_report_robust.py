@@ -184,7 +184,7 @@ def test_checkpoints_linked_from_outside_the_run_are_not_followed(tmp_path):
 
 
 def _trainer_run(root: Path) -> Path:
-    from phalanx.config import Config
+    from phalanx.config.sections import Config
 
     run = _run_dir(root, [json.dumps(GOOD), json.dumps({**GOOD, "step": 2, "val_loss": 1.5})])
     (run / "run_config.json").write_text(json.dumps(Config().to_dict()))

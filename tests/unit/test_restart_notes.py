@@ -8,7 +8,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from phalanx.failures import LAST_FAILURE, RestartNotes
+from phalanx.launch.failures import LAST_FAILURE, RestartNotes
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import slurm_store
+from phalanx.cluster import slurm_store
 from phalanx.errors import DistributedError
 
 

@@ -12,7 +12,7 @@ import time
 
 RACE = textwrap.dedent("""
     import os, signal, sys
-    from phalanx.lifecycle import StopSignals
+    from phalanx.cluster.lifecycle import StopSignals
     stop = StopSignals().install()
     both = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, both)
@@ -47,7 +47,7 @@ def test_sigint_and_sigterm_together_raise_nothing():
 
 STUCK = textwrap.dedent("""
     import ctypes, sys
-    from phalanx.lifecycle import StopSignals
+    from phalanx.cluster.lifecycle import StopSignals
     stop = StopSignals().install()
     print("ready", flush=True)
     ctypes.CDLL(None).system(b"exec sleep 12 </dev/null >/dev/null 2>&1")  # in C (waitpid retried on EINTR): no
@@ -86,7 +86,7 @@ def test_a_second_signal_at_once_is_the_same_request():
 def test_a_request_made_before_install_carries_over():
     code = textwrap.dedent("""
         import os, signal, time
-        from phalanx.lifecycle import StopSignals
+        from phalanx.cluster.lifecycle import StopSignals
         outer = StopSignals().install()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
@@ -103,11 +103,11 @@ def test_a_request_made_before_install_carries_over():
 
 
 def test_sigterm_outside_the_loop_unwinds_or_ends_a_process_stuck_in_c():
-    """phalanx.entry's SIGTERM: a Python exception where Python runs (one line, 143);
+    """phalanx.cli.entry's SIGTERM: a Python exception where Python runs (one line, 143);
     where the main thread is stuck in C, the process still ends, `delay_s` later."""
     code = textwrap.dedent("""
         import ctypes, sys
-        from phalanx.lifecycle import terminate_gently
+        from phalanx.cluster.lifecycle import terminate_gently
         class Terminated(Exception):
             pass
         def handler(signum, frame):

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from phalanx.config import STRATEGIES, build_config
+from phalanx.config.sections import STRATEGIES, build_config
 from phalanx.errors import UserError
 from phalanx.strategies import SPECS, default_name, spec
 from phalanx.strategies.blocks import describe, find_blocks
-from phalanx.train.command import check_world, strategy_options
+from phalanx.cli.train import check_world, strategy_options
 
 
 def test_config_choices_are_the_registry():
@@ -22,7 +22,7 @@ def test_config_choices_are_the_registry():
 
 
 def test_specs_import_no_torch():
-    code = ("import sys, phalanx.config, phalanx.strategies; "
+    code = ("import sys, phalanx.config.sections, phalanx.strategies; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx.bench.peers import phalanx
-from phalanx.strategies.specs import DDPOptions, FSDPOptions
+from phalanx.config.strategy import DDPOptions, FSDPOptions
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
     from phalanx.data import TokenWindows
     from phalanx.models import build_model
     from phalanx.train.loop import micro_steps, optimizer_step
-    from phalanx.train.optim import adamw
+    from phalanx.runtime.optim import adamw
 
     t = cfg.train
     with _swapped_strategy(run, strategy, ddp or {}):

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from phalanx.rendezvous import restart_attempt
+from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.checkpoint.safety import UnsafeCheckpoint
 from phalanx.checkpoint.digest import file_digest
 from phalanx.checkpoint.store import (MANIFEST, commit_order, committed_at, read_latest,

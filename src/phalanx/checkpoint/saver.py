@@ -38,7 +38,7 @@ from phalanx.checkpoint.writer import DigestingWriter
 from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
                                       fsync_dir, step_name, step_of, write_synced)
 from phalanx.errors import UserError
-from phalanx.faults import fault_point
+from phalanx.cluster.faults import fault_point
 from phalanx.paths import atomic_write, ensure_dir, remove_tree
 
 ROTATED = ".rotated-"  # a rotated-out checkpoint being deleted (see `rotate`)

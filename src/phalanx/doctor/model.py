@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from phalanx.doctor.checks import Check
 from phalanx.errors import DistributedError, UserError
-from phalanx.guards import check_same, diagnose_devices
+from phalanx.strategies.guards import check_same, diagnose_devices
 
 
 def load_factory(spec: str | None):
@@ -44,7 +44,7 @@ def exited(spec: str, what: str, exc: SystemExit) -> UserError:
 
 
 def _minigpt():
-    from phalanx.config import build_config
+    from phalanx.config.sections import build_config
     from phalanx.models import build_model
 
     cfg = build_config({"model": {"preset": "tiny"}})

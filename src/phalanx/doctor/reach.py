@@ -22,7 +22,7 @@ CONNECT_TIMEOUT_S = 5.0
 def collective_address(backend_var: str = "GLOO_SOCKET_IFNAME") -> tuple[str | None, str]:
     """(address, how it was chosen) — where this rank's collectives will listen; address
     None with the reason when the variable names an interface this machine lacks."""
-    from phalanx.nodes import interface_addresses, route_to
+    from phalanx.cluster.nodes import interface_addresses, route_to
 
     ifname = os.environ.get(backend_var, "").split(",")[0]
     if ifname:

@@ -53,10 +53,10 @@ def main() -> None:
         print(f"phalanx: error: `{script}` is not a file.", file=sys.stderr)
         raise SystemExit(2)
     hang_timeout()
-    from phalanx.lifecycle import die_with_agent
+    from phalanx.cluster.lifecycle import die_with_agent
 
     die_with_agent()
-    from phalanx.ranklogs import log_traceback, quiet_worker
+    from phalanx.cluster.ranklogs import log_traceback, quiet_worker
 
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
     _watch_after_init()

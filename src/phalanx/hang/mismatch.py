@@ -51,7 +51,7 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 def peer_lost(exc: BaseException, rank: int, peers=None) -> DistributedError | None:
     """One line for a collective that failed because another rank went away (its own
     error is the cause, reported by the launcher), or None for any other error. `peers`
-    (phalanx.peers.Peers) names the rank and its host from gloo's peer address."""
+    (phalanx.cluster.peers.Peers) names the rank and its host from gloo's peer address."""
     text = str(exc)
     marker = next((m for m in PEER_LOST if m in text), None)
     if marker is None or not isinstance(exc, RuntimeError):

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.rendezvous import restart_attempt
+from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
 
 HANG_EXIT_CODE = 3

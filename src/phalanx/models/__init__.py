@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from phalanx.models.minigpt import GPTConfig, MiniGPT
 
 if TYPE_CHECKING:
-    from phalanx.config import Config
+    from phalanx.config.sections import Config
 
 
 def gpt_config(cfg: Config) -> GPTConfig:

@@ -21,7 +21,7 @@ COMPARED = {"parameters": ("parameters",), "gradients": ("gradients",),
 
 def measure_locally(cfg, W: int, steps: int, rows: list[dict]) -> dict:
     """{variant: {component: {"predicted", "measured", "ratio"}, "step_s": …}}."""
-    from phalanx.launch import launch_workers, threads_per_rank
+    from phalanx.launch.agent import launch_workers, threads_per_rank
     from phalanx.plan.estimate import VARIANTS
 
     with tempfile.TemporaryDirectory(prefix="phalanx-plan-") as tmp:

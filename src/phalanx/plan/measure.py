@@ -23,7 +23,7 @@ def join(cfg, strategy: str, reshard: bool = True):
     """`phalanx.init` for `strategy` with the config's options; the process group made by
     the first call is reused by the next (a strategy is set up on the same ranks)."""
     import phalanx
-    from phalanx.train.command import strategy_options
+    from phalanx.cli.train import strategy_options
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard
@@ -40,7 +40,7 @@ def measure(run, cfg, steps: int = 3) -> dict:
 
     from phalanx.models import build_model
     from phalanx.train.loop import micro_steps, optimizer_step
-    from phalanx.train.optim import adamw
+    from phalanx.runtime.optim import adamw
 
     t = cfg.train
     gen = torch.Generator().manual_seed(run.rank)
@@ -98,7 +98,7 @@ def worker(spec_path: str) -> int:
     writes, per variant, the rank with the highest peak."""
     import gc
 
-    from phalanx.config import from_dict
+    from phalanx.config.sections import from_dict
 
     spec = json.loads(Path(spec_path).read_text())
     results, first = {}, None

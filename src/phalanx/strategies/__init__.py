@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from phalanx.strategies.specs import SPECS, StrategySpec, default_name, spec
+from phalanx.config.strategy import SPECS, StrategySpec, default_name, spec
 
 if TYPE_CHECKING:
     from phalanx.strategies.base import Strategy
-    from phalanx.topology import Topology
+    from phalanx.strategies.topology import Topology
 
 
 def strategy_class(name: str) -> type[Strategy]:

@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 
 from phalanx.checkpoint import store
-from phalanx.precision import Precision
-from phalanx.strategies.specs import StrategySpec, spec
-from phalanx.topology import Topology
+from phalanx.strategies.precision import Precision
+from phalanx.config.strategy import StrategySpec, spec
+from phalanx.strategies.topology import Topology
 
 
 class Strategy(ABC):
@@ -135,7 +135,7 @@ class Strategy(ABC):
     def check_consistency(self, model: nn.Module) -> None:
         """Raise `DistributedError` naming the first tensor that differs where ranks must
         agree (replicas: every parameter and buffer, bit for bit). A collective."""
-        from phalanx.guards import check_consistency
+        from phalanx.strategies.guards import check_consistency
 
         t = self.topology
         check_consistency(self.unwrap(model), t.device, t.world_size)

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
-from phalanx.precision import Precision
+from phalanx.strategies.precision import Precision
 from phalanx.strategies.base import BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import describe, find_blocks
 
@@ -132,7 +132,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
     def check_consistency(self, model: nn.Module) -> None:
         """Sharded parameters have one copy: each rank must hold the shard its placement
         says, and every rank the same layout; unsharded tensors (buffers) must agree."""
-        from phalanx.guards import check_sharded
+        from phalanx.strategies.guards import check_sharded
 
         t = self.topology
         check_sharded(model, t.device, t.world_size, t.rank)

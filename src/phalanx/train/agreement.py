@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from phalanx.config import SECTIONS, Config, flag_of
+from phalanx.config.sections import SECTIONS, Config, flag_of
 from phalanx.errors import UserError
 
 if TYPE_CHECKING:
     from phalanx.data.corpus import TokenSplits
-    from phalanx.runtime import Run
+    from phalanx.runtime.run import Run
 
 # what may differ between hosts: where each keeps its files, its own place in the job,
 # its cores; the token data itself is compared by size instead of by path

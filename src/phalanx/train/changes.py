@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.config import Config
+from phalanx.config.sections import Config
 from phalanx.errors import UserError
 from phalanx.train.schedule import lr_at
 

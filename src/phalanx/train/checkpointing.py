@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 from phalanx.checkpoint.resume import checkpoints_dir, newest_valid, resolve_resume
 from phalanx.checkpoint.rundir import reconcile
 from phalanx.checkpoint.store import read_sidecar
-from phalanx.config import Config
+from phalanx.config.sections import Config
 from phalanx.errors import UserError
-from phalanx.failures import restart_note
+from phalanx.launch.failures import restart_note
 from phalanx.train.changes import SHAPE_FIELDS, check_compatible
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
 
 if TYPE_CHECKING:
-    from phalanx.runtime import Run
+    from phalanx.runtime.run import Run
     from phalanx.train.loop import TrainState
     from phalanx.train.precision import Precision
 

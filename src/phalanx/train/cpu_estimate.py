@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from phalanx.config import Config
+from phalanx.config.sections import Config
 from phalanx.plan.formulas import minigpt_param_shapes, numel
 
 WARN_ABOVE_S = 5.0  # per step

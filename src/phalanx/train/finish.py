@@ -9,15 +9,15 @@ from pathlib import Path
 import torch
 
 from phalanx.checkpoint.export import export_weights
-from phalanx.config import Config
+from phalanx.config.sections import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.errors import UserError
-from phalanx.faults import fault_point
+from phalanx.cluster.faults import fault_point
 from phalanx.models import build_model
 from phalanx.paths import atomic_write
 from phalanx.report.plots import plot_losses
 from phalanx.report.run_report import build_report
-from phalanx.runtime import Run, derive_seed
+from phalanx.runtime.run import Run, derive_seed
 from phalanx.train.loop import TrainResult
 from phalanx.train.checkpointing import last_val_loss
 

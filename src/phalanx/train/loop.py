@@ -19,23 +19,23 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
-from phalanx.config import Config
+from phalanx.config.sections import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
 from phalanx.errors import UserError
-from phalanx.faults import fault_point
+from phalanx.cluster.faults import fault_point
 from phalanx.models import build_model
 from phalanx.paths import atomic_write
-from phalanx.precision import Precision
+from phalanx.strategies.precision import Precision
 from phalanx.report.events import warn
-from phalanx.startup_trace import mark
+from phalanx.cluster.startup_trace import mark
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.run_report import write_environment
 from phalanx.report.sink import tensorboard_note
-from phalanx.runtime import Accumulator, Run
+from phalanx.runtime.run import Accumulator, Run
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
-from phalanx.train.optim import adamw
+from phalanx.runtime.optim import adamw
 from phalanx.train.watchers import SpikeWatch, StragglerWatch
 from phalanx.train.schedule import lr_at
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import signal
 
-from phalanx.rendezvous import restart_attempt
+from phalanx.cluster.rendezvous import restart_attempt
 
 from phalanx.errors import UserError
 

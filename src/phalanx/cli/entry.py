@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from phalanx.lifecycle import terminate_gently
+from phalanx.cluster.lifecycle import terminate_gently
 
 
 class Terminated(KeyboardInterrupt):
@@ -26,7 +26,7 @@ def _terminate(signum: int, frame: object) -> None:
 def main() -> int:
     terminate_gently(_terminate)  # a process stuck in C still ends, 10 s later
     try:
-        from phalanx.cli import main as cli_main
+        from phalanx.cli.dispatch import main as cli_main
 
         code = cli_main()
     except KeyboardInterrupt as exc:

@@ -1,7 +1,7 @@
 """More than one machine: where this node meets the others, and which of its addresses
 and interfaces the job uses (torch's elastic agent does the rendezvous itself).
 
-One node binds everything to loopback (see phalanx.rendezvous); several nodes bind to
+One node binds everything to loopback (see phalanx.cluster.rendezvous); several nodes bind to
 the address this machine uses to reach the rendezvous endpoint — not to every
 interface — and gloo uses that address's interface (GLOO_SOCKET_IFNAME).
 """
@@ -14,7 +14,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from phalanx.config import DistConfig, endpoint
+from phalanx.config.sections import DistConfig, endpoint
 from phalanx.errors import UserError
 
 SIOCGIFADDR = 0x8915
@@ -109,7 +109,7 @@ def _check_node_rank(d: DistConfig, target: str, port: int, local: str, at_endpo
     node rank does (on a loopback endpoint every node is on this machine: a trial)."""
     me, given = socket.gethostname(), f"`--rdzv-endpoint {d.rdzv_endpoint}`"
     if d.node_rank == 0 and not at_endpoint:
-        from phalanx.rendezvous import tell_host
+        from phalanx.cluster.rendezvous import tell_host
 
         said = (f"{me} ({local}) was started with `--node-rank 0` too and stopped: two "
                 f"launchers claim node rank 0, which must run on the endpoint's host "

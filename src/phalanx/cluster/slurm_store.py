@@ -23,7 +23,7 @@ import threading
 import time
 
 from phalanx.errors import DistributedError
-from phalanx.slurm_env import candidate_ports, expand_nodelist, step_id
+from phalanx.cluster.slurm_env import candidate_ports, expand_nodelist, step_id
 
 OWNER = "phalanx/slurm-step"
 PROBE_S = 2.0  # how long a task waits on one candidate before it tries the next
@@ -78,7 +78,7 @@ def _resolve(host: str) -> str:
 
 
 def _serve(host: str, address: str, ports: list[int], timeout, me: str):
-    from phalanx.rendezvous import bound_store
+    from phalanx.cluster.rendezvous import bound_store
 
     busy = []
     for port in ports:

@@ -43,7 +43,7 @@ class Peers:
 
 def local_addresses() -> frozenset[str]:
     """This machine's IPv4 addresses (loopback included: ranks of one machine meet there)."""
-    from phalanx.nodes import interface_addresses
+    from phalanx.cluster.nodes import interface_addresses
 
     try:
         return frozenset(interface_addresses())

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write
-from phalanx.lifecycle import exit_code
-from phalanx.options import add_config_flags, count, resolve, without_flags
+from phalanx.cluster.lifecycle import exit_code
+from phalanx.config.flags import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
@@ -151,7 +151,7 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.train.command import prepare_out_dir
+    from phalanx.cli.train import prepare_out_dir
 
     from phalanx.paths import kind
 

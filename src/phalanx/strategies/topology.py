@@ -28,7 +28,7 @@ class Topology:
     dp_rank: int
     dp_size: int
     mesh: Any = None  # a 1-D DeviceMesh named "dp" over the world, when a strategy needs one
-    peers: Any = None  # a phalanx.peers.Peers: each rank's host, for errors that name it
+    peers: Any = None  # a phalanx.cluster.peers.Peers: each rank's host, for errors that name it
 
     def __post_init__(self) -> None:
         if not (0 <= self.rank < self.world_size and 0 <= self.dp_rank < self.dp_size

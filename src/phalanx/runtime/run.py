@@ -1,6 +1,6 @@
 """`Run`: one object per process — the job's topology, its strategy — and the public
 API for training on it (setup, loader, accumulate, clip, collectives, save/load, guards).
-`phalanx.init()` (see `phalanx.join`) builds it; every strategy-specific step passes
+`phalanx.init()` (see `phalanx.runtime.join`) builds it; every strategy-specific step passes
 through to `run.strategy`.
 """
 
@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.errors import UserError, record_for_agent
-from phalanx.accumulate import Accumulator
-from phalanx.precision import Precision
+from phalanx.runtime.accumulate import Accumulator
+from phalanx.strategies.precision import Precision
 from phalanx.strategies.base import Strategy
-from phalanx.topology import Topology
+from phalanx.strategies.topology import Topology
 
 
 def derive_seed(*parts: int) -> int:
@@ -192,7 +192,7 @@ class Run:
         """Every parameter, buffer and batch tensor that is not on `run.device`, one line
         each (empty when all are in place): for "Expected all tensors to be on the same
         device" errors. Local, no collective."""
-        from phalanx.guards import diagnose_devices
+        from phalanx.strategies.guards import diagnose_devices
 
         return diagnose_devices(self.unwrap(model), self.device, batch)
 
@@ -215,7 +215,7 @@ class Run:
         """Within this block the first SIGINT/SIGTERM only asks to stop (see
         `stop_requested`); another one more than 2 s later stops the process at once.
         Enter it on every rank. Blocks may nest: a request carries over inwards."""
-        from phalanx.lifecycle import StopSignals
+        from phalanx.cluster.lifecycle import StopSignals
 
         outer, self._stop = self._stop, StopSignals().install()
         try:

@@ -5,10 +5,10 @@ Phalanx does not spawn processes or run a rendezvous itself. A `LaunchPlan` — 
 per node, the nodes and where they meet, threads per rank, restarts, and the variables
 the workers get — is made once from the `[dist]` config; `launch_workers` fills in torch's
 `LaunchConfig` (c10d rendezvous: on 127.0.0.1 for one node, its stores bound to loopback
-only, see phalanx.rendezvous) and hands the worker command line to `elastic_launch`.
+only, see phalanx.cluster.rendezvous) and hands the worker command line to `elastic_launch`.
 Each worker re-enters the same CLI verb, finds the agent's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, ...) and becomes a rank. What a failed job reports is built in
-phalanx.failures.
+phalanx.launch.failures.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from phalanx.envinfo import usable_cores, under_launcher
+from phalanx.cluster.env import usable_cores, under_launcher
 from phalanx.errors import Interrupted
-from phalanx.rendezvous import ROUND
-from phalanx.startup_trace import mark
+from phalanx.cluster.rendezvous import ROUND
+from phalanx.cluster.startup_trace import mark
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class LaunchPlan:
     nproc: int  # ranks on this node
     threads: int  # torch threads per rank
     max_restarts: int = 0
-    nodes: object | None = None  # a phalanx.nodes.NodePlan; None: this machine only
+    nodes: object | None = None  # a phalanx.cluster.nodes.NodePlan; None: this machine only
     env: dict[str, str] = field(default_factory=dict)  # for the workers only
     notes: tuple[str, ...] = ()  # what the launcher says before it starts them
 
@@ -52,7 +52,7 @@ def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
     """The launch of a `DistConfig`: `--nproc-per-node` (default: one per GPU, else per
     usable core), the nodes (`--nnodes`, `--rdzv-endpoint`, …), `--threads-per-rank`,
     `--max-restarts`, `--debug-collectives`."""
-    from phalanx.nodes import node_plan
+    from phalanx.cluster.nodes import node_plan
 
     nproc = dist.nproc_per_node or default_nproc()
     nodes = node_plan(dist)
@@ -79,7 +79,7 @@ def nccl_preset(dist, ifname: str | None, env: dict[str, str]) -> list[str]:
     """`--nccl-preset`'s variables into `env`; the lines that say what each does."""
     import torch
 
-    from phalanx import nccl
+    from phalanx.config import nccl
 
     uses_nccl = dist.backend == "nccl" or (dist.backend == "auto" and
                                            torch.cuda.is_available())
@@ -160,7 +160,7 @@ def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    from phalanx.rendezvous import register
+    from phalanx.cluster.rendezvous import register
 
     common = dict(nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
                   monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
@@ -222,8 +222,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from phalanx.failures import RestartNotes, job_failed, unexplained_traceback
-    from phalanx.ranklogs import LOGS_ENV
+    from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
+    from phalanx.cluster.ranklogs import LOGS_ENV
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards

@@ -87,7 +87,7 @@ def _parents_while_writing(parent: Path):
 def _saved_config(checkpoint: Path):
     """The checkpoint's step and config from its sidecar, or a UserError saying why not."""
     from phalanx.checkpoint.store import read_sidecar
-    from phalanx.config import from_dict
+    from phalanx.config.sections import from_dict
 
     try:
         meta = read_sidecar(checkpoint)["meta"]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.options import add_launch_flags, dist_config, seconds
+from phalanx.config.flags import add_launch_flags, dist_config, seconds
 from phalanx.paths import require_file
 
 SUMMARY = ("Run your own training script on N local ranks with the hang watchdog "
@@ -63,8 +63,8 @@ def make_report_dir(given: str | None) -> Path:
 
 
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.launch import launch_or_work
-    from phalanx.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import launch_or_work
+    from phalanx.cluster.ranklogs import LOGS_ENV
 
     check_script(ns.script)
     dist = dist_config(ns)

@@ -10,7 +10,7 @@ import contextlib
 import os
 import time
 
-from phalanx.options import add_launch_flags, dist_config, seconds
+from phalanx.config.flags import add_launch_flags, dist_config, seconds
 from phalanx.strategies import SPECS, default_name, spec
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
@@ -31,9 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
-    """Launched as `phalanx train` is (phalanx.launch); rank 0's verdict comes back in a
+    """Launched as `phalanx train` is (phalanx.launch.agent); rank 0's verdict comes back in a
     file, as the workers exit 0 so that the agent does not restart them."""
-    from phalanx.launch import launch_or_work
+    from phalanx.launch.agent import launch_or_work
 
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
     code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],

@@ -100,7 +100,7 @@ def candidate_ports(environ: dict) -> list[int]:
     reserved for this step: no other step on the node has them. Otherwise ports derived
     from the job and step ids — two jobs sharing a node can derive the same one, so rank 0
     takes the first free candidate and the others find it by the step's id
-    (`phalanx.slurm_store`).
+    (`phalanx.cluster.slurm_store`).
     """
     reserved = _port_list(environ.get("SLURM_STEP_RESV_PORTS", ""))
     if reserved:

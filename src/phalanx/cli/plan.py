@@ -10,7 +10,7 @@ import json
 import sys
 
 from phalanx.errors import UserError
-from phalanx.options import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
 from phalanx.plan import estimate, timing
 from phalanx.plan.devices import GPUS, busbw_from, device, human
 
@@ -57,7 +57,7 @@ def worldhuman(ns: argparse.Namespace, cfg) -> int:
         return ns.world_size
     if cfg.dist.nproc_per_node:
         return cfg.dist.nproc_per_node * cfg.dist.node_range()[1]
-    from phalanx.launch import default_nproc
+    from phalanx.launch.agent import default_nproc
 
     return default_nproc()
 

@@ -22,7 +22,7 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
     a `UserError` with the first rank's message when the cause is a usage error (exit 2),
     else a `DistributedError` naming the ranks — and `host`, the machine they ran on,
     when the job spans several. `reports`: where crash records are (phalanx.hang.crash);
-    `logs`: where the ranks' logs are (phalanx.ranklogs), named for the failed ranks."""
+    `logs`: where the ranks' logs are (phalanx.cluster.ranklogs), named for the failed ranks."""
     culprits, victims, stopped = _blame(failures)
     user = [r for r in culprits if failures[r].exitcode == 2]
     if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
@@ -44,7 +44,7 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
 
 def _logs_of(ranks: list[int], logs: str | None) -> str:
     """` Full output: out/logs/rank-1.log.` (the logs of the ranks that failed)."""
-    from phalanx.ranklogs import log_path
+    from phalanx.cluster.ranklogs import log_path
 
     paths = [log_path(logs, r) for r in ranks] if logs else []
     paths = [p for p in paths if p.is_file()]
@@ -219,7 +219,7 @@ def _failures_being_logged() -> dict | None:
 def restart_note() -> str | None:
     """In a restarted worker: `restart 1 of at most 3 after rank 1 was killed by SIGKILL`
     (None on a job's first attempt)."""
-    from phalanx.rendezvous import restart_attempt
+    from phalanx.cluster.rendezvous import restart_attempt
 
     attempt = restart_attempt()
     if not attempt:

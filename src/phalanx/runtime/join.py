@@ -22,13 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.envinfo import LaunchEnv, detect_launch_env, usable_cores
+from phalanx.cluster.env import LaunchEnv, detect_launch_env, usable_cores
 from phalanx.errors import DistributedError, UserError
-from phalanx.rendezvous import attempt_store
-from phalanx.runtime import Run, derive_seed
-from phalanx.startup_trace import mark
+from phalanx.cluster.rendezvous import attempt_store
+from phalanx.runtime.run import Run, derive_seed
+from phalanx.cluster.startup_trace import mark
 from phalanx.strategies import default_name, spec, strategy_class
-from phalanx.topology import data_parallel
+from phalanx.strategies.topology import data_parallel
 
 
 def _pick_device(env: LaunchEnv, backend: str) -> torch.device:
@@ -72,7 +72,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     env = detect_launch_env()
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
         os.environ.setdefault(name, value)
-    from phalanx.lifecycle import die_with_agent
+    from phalanx.cluster.lifecycle import die_with_agent
 
     die_with_agent()
     backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
@@ -91,7 +91,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
                                     timeout=timeout, store=_store(env, timeout))
     found = spec(strategy or default_name(env.world_size))
     options = found.make_options(**strategy_options)
-    from phalanx.peers import gather_peers
+    from phalanx.cluster.peers import gather_peers
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
@@ -118,10 +118,10 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
 
 def _store(env, timeout: datetime.timedelta):
     """The agent's store (one key space per restart), the store a plain `srun` step meets
-    on (its port found, not assumed: phalanx.slurm_store), or None: torch's env://."""
+    on (its port found, not assumed: phalanx.cluster.slurm_store), or None: torch's env://."""
     store = attempt_store(env.world_size, timeout)
     if store is None and env.launcher == "slurm" and env.rendezvous:
-        from phalanx.slurm_store import srun_store
+        from phalanx.cluster.slurm_store import srun_store
 
         store = srun_store(env.rank, env.world_size, timeout)
     return store

@@ -12,16 +12,16 @@ import signal
 import sys
 from pathlib import Path
 
-from phalanx.rendezvous import restart_attempt
-from phalanx.config import Config
+from phalanx.cluster.rendezvous import restart_attempt
+from phalanx.config.sections import Config
 from phalanx.checkpoint.rundir import remove_if_unused
 from phalanx.data.corpus import TokenSplits, prepare, source_files
-from phalanx.envinfo import under_launcher
+from phalanx.cluster.env import under_launcher
 from phalanx.errors import Interrupted, UserError, storage_errors
-from phalanx.faults import check_faults
-from phalanx.lifecycle import exit_code
-from phalanx.startup_trace import mark
-from phalanx.options import add_config_flags, resolve
+from phalanx.cluster.faults import check_faults
+from phalanx.cluster.lifecycle import exit_code
+from phalanx.cluster.startup_trace import mark
+from phalanx.config.flags import add_config_flags, resolve
 from phalanx.paths import create_new
 from phalanx.strategies import default_name, spec
 
@@ -170,10 +170,10 @@ def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
 
 def run_ranks(cfg: Config, verb: str, argv: list[str], work,
               env: dict[str, str] | None = None) -> int:
-    """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.launch_or_work), after
+    """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
     the checks that need the world size (`check_world`); `env`: more for the workers."""
-    from phalanx.launch import launch_or_work
-    from phalanx.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import launch_or_work
+    from phalanx.cluster.ranklogs import LOGS_ENV
 
     def check(plan) -> None:
         import torch
@@ -239,7 +239,7 @@ def _world() -> int:
     """This process's world size as the runtime will see it: torchrun's variables, or
     SLURM's under a plain `srun` (WORLD_SIZE is not set there — reading only it chose
     `single` and dropped every DDP option the user gave, while the runtime built DDP)."""
-    from phalanx.envinfo import detect_launch_env
+    from phalanx.cluster.env import detect_launch_env
 
     return detect_launch_env().world_size
 

@@ -16,7 +16,7 @@ import sys
 import typing
 from typing import Any
 
-from phalanx.config import SECTIONS, Config, build_config, flag_of
+from phalanx.config.sections import SECTIONS, Config, build_config, flag_of
 from phalanx.errors import UserError
 from phalanx.paths import require_file
 
@@ -65,7 +65,7 @@ LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv
 def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = ()) -> None:
     """The `[dist]` flags that say where ranks run (`--nproc-per-node`, `--nnodes`, …),
     for verbs without a training config (doctor, watch); read back with `dist_config`."""
-    from phalanx.config import DistConfig
+    from phalanx.config.sections import DistConfig
 
     group = parser.add_argument_group("launch options")
     for f in dataclasses.fields(DistConfig):
@@ -173,7 +173,7 @@ def _suggest(word: str, options: Any) -> str:
 def resolve(ns: argparse.Namespace) -> Config:
     """Kubeflow operator's variables (in a PyTorchJob pod), then the TOML file (if any),
     then the command-line flags, validated once."""
-    from phalanx.k8s import operator_dist
+    from phalanx.cli.k8s import operator_dist
 
     merged: dict[str, dict[str, Any]] = {"dist": operator_dist(dict(os.environ))}
     for section, values in (load_toml(ns.config) if getattr(ns, "config", None) else

@@ -200,7 +200,7 @@ class _LastResort:
 
 def terminate_gently(handler, delay_s: float = 10.0) -> None:
     """Install `handler` for SIGTERM (where the default action is in place) with the
-    last resort above. For `phalanx.entry`, before anything heavy is imported."""
+    last resort above. For `phalanx.cli.entry`, before anything heavy is imported."""
     if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return
     if watch_signals(_LastResort(handler, delay_s), "phalanx-sigterm") is not None:

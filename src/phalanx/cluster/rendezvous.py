@@ -15,7 +15,7 @@ Workers reach the agent's store through `attempt_store`, one key space per resta
 What goes wrong while machines meet is one line naming the host and the endpoint, not
 torch's traceback: a port another launcher holds (`_serve`), a timeout with how many
 nodes arrived (`_give_up`), a store that went away (`_lost`), and a node refused before
-it joined (a second node rank 0, phalanx.nodes) — it leaves a note in the store
+it joined (a second node rank 0, phalanx.cluster.nodes) — it leaves a note in the store
 (`tell_host`), so the nodes waiting there stop at once with its cause (`_backend`).
 """
 

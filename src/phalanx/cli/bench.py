@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from phalanx.errors import Interrupted, UserError
-from phalanx.options import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
            "where the time goes; scaling.")
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.envinfo import under_launcher
+    from phalanx.cluster.env import under_launcher
 
     if under_launcher():
         return worker(json.loads(os.environ["PHALANX_BENCH_PHASE"]))
@@ -58,9 +58,9 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
 def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
     from phalanx.bench.peers import PEERS
-    from phalanx.launch import plan_launch
+    from phalanx.launch.agent import plan_launch
     from phalanx.data.corpus import source_files
-    from phalanx.train.command import prepare_out_dir
+    from phalanx.cli.train import prepare_out_dir
 
     cfg = resolve(ns)
     source_files(cfg.data.path)  # `--data` is readable before anything is written
@@ -100,8 +100,8 @@ def _partial(out: Path, signum: int) -> str:
 
 
 def _phase(spec: dict, plan, result: Path) -> dict:
-    from phalanx.launch import start_workers
-    from phalanx.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import start_workers
+    from phalanx.cluster.ranklogs import LOGS_ENV
 
     result.unlink(missing_ok=True)
     phase = json.dumps({**spec, "result": str(result)})
@@ -115,9 +115,9 @@ def _phase(spec: dict, plan, result: Path) -> dict:
 def worker(spec: dict) -> int:
     import phalanx
     from phalanx.bench import defaults, peers, runner, scaling
-    from phalanx.config import from_dict
+    from phalanx.config.sections import from_dict
     from phalanx.data.corpus import prepare
-    from phalanx.train.command import strategy_options
+    from phalanx.cli.train import strategy_options
 
     cfg = from_dict(spec["config"])
     tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")

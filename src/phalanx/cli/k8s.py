@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import UserError
-from phalanx.options import add_config_flags, count, resolve, without_flags
+from phalanx.config.flags import add_config_flags, count, resolve, without_flags
 
 SUMMARY = "Render a Kubeflow PyTorchJob manifest that runs `phalanx train` on N nodes."
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")  # a DNS-1123 label, room for suffixes
@@ -49,7 +49,7 @@ OWN_FLAGS = {"--nodes": True, "--image": True, "--name": True, "--gpus-per-node"
 def operator_dist(environ: dict) -> dict[str, Any]:
     """`[dist]` values from the operator's variables (lowest precedence: a TOML file or a
     flag overrides them)."""
-    from phalanx.envinfo import operator_pod
+    from phalanx.cluster.env import operator_pod
 
     if not operator_pod(environ) or "TORCHELASTIC_RUN_ID" in environ:
         return {}

@@ -9,20 +9,20 @@ import sys
 from phalanx import __version__
 from phalanx.errors import (DistributedError, Interrupted, UserError, record_for_agent,
                             storage_errors)
-from phalanx.entry import interrupted
-from phalanx.lifecycle import die_with_agent
-from phalanx.ranklogs import log_traceback, quiet_worker
-from phalanx.bench import command as bench_command
-from phalanx.checkpoint import export_command
-from phalanx.doctor import command as doctor_command
-from phalanx.hang import command as watch_command
-from phalanx.plan import command as plan_command
-from phalanx.report import command as report_command
-from phalanx.lint import command as lint_command
-from phalanx import k8s, slurm_script
-from phalanx.train import command as train_command
-from phalanx.train import verify_resume
-from phalanx.startup_trace import mark, process_started
+from phalanx.cli.entry import interrupted
+from phalanx.cluster.lifecycle import die_with_agent
+from phalanx.cluster.ranklogs import log_traceback, quiet_worker
+from phalanx.cli import bench as bench_command
+from phalanx.cli import export as export_command
+from phalanx.cli import doctor as doctor_command
+from phalanx.cli import watch as watch_command
+from phalanx.cli import plan as plan_command
+from phalanx.cli import report as report_command
+from phalanx.cli import lint as lint_command
+from phalanx.cli import k8s, slurm as slurm_script
+from phalanx.cli import train as train_command
+from phalanx.cli import verify_resume
+from phalanx.cluster.startup_trace import mark, process_started
 
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,
@@ -106,7 +106,7 @@ def _main(argv: list[str] | None) -> int:
     except Interrupted as exc:
         print(f"phalanx: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
-    except KeyboardInterrupt as exc:  # Ctrl-C outside the training loop (phalanx.entry)
+    except KeyboardInterrupt as exc:  # Ctrl-C outside the training loop (phalanx.cli.entry)
         return interrupted(exc)
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
         record_for_agent(exc)  # (the launcher shows it once; the rank's log holds it)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from phalanx.config import Config
-from phalanx.envinfo import under_launcher
+from phalanx.config.sections import Config
+from phalanx.cluster.env import under_launcher
 from phalanx.errors import UserError
-from phalanx.options import add_config_flags, resolve
+from phalanx.config.flags import add_config_flags, resolve
 from phalanx.paths import atomic_write, remove_tree
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def clear(root: Path, logs: bool = False) -> None:
 
 
 def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
-    from phalanx.train.command import init_run
+    from phalanx.cli.train import init_run
     from phalanx.train.loop import train
 
     n, half = cfg.train.max_steps, cfg.train.max_steps // 2
@@ -191,7 +191,7 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int,
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.data.corpus import prepare, source_files
-    from phalanx.train.command import check_data_fits, prepare_out_dir, run_ranks
+    from phalanx.cli.train import check_data_fits, prepare_out_dir, run_ranks
 
     cfg = resolve(ns)
     if cfg.train.max_steps < 2:

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.errors import UserError
-from phalanx.nccl import PRESET_NAMES
-from phalanx.strategies.specs import GRAD_SYNC, SPECS, default_name, foreign_options
+from phalanx.config.nccl import PRESET_NAMES
+from phalanx.config.strategy import GRAD_SYNC, SPECS, default_name, foreign_options
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = tuple(SPECS)
