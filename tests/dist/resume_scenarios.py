@@ -20,7 +20,7 @@ from phalanx.config.sections import build_config
 from phalanx.data.corpus import TokenSplits
 from phalanx.strategies.ddp import DDPStrategy
 from phalanx.config.strategy import DDPOptions
-from phalanx.cli.train import strategy_options
+from phalanx.train.worker import strategy_options
 from phalanx.train.loop import train
 
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.1}

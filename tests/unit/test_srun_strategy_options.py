@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from phalanx.cli import build_parser, parse
 from phalanx.config.flags import resolve
-from phalanx.cli.train import strategy_options
+from phalanx.train.worker import strategy_options
 
 SRUN = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2",
         "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2",

@@ -13,7 +13,8 @@ from phalanx.config.sections import STRATEGIES, build_config
 from phalanx.errors import UserError
 from phalanx.strategies import SPECS, default_name, spec
 from phalanx.strategies.blocks import describe, find_blocks
-from phalanx.cli.train import check_world, strategy_options
+from phalanx.launch.ranks import check_world
+from phalanx.train.worker import strategy_options
 
 
 def test_config_choices_are_the_registry():

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from phalanx.errors import UserError
-from phalanx.paths import check_run_dir, link_error, refuse_link
+from phalanx.paths import check_run_dir, create_new, link_error, refuse_link
 
 
 def fsync_dir(path: Path) -> None:
@@ -173,3 +174,19 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
         + (f" and {len(results)} result file(s)" if results else "")
         + f" to {target} — nothing was deleted.")
     return target
+
+
+def prepare_out_dir(path: str) -> Path:
+    """Create the run directory and prove it is writable, or say why it is not."""
+    out = Path(path).expanduser()
+    probe = out / f".phalanx-write-test-{os.getpid()}"  # one per rank: no race
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # left by a process SIGKILLed here
+            probe.unlink()  # (unlink removes a link, never what it points to)
+        create_new(probe, "ok")  # O_EXCL: never through a link planted at its name
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"`--out` `{path}` is not a writable directory ({exc.strerror}). "
+                        f"Choose a directory you can write to.") from None
+    return out

@@ -60,7 +60,7 @@ def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench.peers import PEERS
     from phalanx.launch.agent import plan_launch
     from phalanx.data.corpus import source_files
-    from phalanx.cli.train import prepare_out_dir
+    from phalanx.checkpoint.rundir import prepare_out_dir
 
     cfg = resolve(ns)
     source_files(cfg.data.path)  # `--data` is readable before anything is written
@@ -117,7 +117,7 @@ def worker(spec: dict) -> int:
     from phalanx.bench import defaults, peers, runner, scaling
     from phalanx.config.sections import from_dict
     from phalanx.data.corpus import prepare
-    from phalanx.cli.train import strategy_options
+    from phalanx.train.worker import strategy_options
 
     cfg = from_dict(spec["config"])
     tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")

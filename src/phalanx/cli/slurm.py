@@ -151,7 +151,7 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.cli.train import prepare_out_dir
+    from phalanx.checkpoint.rundir import prepare_out_dir
 
     from phalanx.paths import kind
 

@@ -137,7 +137,7 @@ def clear(root: Path, logs: bool = False) -> None:
 
 
 def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
-    from phalanx.cli.train import init_run
+    from phalanx.train.worker import init_run
     from phalanx.train.loop import train
 
     n, half = cfg.train.max_steps, cfg.train.max_steps // 2
@@ -191,7 +191,9 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int,
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.data.corpus import prepare, source_files
-    from phalanx.cli.train import check_data_fits, prepare_out_dir, run_ranks
+    from phalanx.checkpoint.rundir import prepare_out_dir
+    from phalanx.launch.ranks import run_ranks
+    from phalanx.train.worker import check_data_fits
 
     cfg = resolve(ns)
     if cfg.train.max_steps < 2:

@@ -23,7 +23,7 @@ def join(cfg, strategy: str, reshard: bool = True):
     """`phalanx.init` for `strategy` with the config's options; the process group made by
     the first call is reused by the next (a strategy is set up on the same ranks)."""
     import phalanx
-    from phalanx.cli.train import strategy_options
+    from phalanx.train.worker import strategy_options
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard

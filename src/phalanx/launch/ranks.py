@@ -1,0 +1,42 @@
+"""`run_ranks`: a verb's work on the config's ranks — the checks that need the world size,
+then `launch_or_work` (the elastic agent, or be the worker under torchrun/SLURM)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from phalanx.config.sections import Config
+from phalanx.errors import UserError
+from phalanx.strategies import default_name, spec
+
+
+def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
+    """Checks that need the world size and device kind, done before any worker starts:
+    the strategy's own (its spec's, the same a worker runs) and the backend's."""
+    found = spec(cfg.dist.strategy or default_name(nproc))
+    found.check(found.options_from(cfg.dist), nproc, cuda)
+    if cfg.dist.backend == "nccl" and not cuda:
+        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
+
+
+def run_ranks(cfg: Config, verb: str, argv: list[str], work,
+              env: dict[str, str] | None = None) -> int:
+    """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
+    the checks that need the world size (`check_world`); `env`: more for the workers."""
+    from phalanx.launch.agent import launch_or_work
+    from phalanx.cluster.ranklogs import LOGS_ENV
+
+    def check(plan) -> None:
+        import torch
+
+        from phalanx.train.cpu_estimate import cpu_warning
+
+        check_world(cfg, plan.world, torch.cuda.is_available())
+        slow = None if torch.cuda.is_available() else cpu_warning(cfg, plan.threads)
+        if slow:  # up front, before minutes pass in silence
+            print(f"phalanx: {slow}", file=sys.stderr, flush=True)
+
+    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(cfg.train.out).resolve() / "logs")}
+    return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work,
+                          env={**logs, **(env or {})}, check=check)

@@ -1,0 +1,140 @@
+"""One rank of `phalanx train`: the runtime joined with the config's strategy, the settings
+agreed, the loop run, and (rank 0) the results written."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from phalanx.cluster.env import under_launcher
+from phalanx.cluster.lifecycle import exit_code
+from phalanx.cluster.rendezvous import restart_attempt
+from phalanx.cluster.startup_trace import mark
+from phalanx.config.sections import Config
+from phalanx.data.corpus import TokenSplits
+from phalanx.errors import UserError
+from phalanx.strategies import default_name, spec
+
+
+def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
+    """Both splits must hold at least one window of `block_size + 1` tokens."""
+    need = cfg.model.block_size + 1
+    for name, n in (("training", splits.n_train), ("validation", splits.n_val)):
+        if n < need:
+            raise UserError(
+                f"`--block-size` {cfg.model.block_size} is longer than the corpus allows: the "
+                f"{name} split of `{splits.description}` has {n} tokens and one sample needs "
+                f"{need}. Use a smaller `--block-size` or more text in `--data`.")
+
+
+def owns_run_dir(cfg: Config) -> bool:
+    """Whether this process is the run directory's one writer-to-be: the launcher of a
+    one-machine job, or under a launcher (torchrun, SLURM, Phalanx's own for several
+    machines) the global rank 0. Phalanx's own one-machine workers run under a launcher
+    that holds the lock already."""
+    if not under_launcher():
+        return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
+    return not _own_launcher_checked() and os.environ.get(
+        "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
+def _own_launcher_checked() -> bool:
+    """A worker of Phalanx's one-machine launcher, which checked the run before starting
+    it (`precheck`): nothing to check again."""
+    return bool(os.environ.get("PHALANX_LAUNCHED")) and not os.environ.get("PHALANX_MULTINODE")
+
+
+def _complete_quietly(cfg: Config, out: Path) -> bool:
+    """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
+    any error is rank 0's to report, so it means 'no' here.)"""
+    from phalanx.train.checkpointing import precheck
+    from phalanx.train.finish import missing_outputs
+
+    try:
+        return precheck(cfg, out)[1] is not None and not missing_outputs(cfg, out)
+    except Exception:  # noqa: BLE001 - rank 0 reports it in one line
+        return False
+
+
+def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
+    """`stopped by SIGINT: checkpoint step-… is committed. Resume with: phalanx train …`"""
+    from phalanx.checkpoint.store import read_latest
+
+    latest = read_latest(out / "checkpoints")
+    kept = (f"checkpoint {latest.name} is committed" if latest is not None and latest.is_dir()
+            else "no checkpoint was committed yet")
+    args, skip = [], False
+    for a in argv:  # the resume command continues: no `--resume never` / PATH
+        if skip or a == "--resume" or a.startswith("--resume="):
+            skip = a == "--resume"
+            continue
+        args.append(a)
+    return (f"stopped by {signal.Signals(signum).name}: {kept}. Resume with: "
+            f"{shlex.join(['phalanx', 'train', *args])}")
+
+
+def init_run(cfg: Config, threads: int | None, out: Path | None = None):
+    """`phalanx.init` with the config's backend, strategy and its options; the hang
+    watchdog reports into `out`."""
+    import phalanx
+
+    d = cfg.dist
+    return phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
+                        timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
+                        hang_timeout_s=d.hang_timeout_s or None, hang_report_dir=out,
+                        debug_collectives=d.debug_collectives, **strategy_options(cfg))
+
+
+def strategy_options(cfg: Config, world: int | None = None) -> dict:
+    """The chosen strategy's options from the config (its spec's fields only).
+
+    DDP's `static_graph` applies only without accumulation: under it torch cannot skip
+    the gradient sync before its first synchronised iteration, so the first window would
+    sync every micro-step — the same gradient up to float rounding, but not bit-for-bit
+    the windows that follow or a resumed run's first one.
+    """
+    name = cfg.dist.strategy or default_name(world if world is not None else _world())
+    options = dataclasses.asdict(spec(name).options_from(cfg.dist))
+    if "static_graph" in options:
+        options["static_graph"] = options["static_graph"] and cfg.train.grad_accum == 1
+    return options
+
+
+def _world() -> int:
+    """This process's world size as the runtime will see it: torchrun's variables, or
+    SLURM's under a plain `srun` (WORLD_SIZE is not set there — reading only it chose
+    `single` and dropped every DDP option the user gave, while the runtime built DDP)."""
+    from phalanx.cluster.env import detect_launch_env
+
+    return detect_launch_env().world_size
+
+
+def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None,
+           argv: list[str] | None = None) -> int:
+    """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
+    signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).
+    A signal once every step is done does not stop the final outputs (seconds): the
+    run is complete, it writes them and exits 0."""
+    from phalanx.train.agreement import check_agreement
+    from phalanx.train.finish import finish, banner
+    from phalanx.train.loop import train
+
+    # one stop-signal scope from the process group to the last output: a first signal
+    # before the loop is agreed at its first step; after it, the outputs are still written
+    with init_run(cfg, threads, out) as run, run.catch_stop_signals():
+        mark("process group up")
+        check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
+        if not restart_attempt():  # a restart says so in one line when it resumes
+            run.print(banner(cfg, run, splits))
+        result = train(cfg, run, splits, out)
+        if result.stopped and result.state.step < cfg.train.max_steps:
+            if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher
+                print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
+                      file=sys.stderr, flush=True)
+            return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)
+        finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
+    return 0
