@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from phalanx.config.sections import build_config
 from phalanx.cli.plan import facts_for, plan
+from phalanx.config.sections import build_config
 from phalanx.plan.compare import measure_locally
 from phalanx.plan.devices import device
 

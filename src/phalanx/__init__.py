@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from phalanx.version import __version__
 
 __all__ = ["Run", "init", "__version__"]
 

@@ -66,33 +66,6 @@ class DistributedError(PhalanxError):
         super().__init__(prefix + message)
 
 
-def record_for_agent(exc: BaseException) -> bool:
-    """Under torch's elastic agent, leave the error where the agent reports it from.
-    True when Phalanx's own launcher will print it (so the worker need not)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
-        return False
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-    handler = get_error_handler()
-    handler.initialize()
-    handler.record_exception(exc)
-    return os.environ.get("PHALANX_LAUNCHED") == "1"
-
-
-def error_names() -> set[str]:
-    """The class names of every error Phalanx raises on purpose (as recorded for the
-    agent: `UserError: ...`)."""
-    import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
-    import phalanx.checkpoint.store  # noqa: F401
-
-    found, todo = set(), [PhalanxError]
-    while todo:
-        cls = todo.pop()
-        found.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return found
-
-
 class Interrupted(PhalanxError):
     """The job was stopped by a signal (Ctrl-C / SIGTERM); exits with 128 + the signal."""
 

@@ -8,10 +8,12 @@ refused before it is opened, with a message that says what was found.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import stat
 from pathlib import Path
+from typing import ClassVar
 
 from phalanx.errors import UserError
 
@@ -49,7 +51,55 @@ def require_file(path: str | Path, what: str, hint: str) -> Path:
 # between the check and the write is never followed. `--out` itself may be a link.
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-RUN_SUBDIRS = ("checkpoints", "logs", "tb")  # where Phalanx writes below the top level
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """One run directory (`--out`): every name Phalanx reads or writes in it, spelled here
+    once. Made once from `--out` by the verb (`checkpoint.rundir.prepare_out_dir`) and
+    handed down to the launcher, the workers, the loop, the checkpoints and the report."""
+
+    root: Path
+
+    SUBDIRS: ClassVar[tuple[str, ...]] = ("checkpoints", "logs", "tb")  # written below the top
+    # a run's results: moved with its checkpoints when a new run starts fresh in the directory
+    RESULTS: ClassVar[tuple[str, ...]] = (
+        "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
+        "run_config.json", "hang-report.txt")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    def __fspath__(self) -> str:  # accepted wherever a path is (open, os.*, Path(...))
+        return str(self.root)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    logs = property(lambda self: self.root / "logs")  # rank-N.log of each worker
+    tb = property(lambda self: self.root / "tb")  # TensorBoard event files
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    events = property(lambda self: self.root / "events.jsonl")
+    run_config = property(lambda self: self.root / "run_config.json")
+    environment = property(lambda self: self.root / "environment.json")
+    model = property(lambda self: self.root / "model.safetensors")
+    model_config = property(lambda self: self.root / "config.json")
+    loss_plot = property(lambda self: self.root / "loss.png")
+    sample = property(lambda self: self.root / "sample.txt")
+    report = property(lambda self: self.root / "report.html")
+    lock = property(lambda self: self.root / ".phalanx.lock")
+    superseded = property(lambda self: self.root / "superseded")
+
+
+RUN_SUBDIRS = RunDir.SUBDIRS
 
 
 def shown(text: object) -> str:
@@ -93,7 +143,7 @@ def run_dir_links(out: str | os.PathLike) -> list[Path]:
             for inner in _entries(out / entry.name):
                 if inner.is_symlink():
                     found.append(out / entry.name / inner.name)
-                elif entry.name == "checkpoints" and inner.is_dir(follow_symlinks=False):
+                elif entry.name == RunDir.SUBDIRS[0] and inner.is_dir(follow_symlinks=False):
                     found += [Path(inner.path) / e.name for e in _entries(Path(inner.path))
                               if e.is_symlink()]
     return found

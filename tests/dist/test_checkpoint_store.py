@@ -183,8 +183,9 @@ def test_a_model_only_checkpoint_round_trips(run, tmp_path):
 def test_the_direct_state_path_equals_get_state_dict(run):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from phalanx.checkpoint.store import direct_state, param_groups
+    from phalanx.checkpoint.store import param_groups
     from phalanx.models import GPTConfig, MiniGPT
+    from phalanx.strategies.state_dict import direct_state
 
     model, opt = run.setup(MiniGPT(GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=8)),
                            lambda p: torch.optim.AdamW(p))  # tied head: two names, one tensor
@@ -315,7 +316,7 @@ def test_deferred_staging_copies_wait_for_the_release(run):
 
 
 def test_dealing_a_replicated_state_is_remembered_for_the_same_shapes():
-    from phalanx.checkpoint.store import _leaves, share_of_replicated
+    from phalanx.strategies.state_dict import _leaves, share_of_replicated
 
     state = {"model": {"a": torch.zeros(8), "b": torch.zeros(4), "c": torch.zeros(2)},
              "optim": {"a": {"step": torch.tensor(1.0), "lr": 0.1}}}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import cli
 from bad_input_more import round_three, round_three_files
+from phalanx import cli
 from phalanx.config.sections import SECTIONS, flag_of
 
 FLOAT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)

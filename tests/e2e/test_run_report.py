@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from test_fault_tolerance import train
 
 from phalanx.cli.report import find_browser
-from test_fault_tolerance import train
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from test_fault_tolerance import train
 
 TAGS = {"train/loss": "loss", "val/loss": "val_loss", "train/lr": "lr",

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
+from phalanx.config.flags import add_config_flags, load_toml, resolve
 from phalanx.config.sections import PRESETS, build_config
 from phalanx.errors import UserError
-from phalanx.config.flags import add_config_flags, load_toml, resolve
 
 
 def parse(*argv: str):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.cluster.env import detect_launch_env, under_launcher
+from phalanx.cluster.env import detect_launch_env
+from phalanx.cluster.protocol import under_launcher
+from phalanx.cluster.slurm_env import expand_nodelist, tasks_per_node
 from phalanx.errors import UserError
 from phalanx.launch.agent import threads_per_rank
-from phalanx.cluster.slurm_env import expand_nodelist, tasks_per_node
 
 
 def test_plain_python_is_a_world_of_one():

@@ -35,9 +35,9 @@ def test_an_unreadable_checkpoint_creates_no_out_directories(tmp_path, capsys):
 @pytest.fixture
 def a_checkpoint(monkeypatch, tmp_path):
     """`export` finds a valid (stand-in) checkpoint of a tiny model."""
-    import phalanx.cli.export as command
     import phalanx.checkpoint.resume as resume
     import phalanx.checkpoint.store as store
+    import phalanx.cli.export as command
     from phalanx.config.sections import Config
 
     cfg = Config()

@@ -76,7 +76,7 @@ def test_a_full_or_read_only_disk_is_the_users_error_and_nothing_else_is():
 def test_gradient_norms_are_read_in_one_copy_and_kept_as_floats():
     import torch
 
-    from phalanx.train.loop import _settle_norms
+    from phalanx.train.logger import _settle_norms
 
     norms = [torch.tensor(1.0), None, torch.tensor(2.0, dtype=torch.float64),
              torch.tensor(4.0)]

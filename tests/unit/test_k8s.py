@@ -8,7 +8,8 @@ import json
 import pytest
 
 from phalanx import cli
-from phalanx.cluster.env import detect_launch_env, under_launcher
+from phalanx.cluster.env import detect_launch_env
+from phalanx.cluster.protocol import under_launcher
 from phalanx.config.flags import resolve
 
 

@@ -19,9 +19,6 @@ from phalanx.errors import UserError
 from phalanx.paths import atomic_write, check_run_dir, run_dir_links
 
 
-
-
-
 def untouched(outside: Path) -> bool:
     return (outside / "file").read_text() == SECRET and not any((outside / "dir").iterdir())
 

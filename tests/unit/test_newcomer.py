@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from phalanx import cli
-from phalanx.config.sections import SECTIONS, build_config, flag_of
 from phalanx.config.flags import load_toml
+from phalanx.config.sections import SECTIONS, build_config, flag_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

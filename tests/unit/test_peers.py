@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.hang.mismatch import peer_lost
 from phalanx.cluster.peers import Peers, gather_peers, local_addresses
+from phalanx.hang.mismatch import peer_lost
 
 LO = "127.0.0.1"
 TWO_MACHINES = Peers(("node-a", "node-a", "node-b", "node-b"),

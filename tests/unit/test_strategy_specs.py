@@ -11,9 +11,9 @@ import pytest
 
 from phalanx.config.sections import STRATEGIES, build_config
 from phalanx.errors import UserError
+from phalanx.launch.ranks import check_world
 from phalanx.strategies import SPECS, default_name, spec
 from phalanx.strategies.blocks import describe, find_blocks
-from phalanx.launch.ranks import check_world
 from phalanx.train.worker import strategy_options
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx.bench.peers import phalanx
-from phalanx.config.strategy import DDPOptions, FSDPOptions
 
 
 @dataclass(frozen=True)
@@ -28,26 +27,10 @@ class Variant:
 
 
 def variants(run) -> list[Variant]:
-    """The defaults Phalanx sets differently from torch, for this run's strategy/device."""
-    found = []
-    opts = run.strategy.options
-    if isinstance(opts, DDPOptions):  # ddp and zero
-        if opts.static_graph:
-            found.append(Variant("DDP static_graph", "True", "False", {"static_graph": False}))
-        if opts.gradient_as_bucket_view:
-            found.append(Variant("DDP gradient_as_bucket_view", "True", "False",
-                                 {"gradient_as_bucket_view": False}))
-        cap = opts.bucket_cap_mb
-        found.append(Variant("DDP bucket sizes", f"{cap:g} MiB, every bucket",
-                             "25 MiB, the first 1 MiB", {"bucket_cap_mb": None}))
-    if isinstance(opts, FSDPOptions):
-        # not torch defaults (torch's are ours here): the alternatives users choose between
-        other = "last" if opts.grad_sync == "every" else "every"
-        found.append(Variant("FSDP gradient sync under accumulation", opts.grad_sync,
-                             f"{other} (alternative)", {"grad_sync": other}))
-        found.append(Variant("FSDP reshard_after_forward", str(opts.reshard_after_forward),
-                             f"{not opts.reshard_after_forward} (alternative)",
-                             {"reshard_after_forward": not opts.reshard_after_forward}))
+    """The defaults Phalanx sets differently from torch, for this run's strategy (its
+    `alternatives`) and device."""
+    found = [Variant(a.setting, a.ours, a.theirs, a.options)
+             for a in run.strategy.alternatives()]
     if run.device.type in ("cpu", "cuda"):
         loop = "for-loop" if run.device.type == "cpu" else "foreach"
         found.append(Variant("AdamW implementation", "fused", loop, fused=False))

@@ -141,8 +141,8 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
     """
     from phalanx.data import TokenWindows
     from phalanx.models import build_model
-    from phalanx.train.loop import micro_steps, optimizer_step
     from phalanx.runtime.optim import adamw
+    from phalanx.runtime.step import micro_steps, optimizer_step
 
     t = cfg.train
     with _swapped_strategy(run, strategy, ddp or {}):

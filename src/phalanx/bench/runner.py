@@ -74,8 +74,8 @@ def compare(run, steps: dict, repeats: int, n: int, warmup: int,
 
 def _labelled_step(step, sync: bool = True):
     """One Phalanx step with its phases labelled for the profiler."""
+    from phalanx.runtime.step import optimizer_step
     from phalanx.strategies.base import BackwardSyncControl
-    from phalanx.train.loop import optimizer_step
 
     model, acc, opt, batches, precision = (step.model, step.acc, step.opt, step.batches,
                                            step.precision)

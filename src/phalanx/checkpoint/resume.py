@@ -23,22 +23,23 @@ run they belong to instead of starting it over.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from phalanx.cluster.rendezvous import restart_attempt
-from phalanx.checkpoint.safety import UnsafeCheckpoint
 from phalanx.checkpoint.digest import file_digest
-from phalanx.checkpoint.store import (MANIFEST, commit_order, committed_at, read_latest,
-                                      verify)
+from phalanx.checkpoint.safety import UnsafeCheckpoint
+from phalanx.checkpoint.store import MANIFEST, commit_order, committed_at, read_latest, verify
+from phalanx.cluster import protocol
+from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import UserError
+from phalanx.paths import RunDir
 
 
-def checkpoints_dir(out_dir: Path) -> Path:
-    return Path(out_dir) / "checkpoints"
+def checkpoints_dir(out_dir: Path | RunDir) -> Path:
+    return RunDir(out_dir).checkpoints
 
 
-VERIFIED_ENV = "PHALANX_VERIFIED_CHECKPOINT"
+VERIFIED_ENV = protocol.VERIFIED_CHECKPOINT
 
 
 def verified_token(path: Path) -> str:

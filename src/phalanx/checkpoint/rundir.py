@@ -25,11 +25,11 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from phalanx.errors import UserError
-from phalanx.paths import check_run_dir, create_new, link_error, refuse_link
+from phalanx.paths import RunDir, check_run_dir, create_new, link_error, refuse_link
 
 
 def fsync_dir(path: Path) -> None:
@@ -39,18 +39,15 @@ def fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-LOCK = ".phalanx.lock"
-SUPERSEDED = "superseded"
-# a previous run's results, moved with its checkpoints when a new run starts fresh
-RESULTS = ("metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
-           "run_config.json", "hang-report.txt")
+LOCK = RunDir("").lock.name  # the names are RunDir's; these two are kept for callers
+RESULTS = RunDir.RESULTS
 
 
 class RunDirLock:
     """An exclusive lock on a run directory, held until `release` (or process death)."""
 
     def __init__(self, out: Path) -> None:
-        self.path = Path(out) / LOCK
+        self.path = RunDir(out).lock
         self._fd: int | None = None
 
     def acquire(self) -> RunDirLock:
@@ -102,7 +99,7 @@ def remove_if_unused(out: Path) -> None:
     """Remove a run directory this command created, when it holds nothing but its lock
     (the run was refused before it started)."""
     try:
-        (Path(out) / LOCK).unlink(missing_ok=True)
+        RunDir(out).lock.unlink(missing_ok=True)
         Path(out).rmdir()  # only if empty
     except OSError:
         pass
@@ -125,7 +122,7 @@ def step_of(path: Path) -> int:
 
 
 def _stamp(out: Path) -> Path:
-    base = Path(out) / SUPERSEDED / time.strftime("%Y%m%d-%H%M%S")
+    base = RunDir(out).superseded / time.strftime("%Y%m%d-%H%M%S")
     target, n = base, 1
     while os.path.lexists(target):
         target, n = base.with_name(f"{base.name}-{n}"), n + 1
@@ -146,9 +143,9 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
     fresh start, checkpoints newer than the one resumed otherwise — to
     `OUT/superseded/<time>/`, says so in one line, and returns that folder (or None).
     """
-    out = Path(out)
-    root = out / "checkpoints"
-    for path in (root, out / SUPERSEDED):  # checked at the lock; moved through: never
+    run_dir = RunDir(out)
+    out, root = run_dir.root, run_dir.checkpoints
+    for path in (root, run_dir.superseded):  # checked at the lock; moved through: never
         refuse_link(path, f"in the run directory `{out}`")
     steps = sorted(p for p in root.glob("step-*")) if root.is_dir() else []
     # by name: a checkpoint that is a link is still this run's (never "another directory")
@@ -160,7 +157,7 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
         results: list[Path] = []
     else:
         stray = steps + [p for p in (root / "latest",) if p.exists()]
-        results = [out / name for name in RESULTS if (out / name).exists()]
+        results = [out / name for name in RunDir.RESULTS if (out / name).exists()]
     if not stray and not results:
         return None
     target = _stamp(out)
@@ -176,8 +173,9 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
     return target
 
 
-def prepare_out_dir(path: str) -> Path:
-    """Create the run directory and prove it is writable, or say why it is not."""
+def prepare_out_dir(path: str) -> RunDir:
+    """Create the run directory and prove it is writable, or say why it is not: the one
+    `RunDir` value of the run, handed down from here."""
     out = Path(path).expanduser()
     probe = out / f".phalanx-write-test-{os.getpid()}"  # one per rank: no race
     try:
@@ -189,4 +187,4 @@ def prepare_out_dir(path: str) -> Path:
     except OSError as exc:
         raise UserError(f"`--out` `{path}` is not a writable directory ({exc.strerror}). "
                         f"Choose a directory you can write to.") from None
-    return out
+    return RunDir(out)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from phalanx.checkpoint.manifest import listed_files
 from phalanx.errors import UserError
 
 _ALLOWED = {
@@ -82,8 +83,6 @@ def check_metadata(checkpoint_dir: Path) -> Any:
 def _check_data_files(checkpoint_dir: Path, metadata: Any) -> None:
     """Every data file the metadata names must be a file the manifest lists (a plain
     name inside the checkpoint): DCP would otherwise read wherever it points."""
-    from phalanx.checkpoint.store import listed_files
-
     files, why = listed_files(checkpoint_dir)
     if why is not None:
         raise UnsafeCheckpoint(f"checkpoint `{checkpoint_dir}` refused: {why}.")

@@ -23,9 +23,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,11 +35,20 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from phalanx.checkpoint.digest import entry, file_digest
 from phalanx.checkpoint.staging import ReusedBufferStager
+from phalanx.checkpoint.store import (
+    LATEST,
+    MANIFEST,
+    STATE,
+    CheckpointError,
+    committed,
+    fsync_dir,
+    step_name,
+    step_of,
+    write_synced,
+)
 from phalanx.checkpoint.writer import DigestingWriter
-from phalanx.checkpoint.store import (LATEST, MANIFEST, STATE, CheckpointError, committed,
-                                      fsync_dir, step_name, step_of, write_synced)
-from phalanx.errors import UserError
 from phalanx.cluster.faults import fault_point
+from phalanx.errors import UserError
 from phalanx.paths import atomic_write, ensure_dir, remove_tree
 
 ROTATED = ".rotated-"  # a rotated-out checkpoint being deleted (see `rotate`)
@@ -215,7 +225,7 @@ class _Job:
 
 
 def _version() -> str:
-    from phalanx import __version__
+    from phalanx.version import __version__
 
     return __version__
 

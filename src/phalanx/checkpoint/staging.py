@@ -20,8 +20,9 @@ holding it cost the stall up to 13 ms here, 0.3 ms when it did not).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager

@@ -23,13 +23,12 @@ from typing import Any
 
 import torch
 
-from phalanx.checkpoint.digest import entry_digest, file_digest, known_algorithms
+from phalanx.checkpoint.digest import entry_digest, file_digest
+from phalanx.checkpoint.manifest import LATEST, MANIFEST, STATE, listed_files, plain_name  # noqa: F401
 from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
 from phalanx.checkpoint.safety import check_metadata, safe_reader
 from phalanx.errors import UserError
 from phalanx.paths import create_new
-
-MANIFEST, STATE, LATEST = "manifest.json", "train_state.json", "latest"
 
 
 class CheckpointError(UserError):
@@ -44,68 +43,6 @@ def write_synced(path: Path, text: str) -> None:
     """A new file (inside a checkpoint being written), fsynced; anything already there —
     a link included — is an error, never written through."""
     create_new(path, text, sync=True)
-
-
-def direct_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """{"model": ..., "optim": ...} read straight from a module whose parameters are plain,
-    whole tensors (single, DDP, ZeRO's replicated model): the same keys and tensors
-    `get_state_dict` gives (tested), in a tenth of the time — most of an async save's
-    stall. The optimizer part covers the parameters `optimizer` holds state for."""
-    msd = module.state_dict()
-    if optimizer is None:
-        return {"model": msd}
-    names = {id(p): n for n, p in module.named_parameters()}
-    return {"model": msd, "optim": {names[id(p)]: dict(s) for p, s in optimizer.state.items()}}
-
-
-def _leaves(tree: Any, path: tuple = ()):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _leaves(value, path + (key,))
-    else:
-        yield path, tree
-
-
-def share_of_replicated(state: dict, rank: int, world: int, plans: dict | None = None) -> dict:
-    """This rank's part of a state every rank holds in full: tensors dealt out largest
-    first to the least-loaded rank (the same answer on every rank), non-tensors to rank
-    0. DCP then writes and stages each tensor once, and loads at any world size.
-    `plans`: a dict kept by the caller between saves, where the dealing of a state with
-    the same names, shapes and dtypes is remembered (it was most of the call's time)."""
-    leaves = list(_leaves(state))
-    key = (world, *((p, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (p,)
-                    for p, v in leaves))
-    owner = None if plans is None else plans.get(key)
-    if owner is None:
-        owner = _deal(leaves, world)
-        if plans is not None:
-            plans.clear()  # one state shape at a time: the newest
-            plans[key] = owner
-    mine: dict = {}
-    for path, value in leaves:
-        if owner.get(path, 0) == rank:
-            node = mine
-            for key_part in path[:-1]:
-                node = node.setdefault(key_part, {})
-            node[path[-1]] = value
-    return mine
-
-
-def _deal(leaves: list, world: int) -> dict[tuple, int]:
-    """{path: rank} for every tensor leaf: largest first, to the least-loaded rank."""
-    size = {p: v.numel() * v.element_size() for p, v in leaves if isinstance(v, torch.Tensor)}
-    load, owner = [0] * world, {}
-    for path in sorted(size, key=lambda p: (-size[p], p)):
-        r = min(range(world), key=lambda i: (load[i], i))
-        owner[path], load[r] = r, load[r] + size[path]
-    return owner
-
-
-def plain(module: torch.nn.Module) -> bool:
-    """Whether `direct_state` reads `module` as `get_state_dict` would: not compiled (its
-    names would carry `_orig_mod.`), every parameter a plain, whole tensor."""
-    return not hasattr(module, "_orig_mod") and all(
-        type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in module.parameters())
 
 
 def dcp_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -201,41 +138,6 @@ def verify(path: Path, contents: bool = True) -> str | None:
             return f"file `{name}` does not match its checksum (corrupted)"
     metadata = check_metadata(path)  # raises UnsafeCheckpoint
     return _check_items(path, metadata)
-
-
-def listed_files(path: Path) -> tuple[dict[str, dict], str | None]:
-    """The manifest's file list, checked for shape and containment (nothing read but the
-    manifest and the directory listing); (files, None) or ({}, why not)."""
-    manifest_path = Path(path) / MANIFEST
-    if manifest_path.is_symlink() or not manifest_path.is_file():
-        return {}, "no manifest (never committed, or written by something else)"
-    try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
-        return {}, "manifest is not valid JSON with a `files` table"
-    if not isinstance(files, dict) or not all(
-            isinstance(i, dict) and type(i.get("size")) is int and entry_digest(i) is not None
-            for i in files.values()):
-        return {}, (f"manifest's `files` table is malformed (each entry needs a size and a "
-                    f"{known_algorithms()} checksum)")
-    outside = [n for n in files if not plain_name(n)]
-    if outside:
-        return {}, (f"manifest names `{outside[0]}`, which is not a file directly inside the "
-                    f"checkpoint; refused before reading anything it names")
-    missing = [n for n in (".metadata", STATE) if n not in files]
-    if missing:
-        return {}, f"manifest does not list `{missing[0]}`"
-    unlisted = sorted(p.name for p in Path(path).iterdir() if p.name != MANIFEST
-                      and p.name not in files)
-    if unlisted:
-        return {}, f"`{unlisted[0]}` is in the checkpoint but not listed in its manifest"
-    return files, None
-
-
-def plain_name(name: object) -> bool:
-    """A bare file name: no separator, not `.`/`..`, not empty, no NUL."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
-            and "\\" not in name and "\0" not in name)
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # how torch.save starts every tensor DCP stores

@@ -25,7 +25,6 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from phalanx.checkpoint.digest import new_hash
 
-
 WRITEBACK_EVERY = 8 << 20  # bytes: start the disk write of what came before
 
 

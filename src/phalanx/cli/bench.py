@@ -11,8 +11,9 @@ import os
 import statistics
 from pathlib import Path
 
-from phalanx.errors import Interrupted, UserError
+from phalanx.cluster import protocol
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.errors import Interrupted, UserError
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
            "where the time goes; scaling.")
@@ -42,10 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.cluster.env import under_launcher
+    from phalanx.cluster.protocol import under_launcher
 
     if under_launcher():
-        return worker(json.loads(os.environ["PHALANX_BENCH_PHASE"]))
+        return worker(json.loads(os.environ[protocol.BENCH_PHASE]))
     from phalanx.bench import peers as peer_impls
 
     missing = [p for p in ("accelerate", "fabric") if not peer_impls.available(p)]
@@ -58,9 +59,9 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
 def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
     from phalanx.bench.peers import PEERS
-    from phalanx.launch.agent import plan_launch
-    from phalanx.data.corpus import source_files
     from phalanx.checkpoint.rundir import prepare_out_dir
+    from phalanx.data.corpus import source_files
+    from phalanx.launch.agent import plan_launch
 
     cfg = resolve(ns)
     source_files(cfg.data.path)  # `--data` is readable before anything is written
@@ -100,12 +101,12 @@ def _partial(out: Path, signum: int) -> str:
 
 
 def _phase(spec: dict, plan, result: Path) -> dict:
-    from phalanx.launch.agent import start_workers
     from phalanx.cluster.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import start_workers
 
     result.unlink(missing_ok=True)
     phase = json.dumps({**spec, "result": str(result)})
-    env = {**plan.env, "PHALANX_BENCH_PHASE": phase}
+    env = {**plan.env, protocol.BENCH_PHASE: phase}
     if not plan.env.get(LOGS_ENV):  # the ranks' output (and torch's profiler lines): logs
         env[LOGS_ENV] = str(result.parent / "logs")
     start_workers(["-m", "phalanx", "bench"], dataclasses.replace(plan, env=env))
@@ -115,14 +116,16 @@ def _phase(spec: dict, plan, result: Path) -> dict:
 def worker(spec: dict) -> int:
     import phalanx
     from phalanx.bench import defaults, peers, runner, scaling
+    from phalanx.cluster.env import detect_launch_env
     from phalanx.config.sections import from_dict
+    from phalanx.config.strategy import choose
     from phalanx.data.corpus import prepare
-    from phalanx.train.worker import strategy_options
 
     cfg = from_dict(spec["config"])
     tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")
+    choice = choose(cfg.dist, detect_launch_env().world_size, cfg.train.grad_accum)
     run = phalanx.init(cfg.train.seed, backend=cfg.dist.backend, threads=spec["threads"],
-                       strategy=cfg.dist.strategy, **strategy_options(cfg))
+                       strategy=choice)
     with run:
         steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
         steps.update(baseline_step(cfg, tokens, run))
@@ -182,10 +185,10 @@ def baseline_step(cfg, tokens, run) -> dict:
     the default strategy too (`phalanx-ddp`), timed in the same rounds: the ratio is the
     strategy's cost or gain on this machine."""
     from phalanx.bench import peers
-    from phalanx.strategies import default_name, make_strategy
+    from phalanx.strategies import build, choose_for_script
 
-    name = default_name(run.world_size)
-    if run.strategy.name == name:
+    default = choose_for_script(None, run.world_size)  # its own options' defaults
+    if run.strategy.name == default.name:
         return {}
-    return {f"phalanx-{name}": peers.phalanx(cfg, tokens, run,
-                                             strategy=make_strategy(name, run.topology))}
+    return {f"phalanx-{default.name}": peers.phalanx(cfg, tokens, run,
+                                                     strategy=build(default, run.topology))}

@@ -6,23 +6,22 @@ import argparse
 import os
 import sys
 
-from phalanx import __version__
-from phalanx.errors import (DistributedError, Interrupted, UserError, record_for_agent,
-                            storage_errors)
-from phalanx.cli.entry import interrupted
-from phalanx.cluster.lifecycle import die_with_agent
-from phalanx.cluster.ranklogs import log_traceback, quiet_worker
 from phalanx.cli import bench as bench_command
-from phalanx.cli import export as export_command
 from phalanx.cli import doctor as doctor_command
-from phalanx.cli import watch as watch_command
+from phalanx.cli import export as export_command
+from phalanx.cli import k8s, verify_resume
+from phalanx.cli import lint as lint_command
 from phalanx.cli import plan as plan_command
 from phalanx.cli import report as report_command
-from phalanx.cli import lint as lint_command
-from phalanx.cli import k8s, slurm as slurm_script
+from phalanx.cli import slurm as slurm_script
 from phalanx.cli import train as train_command
-from phalanx.cli import verify_resume
+from phalanx.cli import watch as watch_command
+from phalanx.cluster.lifecycle import die_with_agent, interrupted
+from phalanx.cluster.protocol import record_for_agent
+from phalanx.cluster.ranklogs import log_traceback, quiet_worker
 from phalanx.cluster.startup_trace import mark, process_started
+from phalanx.errors import DistributedError, Interrupted, UserError, storage_errors
+from phalanx.version import __version__
 
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,

@@ -10,6 +10,7 @@ import contextlib
 import os
 import time
 
+from phalanx.cluster import protocol
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
 from phalanx.strategies import SPECS, default_name, spec
 
@@ -37,7 +38,7 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
 
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
     code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],
-                          lambda _threads: worker(ns), env={"PHALANX_DOCTOR_RESULT": path})
+                          lambda _threads: worker(ns), env={protocol.DOCTOR_RESULT: path})
     try:
         with open(path) as f:
             return int(f.read() or 0)
@@ -60,7 +61,7 @@ def worker(ns: argparse.Namespace) -> int:
         from phalanx.hang.watchdog import job_store
 
         store = job_store(_world(), "doctor")
-        wait_for_peers(store, int(os.environ["RANK"]), _world(), ns.init_timeout_s)
+        wait_for_peers(store, _rank(), _world(), ns.init_timeout_s)
         unreachable, machines = reachability(store, ns)
         if unreachable:
             return _report_unreachable(unreachable, ns)
@@ -92,7 +93,7 @@ def worker(ns: argparse.Namespace) -> int:
 def _verdict(failed: bool) -> int:
     """The exit code; under Phalanx's launcher, each machine's local rank 0 hands the
     verdict to its launcher in a file (the workers exit 0: the agent does not restart)."""
-    path = os.environ.get("PHALANX_DOCTOR_RESULT")
+    path = os.environ.get(protocol.DOCTOR_RESULT)
     if path is None:
         return 1 if failed else 0
     if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -104,12 +105,12 @@ def _verdict(failed: bool) -> int:
 def reachability(store, ns: argparse.Namespace) -> tuple[list[str], int]:
     """Who cannot reach whom where the collectives connect (phalanx.doctor.reach), checked
     before the process group is made: a failure there would hang its creation."""
-    from phalanx.doctor.reach import probe
-
     import torch
 
+    from phalanx.doctor.reach import probe
+
     var = "NCCL_SOCKET_IFNAME" if torch.cuda.is_available() else "GLOO_SOCKET_IFNAME"
-    return probe(store, int(os.environ["RANK"]), _world(), ns.init_timeout_s, var)
+    return probe(store, _rank(), _world(), ns.init_timeout_s, var)
 
 
 def _report_unreachable(problems: list, ns: argparse.Namespace) -> int:
@@ -150,4 +151,14 @@ def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
 
 
 def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The job's world size as `phalanx.init` sees it: torchrun's variables, or SLURM's
+    under a plain `srun` (where WORLD_SIZE is not set)."""
+    from phalanx.cluster.env import detect_launch_env
+
+    return detect_launch_env().world_size
+
+
+def _rank() -> int:
+    from phalanx.cluster.env import detect_launch_env
+
+    return detect_launch_env().rank

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from phalanx.cluster.lifecycle import terminate_gently
+from phalanx.cluster.lifecycle import interrupted, terminate_gently
 
 
 class Terminated(KeyboardInterrupt):
@@ -47,13 +47,3 @@ def _flush() -> None:
             pass
 
 
-def interrupted(exc: BaseException | None = None) -> int:
-    """One line (none in a worker of Phalanx's launcher); the shell's exit code."""
-    signum = getattr(exc, "signum", signal.SIGINT)
-    if not os.environ.get("PHALANX_LAUNCHED"):
-        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
-        try:
-            print(f"phalanx: {what}", file=sys.stderr, flush=True)
-        except (OSError, ValueError):  # stderr is gone: the exit code says it
-            pass
-    return 128 + int(signum)

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.errors import UserError
 from phalanx.config.flags import add_config_flags, count, resolve, without_flags
+from phalanx.errors import UserError
 
 SUMMARY = "Render a Kubeflow PyTorchJob manifest that runs `phalanx train` on N nodes."
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")  # a DNS-1123 label, room for suffixes
@@ -44,24 +44,6 @@ NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
 OWN_FLAGS = {"--nodes": True, "--image": True, "--name": True, "--gpus-per-node": True,
              "--volume-claim": True, "--mount-path": True, "--manifest": True,
              "--cpu-request": True, "--memory-request": True}
-
-
-def operator_dist(environ: dict) -> dict[str, Any]:
-    """`[dist]` values from the operator's variables (lowest precedence: a TOML file or a
-    flag overrides them)."""
-    from phalanx.cluster.env import operator_pod
-
-    if not operator_pod(environ) or "TORCHELASTIC_RUN_ID" in environ:
-        return {}
-    out: dict[str, Any] = {"nnodes": environ["PET_NNODES"]}
-    procs = environ["PET_NPROC_PER_NODE"]
-    if procs.isdigit():
-        out["nproc_per_node"] = int(procs)
-    if environ.get("PET_NODE_RANK", "").isdigit():
-        out["node_rank"] = int(environ["PET_NODE_RANK"])
-    if environ.get("PET_MASTER_ADDR") and environ.get("PET_MASTER_PORT"):
-        out["rdzv_endpoint"] = f"{environ['PET_MASTER_ADDR']}:{environ['PET_MASTER_PORT']}"
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,9 @@ import argparse
 import json
 import sys
 
-from phalanx.errors import UserError
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.strategy import spec
+from phalanx.errors import UserError
 from phalanx.plan import estimate, timing
 from phalanx.plan.devices import GPUS, busbw_from, device, human
 
@@ -68,7 +69,7 @@ def facts_for(cfg, micro_batch: int | None = None,
     low precision while ddp/zero autocast fp32 parameters (different activations)."""
     m = cfg.model
     s = 4 if cfg.train.precision == "fp32" else 2
-    low = s < 4 and variant is not None and variant.strategy == "fsdp"
+    low = s < 4 and variant is not None and variant.sharded  # FSDP: parameters gathered
     return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size, 256,
                                   micro_batch or cfg.train.micro_batch_size, m.bias, s,
                                   params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce)
@@ -139,7 +140,7 @@ def recommend(rows: list[dict], budget: int) -> str:
                                            r["time"]["comm_bytes"], r["peak"]))
         why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms)"
     else:
-        best = next((r for r in fitting if r["strategy"] == "ddp"), fitting[0])
+        best = next((r for r in fitting if not spec(r["strategy"]).shards), fitting[0])
         why = "the least communication"
     return (f"{best['strategy']}: it fits ({human(best['peak'])} of {human(budget)} per "
             f"rank) with {why}.")

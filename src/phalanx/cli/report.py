@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.paths import RunDir
 
 SUMMARY = "Rebuild a run directory's report.html (and optionally a screenshot of it)."
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -32,8 +33,8 @@ def run_report(ns: argparse.Namespace, argv: list[str]) -> int:
     if not run_dir.is_dir():
         raise UserError(f"`{ns.run_dir}` is not a directory; expected a run directory "
                         "(`phalanx train --out DIR`).")
-    if not any((run_dir / name).exists() for name in
-               ("metrics.jsonl", "run_config.json", "checkpoints")):
+    names = RunDir(run_dir)
+    if not any(p.exists() for p in (names.metrics, names.run_config, names.checkpoints)):
         raise UserError(f"`{ns.run_dir}` holds no run: no metrics.jsonl, run_config.json or "
                         "checkpoints/. Give the directory `phalanx train --out` wrote.")
     page = build_report(run_dir, Path(ns.out) if ns.out else None)

@@ -9,18 +9,24 @@ import os
 import signal
 from pathlib import Path
 
-from phalanx.config.sections import Config
-from phalanx.checkpoint.rundir import remove_if_unused
-from phalanx.data.corpus import prepare, source_files
-from phalanx.cluster.env import under_launcher
-from phalanx.errors import Interrupted, UserError, storage_errors
+from phalanx.checkpoint.rundir import prepare_out_dir, remove_if_unused
+from phalanx.cluster import protocol
 from phalanx.cluster.faults import check_faults
+from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.flags import add_config_flags, resolve
+from phalanx.config.sections import Config
+from phalanx.data.corpus import prepare, source_files
+from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.launch.ranks import run_ranks
-from phalanx.train.worker import (_complete_quietly, _own_launcher_checked, owns_run_dir,
-                                  check_data_fits, stopped_line, worker)
-from phalanx.checkpoint.rundir import prepare_out_dir
+from phalanx.train.worker import (
+    _complete_quietly,
+    _own_launcher_checked,
+    check_data_fits,
+    owns_run_dir,
+    stopped_line,
+    worker,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +60,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
             return 0  # rank 0 found the same and does not join the process group
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         mark("corpus checked")
-        return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t))
+        return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t), out)
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         check_data_fits(cfg, splits)
@@ -74,7 +80,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
         verified = {} if resume_from is None else {VERIFIED_ENV: verified_token(resume_from)}
         try:
             return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv),
-                             verified)
+                             out, verified)
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             if precheck(cfg, out)[1] and not missing_outputs(cfg, out):
                 print(f"phalanx: {signal.Signals(exc.signum).name} came after the last "
@@ -92,12 +98,12 @@ def quiet_store_retries(cfg: Config):
     quiet = cfg.dist.node_range()[1] > 1 and not under_launcher() \
         and "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:
-        os.environ.update(TORCH_CPP_LOG_LEVEL="FATAL", PHALANX_QUIET_CPP="1")
+        os.environ.update({"TORCH_CPP_LOG_LEVEL": "FATAL", protocol.QUIET_CPP: "1"})
     try:
         yield
     finally:
         if quiet:
-            for name in ("TORCH_CPP_LOG_LEVEL", "PHALANX_QUIET_CPP"):
+            for name in ("TORCH_CPP_LOG_LEVEL", protocol.QUIET_CPP):
                 os.environ.pop(name, None)
 
 

@@ -22,13 +22,12 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
-from phalanx.config.sections import Config
-from phalanx.cluster.env import under_launcher
-from phalanx.errors import UserError
+from phalanx.cluster.protocol import phalanx_worker, under_launcher
 from phalanx.config.flags import add_config_flags, resolve
+from phalanx.config.sections import Config
+from phalanx.errors import UserError
 from phalanx.paths import atomic_write, remove_tree
 
 if TYPE_CHECKING:
@@ -60,21 +59,18 @@ def first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     """Where two flat tensor dicts first differ (name, and how), or None if bitwise equal."""
     import torch
 
+    from phalanx.strategies.tensors import local_tensor
+
     if a.keys() != b.keys():
         return f"different entries: {sorted(set(a) ^ set(b))[:3]}"
     for name in a:
-        x, y = _local(a[name]), _local(b[name])
+        x, y = local_tensor(a[name]), local_tensor(b[name])
         if x.shape != y.shape:
             return f"`{name}` has shape {tuple(x.shape)} vs {tuple(y.shape)}"
         if not torch.equal(x, y):
             diff = (x.double() - y.double()).abs().max().item()
             return f"`{name}` differs (max abs difference {diff:.3g})"
     return None
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a sharded tensor (DTensor), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -137,8 +133,8 @@ def clear(root: Path, logs: bool = False) -> None:
 
 
 def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
-    from phalanx.train.worker import init_run
     from phalanx.train.loop import train
+    from phalanx.train.worker import init_run
 
     n, half = cfg.train.max_steps, cfg.train.max_steps // 2
     with init_run(cfg, threads, root) as run:  # a hang report goes there too
@@ -165,7 +161,7 @@ def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
             atomic_write(root / VERDICT, str(code))
     # under Phalanx's launcher the parent reads the verdict; failing ranks would read
     # as a crashed job there
-    return 0 if os.environ.get("PHALANX_LAUNCHED") == "1" else code
+    return 0 if phalanx_worker() else code
 
 
 def report(run, verdicts: list[list[str]], steps: int, samples: int,
@@ -190,8 +186,8 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int,
 
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.data.corpus import prepare, source_files
     from phalanx.checkpoint.rundir import prepare_out_dir
+    from phalanx.data.corpus import prepare, source_files
     from phalanx.launch.ranks import run_ranks
     from phalanx.train.worker import check_data_fits
 
@@ -205,7 +201,7 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
     check_data_fits(cfg, splits)
     code = run_ranks(cfg, "verify-resume", argv,  # the ranks' logs: root/logs
-                     lambda threads: work(cfg, splits, root, threads))
+                     lambda threads: work(cfg, splits, root, threads), root)
     if code == 0 and (root / VERDICT).is_file():
         code = int((root / VERDICT).read_text())
     if under_launcher():  # every rank gets here: the launching command cleans up, if any

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.errors import UserError
+from phalanx.cluster import protocol
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
+from phalanx.errors import UserError
 from phalanx.paths import require_file
 
 SUMMARY = ("Run your own training script on N local ranks with the hang watchdog "
@@ -63,14 +64,14 @@ def make_report_dir(given: str | None) -> Path:
 
 
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.launch.agent import launch_or_work
     from phalanx.cluster.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import launch_or_work
 
     check_script(ns.script)
     dist = dist_config(ns)
     report_dir = make_report_dir(ns.report_dir)
-    env = {"PHALANX_HANG_TIMEOUT": str(ns.hang_timeout_s),
-           "PHALANX_HANG_REPORT_DIR": str(report_dir)}
+    env = {protocol.HANG_TIMEOUT: str(ns.hang_timeout_s),
+           protocol.HANG_REPORT_DIR: str(report_dir)}
     if ns.debug_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if not dist.tee_ranks:

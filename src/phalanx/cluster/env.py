@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from phalanx.cluster.protocol import LAUNCHED, srun_task
 from phalanx.errors import UserError
 
 
@@ -30,29 +31,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def under_launcher(environ: dict | None = None) -> bool:
-    """True when a launcher (torchrun, Phalanx's elastic agent, SLURM) started us."""
-    e = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in e:
-        return True
-    if operator_pod(e):  # RANK/WORLD_SIZE there count pods: this process is a node's launcher
-        return False
-    return ("RANK" in e and "WORLD_SIZE" in e) or srun_task(e)
-
-
-def operator_pod(environ: dict) -> bool:
-    """A pod of Kubeflow's PyTorchJob started for torchrun-style launching: the operator
-    sets PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK / PET_MASTER_ADDR/PORT, and its
-    RANK is the pod's index — a node rank, not a process rank."""
-    return "PET_NPROC_PER_NODE" in environ and "PET_NNODES" in environ
-
-
-def srun_task(environ: dict) -> bool:
-    """A task of an `srun` job step (not the batch script, which has no step id)."""
-    return "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ and (
-        "SLURM_STEP_NUM_TASKS" in environ or "SLURM_NTASKS" in environ)
-
-
 def _int(environ: dict, name: str, default: int | None = None) -> int:
     value = environ.get(name)
     if value is None:
@@ -70,7 +48,7 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
     """Ranks from torchrun-style variables, else SLURM's, else a 1-process world."""
     e = dict(os.environ if environ is None else environ)
     if "RANK" in e and "WORLD_SIZE" in e:
-        launcher = "phalanx" if e.get("PHALANX_LAUNCHED") else (
+        launcher = "phalanx" if e.get(LAUNCHED) else (
             "torchrun" if "TORCHELASTIC_RUN_ID" in e else "env")
         env = LaunchEnv(_int(e, "RANK"), _int(e, "LOCAL_RANK", 0), _int(e, "WORLD_SIZE"),
                         _int(e, "LOCAL_WORLD_SIZE", _int(e, "WORLD_SIZE")), launcher)

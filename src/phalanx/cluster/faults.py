@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import signal
 
+from phalanx.cluster import protocol
 from phalanx.cluster.rendezvous import restart_attempt
-
 from phalanx.errors import UserError
 
 
@@ -39,7 +39,7 @@ _CHOICES = {"phase": ("step", "checkpoint", "eval", "export"),
 
 def _specs() -> list[dict[str, str]]:
     """The faults PHALANX_FAULT asks for, each checked (a UserError naming what is off)."""
-    raw = os.environ.get("PHALANX_FAULT")
+    raw = os.environ.get(protocol.FAULT)
     if not raw:
         return []
     specs = []

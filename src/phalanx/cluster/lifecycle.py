@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from phalanx.cluster import protocol
+
 PR_SET_PDEATHSIG = 1
 # SIGUSR1: SLURM's warning before a time limit or preemption (`phalanx slurm`'s
 # `--signal=USR1@S`): stop the same way, and the batch script requeues on exit code 138
@@ -205,3 +207,15 @@ def terminate_gently(handler, delay_s: float = 10.0) -> None:
         return
     if watch_signals(_LastResort(handler, delay_s), "phalanx-sigterm") is not None:
         signal.signal(signal.SIGTERM, handler)
+
+
+def interrupted(exc: BaseException | None = None) -> int:
+    """One line (none in a worker of Phalanx's launcher); the shell's exit code."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    if not protocol.phalanx_worker():
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
+        try:
+            print(f"phalanx: {what}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # stderr is gone: the exit code says it
+            pass
+    return 128 + int(signum)

@@ -24,11 +24,12 @@ import sys
 import traceback
 from pathlib import Path
 
+from phalanx.cluster import protocol
 from phalanx.errors import UserError
 from phalanx.paths import ensure_dir, open_append
 
-LOGS_ENV = "PHALANX_RANK_LOGS"
-_FILE_ENV = "PHALANX_RANK_LOG_FILE"  # set in a worker once its output goes to this file
+LOGS_ENV = protocol.RANK_LOGS
+_FILE_ENV = protocol.RANK_LOG_FILE  # set in a worker once its output goes to this file
 
 
 def log_path(directory: str | os.PathLike, rank: int | str) -> Path:

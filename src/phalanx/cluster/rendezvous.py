@@ -28,8 +28,9 @@ import os
 import socket
 import time
 
+from phalanx.cluster.protocol import LAST_FAILURE, ROUND
+
 BACKEND = "phalanx-c10d"
-ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
 
 
 def bound_store(host: str, port: int, timeout_s: float = 60.0):
@@ -121,8 +122,7 @@ def tell_host(host: str, port: int, run_id: str, message: str, wait_s: float = 2
 def _backend(store, run_id: str):
     """torch's c10d backend under Phalanx's name; while a node waits for the others
     (`watching`), a message a refused node left in the store stops it in one line."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend)
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     class Backend(C10dRendezvousBackend):
         name = BACKEND
@@ -158,8 +158,10 @@ def _watch(handler, backend, params, store, is_host: bool) -> None:
     workers because another node failed does not count a restart — with several
     machines the two would then wait in different key spaces forever (seen: gloo's init
     hung after a rank was killed on one of two machines)."""
-    from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
-                                                          RendezvousTimeoutError)
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
 
     inner, waiting = handler.next_rendezvous, handler.num_nodes_waiting
     arrived = _arrivals(handler)
@@ -306,3 +308,14 @@ def attempt_store(world_size: int, timeout: datetime.timedelta):
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                            world_size, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/phalanx/attempt-{attempt}", client)
+
+
+def restart_note() -> str | None:
+    """In a restarted worker: `restart 1 of at most 3 after rank 1 was killed by SIGKILL`
+    (None on a job's first attempt)."""
+    attempt = restart_attempt()
+    if not attempt:
+        return None
+    cause = os.environ.get(LAST_FAILURE) or "a rank failed"
+    return (f"restart {attempt} of at most "
+            f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} after {cause}")

@@ -22,8 +22,8 @@ import socket
 import threading
 import time
 
-from phalanx.errors import DistributedError
 from phalanx.cluster.slurm_env import candidate_ports, expand_nodelist, step_id
+from phalanx.errors import DistributedError
 
 OWNER = "phalanx/slurm-step"
 PROBE_S = 2.0  # how long a task waits on one candidate before it tries the next

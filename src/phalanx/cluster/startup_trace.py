@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import time
 
-TRACE_ENV = "PHALANX_STARTUP_TRACE"
+from phalanx.cluster import protocol
+
+TRACE_ENV = protocol.STARTUP_TRACE
 
 
 def _role() -> str:
-    return "worker" if os.environ.get("PHALANX_LAUNCHED") else "launcher"
+    return "worker" if protocol.phalanx_worker() else "launcher"
 
 
 def process_started() -> float:

@@ -16,6 +16,7 @@ import sys
 import typing
 from typing import Any
 
+from phalanx.config.operator import operator_dist
 from phalanx.config.sections import SECTIONS, Config, build_config, flag_of
 from phalanx.errors import UserError
 from phalanx.paths import require_file
@@ -173,8 +174,6 @@ def _suggest(word: str, options: Any) -> str:
 def resolve(ns: argparse.Namespace) -> Config:
     """Kubeflow operator's variables (in a PyTorchJob pod), then the TOML file (if any),
     then the command-line flags, validated once."""
-    from phalanx.cli.k8s import operator_dist
-
     merged: dict[str, dict[str, Any]] = {"dist": operator_dist(dict(os.environ))}
     for section, values in (load_toml(ns.config) if getattr(ns, "config", None) else
                             {}).items():

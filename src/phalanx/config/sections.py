@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from phalanx.errors import UserError
 from phalanx.config.nccl import PRESET_NAMES
-from phalanx.config.strategy import GRAD_SYNC, SPECS, default_name, foreign_options
+from phalanx.config.strategy import GRAD_SYNC, SPECS, choose, foreign_options
+from phalanx.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = tuple(SPECS)
@@ -299,7 +299,9 @@ class DistConfig:
                             f"`--nnodes {self.nnodes}`.")
         if self.rdzv_endpoint:
             endpoint(self.rdzv_endpoint)
-        chosen = self.strategy or default_name(self.nproc_per_node or 2)  # auto: likely ddp
+        # before launch the world is known only from --nproc-per-node (auto: likely several
+        # ranks, so ddp); only the name is read here, the options are the worker's
+        chosen = choose(self, self.nproc_per_node or 2, grad_accum=1).name
         defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
         foreign = foreign_options(self, chosen, defaults)
         if foreign:

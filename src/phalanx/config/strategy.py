@@ -3,13 +3,19 @@
 The registry (`SPECS`) is the only place that knows the strategies by name. Config
 validation (before any worker starts) and the strategy itself (inside a worker) read the
 same spec: the same options dataclass, filled from the same flags, and the same `check`.
+
+A job's strategy is decided once, by `choose` (from the config) or `choose_for_script`
+(from `phalanx.init(strategy=..., **options)`), into a `StrategyChoice`: the spec, the
+options it is built with and the world size it was decided for. `phalanx.init` builds
+the strategy from that value; nothing decides again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from phalanx.errors import UserError
 
@@ -50,9 +56,18 @@ class StrategySpec:
     summary: str
     impl: str
     options: type
-    sharded: bool = False  # parameters (and gradients, optimizer state) split across ranks
+    # what one rank holds 1/N of, of "parameters", "gradients", "optimizer" (the state);
+    # the rest every rank holds whole (the planner's memory and traffic model reads it)
+    shards: frozenset[str] = frozenset()
     flag_prefix: str = ""  # config field of option `x` is `flag_prefix + x`
     checks: tuple[Callable[[Any, int, bool], None], ...] = field(default=())
+    # the options as a training run uses them, given its accumulation (None: as given)
+    settle: Callable[[Any, int], Any] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are split across ranks (no rank holds the whole model)."""
+        return "parameters" in self.shards
 
     def make_options(self, **given: Any) -> Any:
         """The options dataclass from keyword arguments (`phalanx.init(**options)`)."""
@@ -109,20 +124,31 @@ def _grad_sync_known(options: Any, world: int, cuda: bool) -> None:
                         f"{options.grad_sync!r}.")
 
 
+def _static_graph_without_accumulation(options: Any, grad_accum: int) -> Any:
+    """DDP's `static_graph` applies only without accumulation: under it torch cannot skip
+    the gradient sync before its first synchronised iteration, so the first window would
+    sync every micro-step — the same gradient up to float rounding, but not bit-for-bit
+    the windows that follow or a resumed run's first one."""
+    return dataclasses.replace(options, static_graph=options.static_graph and grad_accum == 1)
+
+
 GRAD_SYNC = ("every", "last")
+ALL_STATE = frozenset({"parameters", "gradients", "optimizer"})
 
 SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
     StrategySpec("single", "one process, nothing to synchronise",
                  "phalanx.strategies.single:SingleStrategy", NoOptions, checks=(_one_rank,)),
     StrategySpec("ddp", "DistributedDataParallel: a full replica per rank, gradients "
                         "all-reduced", "phalanx.strategies.ddp:DDPStrategy", DDPOptions,
-                 checks=(_sync_bn_on_cuda,)),
+                 checks=(_sync_bn_on_cuda,), settle=_static_graph_without_accumulation),
     StrategySpec("zero", "ZeRO-1: DDP + ZeroRedundancyOptimizer, each rank keeps 1/N of the "
                          "optimizer state", "phalanx.strategies.zero:ZeroStrategy", ZeroOptions,
-                 checks=(_sync_bn_on_cuda, _zero_needs_ranks)),
+                 shards=frozenset({"optimizer"}), checks=(_sync_bn_on_cuda, _zero_needs_ranks),
+                 settle=_static_graph_without_accumulation),
     StrategySpec("fsdp", "FSDP2 (fully_shard): parameters, gradients and optimizer state "
                          "sharded (ZeRO-3)", "phalanx.strategies.fsdp:FSDPStrategy", FSDPOptions,
-                 sharded=True, flag_prefix="fsdp_", checks=(_offload_on_cuda, _grad_sync_known)),
+                 shards=ALL_STATE, flag_prefix="fsdp_",
+                 checks=(_offload_on_cuda, _grad_sync_known)),
 )}
 
 
@@ -136,6 +162,47 @@ def spec(name: str) -> StrategySpec:
 def default_name(world: int) -> str:
     """The strategy when none is named: ddp for several ranks, single for one."""
     return "ddp" if world > 1 else "single"
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The strategy a job uses, decided once: its spec, the options it is built with, and
+    the world size it was decided for (`phalanx.init` refuses it in another world)."""
+
+    spec: StrategySpec
+    options: Any
+    world: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def check(self, cuda: bool) -> None:
+        """The spec's checks for this world and device kind (UserError naming the flag)."""
+        self.spec.check(self.options, self.world, cuda)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as `phalanx.init` keyword arguments ({name: value})."""
+        return {f.name: getattr(self.options, f.name)
+                for f in dataclasses.fields(self.options)}
+
+
+def choose(dist_cfg: Any, world: int, grad_accum: int) -> StrategyChoice:
+    """The one place a run's strategy is decided: `--strategy`, or the default for `world`
+    ranks; its options from the `[dist]` fields, settled for `grad_accum` micro-steps per
+    optimizer step (the spec's rule, e.g. DDP's static graph only without accumulation)."""
+    found = spec(dist_cfg.strategy or default_name(world))
+    options = found.options_from(dist_cfg)
+    if found.settle is not None:
+        options = found.settle(options, grad_accum)
+    return StrategyChoice(found, options, world)
+
+
+def choose_for_script(name: str | None, world: int, **options: Any) -> StrategyChoice:
+    """A script's `phalanx.init(strategy=name, **options)`: the named strategy (None: the
+    default for `world` ranks) with exactly the options given, checked against its spec."""
+    found = spec(name or default_name(world))
+    return StrategyChoice(found, found.make_options(**options), world)
 
 
 def foreign_options(dist_cfg: Any, chosen: str, defaults: Any) -> list[str]:

@@ -72,7 +72,7 @@ def agree(local: list[Check]) -> list[Check]:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
     merged = []
-    for i, check in enumerate(local):
+    for i in range(len(local)):
         worst = max(((r, g[i]) for r, g in enumerate(gathered)),
                     key=lambda rg: ("pass", "warn", "fail").index(rg[1].status))
         r, c = worst

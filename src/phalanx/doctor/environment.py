@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from phalanx.cluster import protocol
 from phalanx.doctor.checks import Check
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -31,7 +32,7 @@ def local_facts() -> dict:
 
 def _launcher() -> str:
     e = os.environ
-    if e.get("PHALANX_LAUNCHED"):
+    if e.get(protocol.LAUNCHED):
         return "phalanx"
     if "TORCHELASTIC_RUN_ID" in e:
         return "torchrun"

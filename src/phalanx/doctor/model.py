@@ -9,47 +9,14 @@ built-in MiniGPT (tiny preset) on random tokens.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 import torch.nn as nn
 
 from phalanx.doctor.checks import Check
-from phalanx.errors import DistributedError, UserError
+from phalanx.errors import DistributedError
+from phalanx.models.user import make_model
 from phalanx.strategies.guards import check_same, diagnose_devices
-
-
-def load_factory(spec: str | None):
-    if spec is None:
-        return _minigpt
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UserError(f"`--model {spec}`: expected `package.module:factory`.")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except SystemExit as exc:  # a script's `exit()` at import: not a quiet rc 0 (or 5, 3)
-        raise exited(spec, f"importing `{module_name}`", exc) from None
-    except Exception as exc:  # ImportError, a SyntaxError, or whatever the import raised
-        raise UserError(f"`--model {spec}`: cannot load it ({exc}). The module must be "
-                        f"importable from the current directory or PYTHONPATH.") from None
-
-
-def exited(spec: str, what: str, exc: SystemExit) -> UserError:
-    """The one-line error for a user's module or factory that called `exit()` /
-    `sys.exit(...)` where Phalanx expected a model."""
-    code = exc.code if exc.code is None or isinstance(exc.code, int) else 1  # sys.exit("msg")
-    return UserError(f"`--model {spec}`: {what} called exit (SystemExit, exit code "
-                     f"{code or 0}) instead of returning. Put the module's own start-up under "
-                     f"`if __name__ == \"__main__\":` and have the factory return the model.")
-
-
-def _minigpt():
-    from phalanx.config.sections import build_config
-    from phalanx.models import build_model
-
-    cfg = build_config({"model": {"preset": "tiny"}})
-    model = build_model(cfg)
-    return model, torch.randint(0, model.config.vocab_size, (2, cfg.model.block_size))
+from phalanx.strategies.tensors import is_shard
 
 
 def _rank_batch(example, rank: int, device: torch.device):
@@ -94,26 +61,6 @@ def structure_checks(model: nn.Module, on_cuda: bool) -> list[Check]:
     return checks
 
 
-def make_model(spec: str | None):
-    """(module, example or None) from the factory; a UserError when it raises or returns
-    something else."""
-    factory = load_factory(spec)
-    try:
-        made = factory()
-    except SystemExit as exc:
-        raise exited(spec, f"calling `{spec.partition(':')[2]}()`", exc) from None
-    except Exception as exc:  # the user's code: say what it raised, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise UserError(f"`--model {spec}`: the factory raised {type(exc).__name__}"
-                        f"{': ' + first if first else ''}. Fix it so that calling it with no "
-                        f"arguments returns the model.") from None
-    model, example = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
-    if not isinstance(model, torch.nn.Module):
-        raise UserError(f"`--model {spec}` returned {type(made).__name__}; expected a "
-                        f"torch.nn.Module, or a (module, example input) pair.")
-    return model, example
-
-
 def model_checks(run, spec: str | None) -> list[Check]:
     model, example = make_model(spec)
     checks = structure_checks(model, run.device.type == "cuda")
@@ -136,7 +83,7 @@ def model_checks(run, spec: str | None) -> list[Check]:
                         "use them in forward, or DDP(find_unused_parameters=True)" if unused
                         else ""))
     grads = [(n, p.grad) for n, p in model.named_parameters()
-             if p.grad is not None and not hasattr(p.grad, "to_local")]  # shards differ
+             if p.grad is not None and not is_shard(p.grad)]  # shards differ
     if grads:
         checks.append(_same(run, grads, "gradients identical after backward (different "
                                         "data per rank)"))

@@ -12,6 +12,8 @@ import os
 import runpy
 import sys
 
+from phalanx.cluster import protocol
+
 
 def _watch_after_init() -> None:
     import torch.distributed as dist
@@ -23,8 +25,8 @@ def _watch_after_init() -> None:
     def init_process_group(*args, **kwargs):
         result = original(*args, **kwargs)
         start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
-                       os.environ.get("PHALANX_HANG_REPORT_DIR"))
-        os.environ["PHALANX_WATCHED"] = "1"  # phalanx.init in the script: no second watchdog
+                       os.environ.get(protocol.HANG_REPORT_DIR))
+        os.environ[protocol.WATCHED] = "1"  # phalanx.init in the script: no second watchdog
         return result
 
     dist.init_process_group = init_process_group
@@ -62,7 +64,7 @@ def main() -> None:
     _watch_after_init()
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    from phalanx.errors import record_for_agent
+    from phalanx.cluster.protocol import record_for_agent
     from phalanx.hang.mismatch import explain
 
     try:

@@ -21,7 +21,7 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
     cause = likely_cause(acts, silent, world_size)
     lines += ["", f"Most likely cause: {cause}"]
     lines += ["", "Stacks (user code, outermost first):"]
-    for r, act in sorted(acts.items()):
+    for r in sorted(acts):
         user = [f for f in stacks[r] or [] if is_user(f)]
         lines.append(f"  rank {r}:")
         lines += [f"    {short(f.file)}:{f.line} in {f.function}: {f.code}" for f in user] or \

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx.cluster import protocol
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
 
@@ -182,7 +183,8 @@ class Watchdog:
     def _exit(self, report: str | None) -> None:
         """Leave now: the main thread is blocked and will not return. The reporter records
         the one-line summary for the elastic agent and goes first; the others follow."""
-        from phalanx.errors import DistributedError, record_for_agent
+        from phalanx.cluster.protocol import record_for_agent
+        from phalanx.errors import DistributedError
 
         if report is not None:
             record_for_agent(DistributedError(report, [self.rank]))
@@ -203,7 +205,7 @@ def timeout_from_env(default: str = "0") -> float:
     """PHALANX_HANG_TIMEOUT in seconds (0: off), or a UserError naming the bad value."""
     from phalanx.errors import UserError
 
-    raw = os.environ.get("PHALANX_HANG_TIMEOUT", "") or default
+    raw = os.environ.get(protocol.HANG_TIMEOUT, "") or default
     try:
         value = float(raw)
     except ValueError:

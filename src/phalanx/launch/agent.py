@@ -20,13 +20,15 @@ import socket
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from phalanx.cluster.env import usable_cores, under_launcher
-from phalanx.errors import Interrupted
+from phalanx.cluster import protocol
+from phalanx.cluster.env import usable_cores
+from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.rendezvous import ROUND
 from phalanx.cluster.startup_trace import mark
+from phalanx.errors import Interrupted
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], in
     ranks, each running `python PYTHON_ARGS` (e.g. `-m phalanx train ...`). `work=None`:
     always start them (the worker is another entry point)."""
     if under_launcher() and work is not None:
-        if not os.environ.get("PHALANX_LAUNCHED"):  # srun/torchrun: set it before NCCL starts
+        if not protocol.phalanx_worker():  # srun/torchrun: set it before NCCL starts
             _preset_here(dist)
         return work(None)
     plan = plan_launch(dist, env)
@@ -178,15 +180,15 @@ def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None
 
 def workers_env(plan: LaunchPlan) -> dict[str, str]:
     """What every worker of `plan` finds in its environment besides the agent's own."""
-    env = {"PHALANX_LAUNCHED": "1", "OMP_NUM_THREADS": str(plan.threads), ROUND: "0",
+    env = {protocol.LAUNCHED: "1", "OMP_NUM_THREADS": str(plan.threads), ROUND: "0",
            **plan.env}
     nodes = plan.nodes
     ifname = loopback_interface() if nodes is None else nodes.ifname
     if "GLOO_SOCKET_IFNAME" not in os.environ and ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
     if nodes is not None:  # the run directory's writer is global rank 0, not a launcher
-        env["PHALANX_MULTINODE"] = "1"
-        if os.environ.get("PHALANX_QUIET_CPP"):  # set for the launcher only
+        env[protocol.MULTINODE] = "1"
+        if os.environ.get(protocol.QUIET_CPP):  # set for the launcher only
             env["TORCH_CPP_LOG_LEVEL"] = "WARNING"
     return env
 
@@ -222,8 +224,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
     from phalanx.cluster.ranklogs import LOGS_ENV
+    from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards
@@ -232,8 +234,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None
     except ChildFailedError as exc:
-        reports = plan.env.get("PHALANX_HANG_REPORT_DIR") or os.environ.get(
-            "PHALANX_HANG_REPORT_DIR")  # where ranks killed by a signal left their stacks
+        reports = plan.env.get(protocol.HANG_REPORT_DIR) or os.environ.get(
+            protocol.HANG_REPORT_DIR)  # where ranks killed by a signal left their stacks
         logs = plan.env.get(LOGS_ENV)
         stack = unexplained_traceback(exc.failures) if logs else None
         if stack:  # not an error Phalanx explains: its traceback once (each rank's: its log)

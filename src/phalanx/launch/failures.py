@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 
+from phalanx.cluster.protocol import LAST_FAILURE
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang.mismatch import PEER_LOST
 from phalanx.hang.watchdog import HANG_EXIT_CODE
@@ -59,8 +60,6 @@ def unexplained_traceback(failures: dict) -> str | None:
     """The recorded traceback of the first failed rank whose error is not one Phalanx
     raises on purpose (a bug, or an error in the user's own script): shown once, while
     every rank's copy stays in its log."""
-    from phalanx.errors import error_names
-
     culprits, _, _ = _blame(failures)
     for rank in culprits:
         raw = failures[rank].message
@@ -157,8 +156,6 @@ def _message(failure) -> str:
     return ""
 
 
-LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
-
 
 class RestartNotes(logging.Handler):
     """Catches the elastic agent's record of the worker failure that makes it restart the
@@ -187,7 +184,7 @@ class RestartNotes(logging.Handler):
             how = f"was killed by {signal.Signals(-code).name}"
         os.environ[LAST_FAILURE] = f"{who} {how}"
 
-    def __enter__(self) -> "RestartNotes":
+    def __enter__(self) -> RestartNotes:
         log = logging.getLogger(self.LOGGER)
         self._saved = (log.level, log.propagate)
         log.setLevel(logging.ERROR)
@@ -216,14 +213,16 @@ def _failures_being_logged() -> dict | None:
     return None
 
 
-def restart_note() -> str | None:
-    """In a restarted worker: `restart 1 of at most 3 after rank 1 was killed by SIGKILL`
-    (None on a job's first attempt)."""
-    from phalanx.cluster.rendezvous import restart_attempt
+def error_names() -> set[str]:
+    """The class names of every error Phalanx raises on purpose (as recorded for the
+    agent: `UserError: ...`)."""
+    import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
+    import phalanx.checkpoint.store  # noqa: F401
+    from phalanx.errors import PhalanxError
 
-    attempt = restart_attempt()
-    if not attempt:
-        return None
-    cause = os.environ.get(LAST_FAILURE) or "a rank failed"
-    return (f"restart {attempt} of at most "
-            f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} after {cause}")
+    found, todo = set(), [PhalanxError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return found

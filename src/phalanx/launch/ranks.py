@@ -7,25 +7,27 @@ import sys
 from pathlib import Path
 
 from phalanx.config.sections import Config
+from phalanx.config.strategy import choose
 from phalanx.errors import UserError
-from phalanx.strategies import default_name, spec
+from phalanx.paths import RunDir
 
 
 def check_world(cfg: Config, nproc: int, cuda: bool) -> None:
     """Checks that need the world size and device kind, done before any worker starts:
-    the strategy's own (its spec's, the same a worker runs) and the backend's."""
-    found = spec(cfg.dist.strategy or default_name(nproc))
-    found.check(found.options_from(cfg.dist), nproc, cuda)
+    the strategy's own (chosen as a worker chooses it, for the launch plan's world; its
+    spec's checks, the same a worker runs) and the backend's."""
+    choose(cfg.dist, nproc, cfg.train.grad_accum).check(cuda)
     if cfg.dist.backend == "nccl" and not cuda:
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo.")
 
 
-def run_ranks(cfg: Config, verb: str, argv: list[str], work,
+def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
               env: dict[str, str] | None = None) -> int:
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
-    the checks that need the world size (`check_world`); `env`: more for the workers."""
-    from phalanx.launch.agent import launch_or_work
+    the checks that need the world size (`check_world`); each rank's output goes to
+    `out.logs` (unless `--tee-ranks`); `env`: more for the workers."""
     from phalanx.cluster.ranklogs import LOGS_ENV
+    from phalanx.launch.agent import launch_or_work
 
     def check(plan) -> None:
         import torch
@@ -37,6 +39,6 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work,
         if slow:  # up front, before minutes pass in silence
             print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
-    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(cfg.train.out).resolve() / "logs")}
+    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(out.logs).resolve())}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work,
                           env={**logs, **(env or {})}, check=check)

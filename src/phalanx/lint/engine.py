@@ -203,11 +203,7 @@ def suppressed(ctx: Context, line: int, code: str) -> bool:
 def lint_source(path: str, source: str, rules: Iterable[Rule], project=None) -> list[Finding]:
     """Findings of `rules` in one file; `project`: the other linted files' functions that
     run collectives (lint.project.Project), seen through this file's imports."""
-    ctx = (project.take(path, source) if project is not None else None) or Context(path, source)
-    if project is not None:
-        from phalanx.lint.project import visible
-
-        ctx.project = visible(ctx, project)
+    ctx = project.context(path, source) if project is not None else Context(path, source)
     findings = []
     for rule in rules:
         for node, detail in rule.check(ctx):

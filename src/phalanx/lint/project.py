@@ -38,6 +38,13 @@ class Project:
     def file_of(self, module: str) -> str | None:
         return self.suffixes.get(module)
 
+    def context(self, name: str, source: str) -> Context:
+        """The file's parse, with what it sees of the other files' collective functions
+        through its own imports (`Context.project`)."""
+        ctx = self.take(name, source) or Context(name, source)
+        ctx.project = visible(ctx, self)
+        return ctx
+
 
 def _suffixes(paths: list[Path]) -> dict[str, str]:
     seen: dict[str, set[str]] = {}

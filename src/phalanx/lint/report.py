@@ -26,7 +26,7 @@ def as_json(findings: list[Finding], files: int, skipped: int = 0) -> str:
 
 
 def sarif(findings: list[Finding], rules: list[Rule]) -> str:
-    from phalanx import __version__
+    from phalanx.version import __version__
 
     driver = {"name": "phalanx-lint", "version": __version__,
               "informationUri": "https://github.com/phalanx-dev/phalanx",

@@ -1,31 +1,20 @@
-"""Built-in models, and building one from a Phalanx config (training, export, bench)."""
+"""Built-in models, building one from a Phalanx config, a user's model factory, and
+MiniGPT's shapes without torch (`phalanx.models.shapes`). The package's top imports
+nothing heavy: the planner's formulas use the shapes without loading torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from phalanx.models.minigpt import GPTConfig, MiniGPT
-
-if TYPE_CHECKING:
-    from phalanx.config.sections import Config
-
-
-def gpt_config(cfg: Config) -> GPTConfig:
-    """The MiniGPT shape a config's `[model]` section describes."""
-    m = cfg.model
-    return GPTConfig(block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
-                     n_embd=m.n_embd, dropout=m.dropout, bias=m.bias,
-                     activation_checkpointing=m.activation_checkpointing)
-
-
-def build_model(cfg: Config) -> MiniGPT:
-    """MiniGPT initialised from the config's seed alone (identical on every rank, and
-    independent of the caller's RNG state)."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.train.seed)
-        return MiniGPT(gpt_config(cfg))
-
+_BUILD = {"GPTConfig": "minigpt", "MiniGPT": "minigpt", "build_model": "build",
+          "gpt_config": "build"}
 
 __all__ = ["GPTConfig", "MiniGPT", "build_model", "gpt_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BUILD:  # loaded on first use: importing torch is not free
+        import importlib
+
+        return getattr(importlib.import_module(f"phalanx.models.{_BUILD[name]}"), name)
+    raise AttributeError(f"module 'phalanx.models' has no attribute {name!r}")

@@ -25,8 +25,9 @@ benchmarks/plan_vs_measured.py (docs/plan.md holds the table).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from phalanx.config.strategy import spec
 from phalanx.plan import formulas as f
 
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "communication")
@@ -91,6 +92,17 @@ class Variant:
     strategy: str
     reshard: bool = True
 
+    @property
+    def shards(self) -> frozenset[str]:
+        """What one rank holds 1/W of (the strategy's spec): of parameters, gradients and
+        optimizer state."""
+        return spec(self.strategy).shards
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters split across ranks (gathered per block as they are used)."""
+        return "parameters" in self.shards
+
 
 VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsdp"),
             Variant("fsdp (no reshard)", "fsdp", reshard=False))
@@ -105,7 +117,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     parameters; buffers of collectives in flight (`_fsdp_in_flight`) as communication."""
     P = f.param_bytes(facts.param_shapes, s=s)
     L = facts.n_blocks
-    sharded = variant.strategy == "fsdp"
+    sharded = variant.sharded
     shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
     block = f.param_bytes(facts.block_shapes, s=facts.gathered)
     block_shard = f.param_bytes(facts.block_shapes, W, sharded=True, s=s)
@@ -114,8 +126,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
                 "gradients": 0,
                 "optimizer": f.adamw_state_bytes(shard), "communication": 0}
     else:
-        state = P if variant.strategy == "ddp" else \
-            f.zero_partition_bytes(facts.param_shapes, W, s=s)
+        state = f.zero_partition_bytes(facts.param_shapes, W, s=s) \
+            if "optimizer" in variant.shards else P
         base = {"parameters": P, "gradients": P, "optimizer": f.adamw_state_bytes(state),
                 "communication": 0}
     per_block = facts.block_input if checkpointed else facts.block_saved

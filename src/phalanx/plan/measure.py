@@ -20,15 +20,17 @@ CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients"
 
 
 def join(cfg, strategy: str, reshard: bool = True):
-    """`phalanx.init` for `strategy` with the config's options; the process group made by
-    the first call is reused by the next (a strategy is set up on the same ranks)."""
+    """`phalanx.init` for `strategy` with the config's options (chosen as the trainer
+    chooses, for the world this process joins); the process group made by the first call
+    is reused by the next (a strategy is set up on the same ranks)."""
     import phalanx
-    from phalanx.train.worker import strategy_options
+    from phalanx.cluster.env import detect_launch_env
+    from phalanx.config.strategy import choose
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard
-    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend, strategy=strategy,
-                        **strategy_options(cfg))
+    choice = choose(cfg.dist, detect_launch_env().world_size, cfg.train.grad_accum)
+    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend, strategy=choice)
 
 
 def measure(run, cfg, steps: int = 3) -> dict:
@@ -39,8 +41,8 @@ def measure(run, cfg, steps: int = 3) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from phalanx.models import build_model
-    from phalanx.train.loop import micro_steps, optimizer_step
     from phalanx.runtime.optim import adamw
+    from phalanx.runtime.step import micro_steps, optimizer_step
 
     t = cfg.train
     gen = torch.Generator().manual_seed(run.rank)

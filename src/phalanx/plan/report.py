@@ -5,7 +5,6 @@ from __future__ import annotations
 from phalanx.plan.devices import GiB, human
 from phalanx.plan.estimate import COMPONENTS
 
-
 HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim",
            "activations": "activ.", "communication": "comm"}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx.config.strategy import spec
 from phalanx.plan import formulas as f
 
 
@@ -29,18 +30,21 @@ class StepTime:
 
 def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: int,
                   W: int, accum: int) -> dict[str, float]:
-    """Bytes each rank sends per optimizer step, by the pass that can hide them.
+    """Bytes each rank sends per optimizer step, by the pass that can hide them; what
+    moves follows from what the strategy shards (its spec's `shards`).
 
-    ddp/zero: ring all-reduce of the gradients once per optimizer step (the other
-    micro-steps skip it): 2·(W−1)/W·G; zero adds the broadcast of each rank's updated
-    share: (W−1)/W·P. fsdp, per micro-step: all-gather (W−1)/W·P in forward, again in
+    Whole parameters on every rank (ddp/zero): ring all-reduce of the gradients once per
+    optimizer step (the other micro-steps skip it): 2·(W−1)/W·G; with the optimizer state
+    sharded (zero), each rank updates its share and broadcasts it: (W−1)/W·P. Sharded
+    parameters (fsdp), per micro-step: all-gather (W−1)/W·P in forward, again in
     backward when parameters are resharded after forward, and reduce-scatter
     (W−1)/W·G in backward.
     """
     if W == 1:
         return {"forward": 0.0, "backward": 0.0, "exposed": 0.0}
-    if strategy in ("ddp", "zero"):
-        after = f.ring_all_gather_bytes(param_bytes, W) if strategy == "zero" else 0.0
+    shards = spec(strategy).shards
+    if "parameters" not in shards:
+        after = f.ring_all_gather_bytes(param_bytes, W) if "optimizer" in shards else 0.0
         return {"forward": 0.0, "backward": f.ring_all_reduce_bytes(grad_bytes, W),
                 "exposed": after}
     gather = f.ring_all_gather_bytes(param_bytes, W)

@@ -20,7 +20,7 @@ from phalanx.plan.estimate import ModelFacts
 def user_facts(spec: str) -> ModelFacts:
     import torch
 
-    from phalanx.doctor.model import make_model
+    from phalanx.models.user import make_model
     from phalanx.strategies.blocks import find_blocks
 
     with torch.device("meta"):

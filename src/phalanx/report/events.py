@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from phalanx.paths import RunDir
 
 KINDS = ("restart", "nan", "rollback", "spike", "straggler")
-FILE = "events.jsonl"
+
+FILE = RunDir("").events.name
 
 
 def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> None:
@@ -22,7 +26,7 @@ def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> No
         raise ValueError(f"event kind {kind!r}: expected one of {', '.join(KINDS)}")
     line = {"step": int(step), "kind": kind, "message": message,
             "time": datetime.datetime.now().isoformat(timespec="seconds")}
-    with open(Path(out_dir) / FILE, "a", encoding="utf-8") as fh:
+    with open(RunDir(out_dir).events, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
 
@@ -39,4 +43,4 @@ def read_events(out_dir: Path, warn: Callable[[str], None] | None = None
     last one, a `time` that is not text, ...) are skipped, said in one line to `warn`."""
     from phalanx.report.records import check_event, read_records
 
-    return read_records(Path(out_dir) / FILE, check_event, warn or (lambda _: None))
+    return read_records(RunDir(out_dir).events, check_event, warn or (lambda _: None))

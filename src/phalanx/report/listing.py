@@ -11,6 +11,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx.checkpoint.manifest import MANIFEST
+from phalanx.paths import RunDir
 from phalanx.report.records import read_text
 
 
@@ -26,7 +28,7 @@ class Checkpoint:
 def list_checkpoints(run_dir: Path) -> tuple[list[Checkpoint], str | None, str | None]:
     """(the `step-*` entries of `run_dir/checkpoints`, by name; the name `latest` gives;
     a note when `checkpoints` itself is not listed)."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     try:
         mode = os.lstat(root).st_mode
     except OSError:
@@ -82,7 +84,7 @@ def recorded_world_size(run_dir: Path, checkpoints: list[Checkpoint],
     names = [c.name for c in checkpoints if not c.link]
     order = ([latest] if latest in names else []) + names[::-1]
     for name in order:
-        text = read_text(Path(run_dir) / "checkpoints" / name / "manifest.json",
+        text = read_text(RunDir(run_dir).checkpoints / name / MANIFEST,
                          lambda _: None)
         try:
             world = json.loads(text or "").get("world_size")

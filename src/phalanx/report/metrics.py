@@ -6,8 +6,9 @@ not a JSON object), says so once, and a resumed run rewrites the file without it
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class MetricsWriter:

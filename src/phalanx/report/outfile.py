@@ -12,8 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from phalanx.paths import current_umask
 from phalanx.errors import UserError
+from phalanx.paths import current_umask
 
 
 class PageFile:

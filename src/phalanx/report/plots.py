@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from phalanx.report.charts import loss_label
 from phalanx.report.outfile import write_atomic

@@ -12,8 +12,9 @@ import json
 import math
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from phalanx.report.metrics import parse_lines
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.paths import RunDir
 from phalanx.report import used
 from phalanx.report.charts import charts_svg
 from phalanx.report.events import read_events
 from phalanx.report.listing import list_checkpoints, recorded_world_size
 from phalanx.report.outfile import PageFile, write_atomic
-from phalanx.report.records import (Warn, check_metric, finite, read_object, read_records,
-                                    whole_step)
+from phalanx.report.records import Warn, check_metric, finite, read_object, read_records, whole_step
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;
@@ -65,15 +65,16 @@ def build_report(run_dir: Path, out_path: Path | None = None, warn: Warn | None 
     """Write the report of the run in `run_dir` (default: `run_dir/report.html`). Records
     it cannot use are skipped with one line per file through `warn` (default: stderr);
     a page path that cannot be written raises UserError, before anything is read."""
-    run_dir = Path(run_dir)
+    names = RunDir(run_dir)
+    run_dir = names.root
     given = out_path is not None
-    with PageFile(Path(out_path) if given else run_dir / "report.html", run_dir,
+    with PageFile(Path(out_path) if given else names.report, run_dir,
                   given) as page:
         warn = warn or _stderr
-        files = RunFiles(records=read_records(run_dir / "metrics.jsonl", check_metric, warn),
+        files = RunFiles(records=read_records(names.metrics, check_metric, warn),
                          events=read_events(run_dir, warn),
-                         config=read_object(run_dir / "run_config.json", warn),
-                         env=read_object(run_dir / "environment.json", warn))
+                         config=read_object(names.run_config, warn),
+                         env=read_object(names.environment, warn))
         name = run_dir.resolve().name
         return page.commit(f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
                            f"<title>Phalanx run {_e(name)}</title><style>{STYLE}</style>"
@@ -108,7 +109,7 @@ def write_environment(run, cfg, out_dir: Path) -> None:
 
     import torch
 
-    from phalanx import __version__
+    from phalanx.version import __version__
 
     device = run.device
     peers = getattr(run.topology, "peers", None)
@@ -120,7 +121,7 @@ def write_environment(run, cfg, out_dir: Path) -> None:
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "threads_per_rank": run.threads, "precision": cfg.train.precision,
            "loss_unit": "nats/byte"}
-    write_atomic(Path(out_dir) / "environment.json", (json.dumps(env, indent=2) + "\n").encode())
+    write_atomic(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
 
 
 def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:

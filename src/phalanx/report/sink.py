@@ -10,12 +10,14 @@ names, with `/` as written (`eval/accuracy`), else under `train/`.
 from __future__ import annotations
 
 import json
-import shlex
 import math
 import os
+import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from phalanx.paths import RunDir
 from phalanx.report.metrics import MetricsWriter, read_metrics
 
 _TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr"}
@@ -70,14 +72,14 @@ class MetricsSink:
                  say: Callable[[str], None] | None = None) -> None:
         self.out_dir = out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "metrics.jsonl"
+        path = RunDir(out_dir).metrics
         kept = _drop_from(path, first_step, say)
         self.metrics = MetricsWriter(path, append=kept)
         self.tb = None
         if tensorboard_available():
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(out_dir / "tb"),
+            self.tb = SummaryWriter(log_dir=str(RunDir(out_dir).tb),
                                     purge_step=first_step if kept else None)
 
     def write(self, record: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ guides prescribe, so a script cannot get it wrong:
 3. set torch threads so the ranks on one machine do not oversubscribe its cores;
 4. initialise the process group (nccl on CUDA, gloo on CPU) with a timeout — at world
    size 1 too, on an in-memory store, so collectives work the same everywhere;
-5. build the topology (a DeviceMesh when the strategy shards), then the strategy from it;
+5. build the topology (a DeviceMesh when the strategy shards), then the strategy from it
+   (`strategy`: a name and its options, decided here for the detected world, or the
+   `StrategyChoice` a caller decided once, e.g. the trainer; built as it is);
 6. seed from (seed, rank); and destroy the process group at exit, also on error.
 """
 
@@ -22,12 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.cluster import protocol
 from phalanx.cluster.env import LaunchEnv, detect_launch_env, usable_cores
-from phalanx.errors import DistributedError, UserError
 from phalanx.cluster.rendezvous import attempt_store
-from phalanx.runtime.run import Run, derive_seed
 from phalanx.cluster.startup_trace import mark
-from phalanx.strategies import default_name, spec, strategy_class
+from phalanx.errors import DistributedError, UserError
+from phalanx.runtime.run import Run, derive_seed
+from phalanx.strategies import StrategyChoice, build, choose_for_script
 from phalanx.strategies.topology import data_parallel
 
 
@@ -54,13 +57,16 @@ def _set_threads(env: LaunchEnv, threads: int | None) -> int:
     return threads
 
 
-def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
-         timeout_s: float = 600.0, threads: int | None = None,
-         hang_timeout_s: float | None = None, hang_report_dir: str | Path | None = None,
-         debug_collectives: bool = False, log_dir: str | Path | None = None,
+def init(seed: int = 0, *, backend: str = "auto",
+         strategy: str | StrategyChoice | None = None, timeout_s: float = 600.0,
+         threads: int | None = None, hang_timeout_s: float | None = None,
+         hang_report_dir: str | Path | None = None, debug_collectives: bool = False,
+         log_dir: str | Path | None = None,
          **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
+    `strategy`: a name with its options as keywords (`strategy="ddp", bucket_cap_mb=1`;
+    None: ddp for several ranks, single for one), or a `StrategyChoice` (`choose`).
     `hang_timeout_s` (or PHALANX_HANG_TIMEOUT) starts the hang watchdog (`Run.watch`).
     `debug_collectives` has torch verify every collective across ranks
     (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
@@ -70,6 +76,7 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
     env = detect_launch_env()
+    choice = _strategy_choice(strategy, env.world_size, strategy_options)
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
         os.environ.setdefault(name, value)
     from phalanx.cluster.lifecycle import die_with_agent
@@ -89,21 +96,13 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
         else:
             dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                                     timeout=timeout, store=_store(env, timeout))
-    found = spec(strategy or default_name(env.world_size))
-    options = found.make_options(**strategy_options)
     from phalanx.cluster.peers import gather_peers
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
-                             device, backend, env.launcher, with_mesh=found.sharded,
+                             device, backend, env.launcher, with_mesh=choice.spec.sharded,
                              peers=gather_peers(env.world_size))
-    chosen = strategy_class(found.name)(topology, options)
-    try:
-        chosen.check()
-    except Exception:
-        if created:
-            dist.destroy_process_group()
-        raise
+    chosen = _checked(build(choice, topology), created)
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=Path(log_dir) if log_dir is not None else None)
     atexit.register(run.close)
@@ -111,9 +110,39 @@ def init(seed: int = 0, *, backend: str = "auto", strategy: str | None = None,
     from phalanx.hang.watchdog import timeout_from_env
 
     hang = hang_timeout_s or timeout_from_env()
-    if hang > 0 and not os.environ.get("PHALANX_WATCHED"):
-        run.watch(hang, hang_report_dir or os.environ.get("PHALANX_HANG_REPORT_DIR"))
+    if hang > 0 and not os.environ.get(protocol.WATCHED):
+        run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR))
     return run
+
+
+def _strategy_choice(strategy: str | StrategyChoice | None, world: int,
+                     options: dict[str, Any]) -> StrategyChoice:
+    """The choice a caller made (for this world), or a script's name + options decided
+    for `world` ranks."""
+    if not isinstance(strategy, StrategyChoice):
+        return choose_for_script(strategy, world, **options)
+    if options:
+        raise TypeError(f"phalanx.init(strategy=<{strategy.name} choice>) carries its "
+                        f"options; {', '.join(sorted(options))} given besides. Decide them "
+                        f"into the choice, or pass the strategy by name.")
+    if strategy.world != world:
+        raise ValueError(f"the strategy `{strategy.name}` was chosen for {strategy.world} "
+                         f"rank(s), and this process joined a job of {world} (launcher "
+                         f"variables: RANK/WORLD_SIZE, or SLURM's under srun). Choose it "
+                         f"from the world this process joins (detect_launch_env).")
+    return strategy
+
+
+def _checked(chosen, created: bool):
+    """The strategy, if it can run in this world on this device; else its UserError, the
+    process group this call made destroyed first."""
+    try:
+        chosen.check()
+    except Exception:
+        if created:
+            dist.destroy_process_group()
+        raise
+    return chosen
 
 
 def _store(env, timeout: datetime.timedelta):

@@ -10,21 +10,23 @@ import contextlib
 import hashlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from phalanx.cluster.protocol import record_for_agent
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
-from phalanx.errors import UserError, record_for_agent
+from phalanx.errors import UserError
 from phalanx.runtime.accumulate import Accumulator
-from phalanx.strategies.precision import Precision
 from phalanx.strategies.base import Strategy
+from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
 
 

@@ -17,15 +17,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from phalanx.checkpoint import store
-from phalanx.strategies.precision import Precision
 from phalanx.config.strategy import StrategySpec, spec
+from phalanx.strategies import state_dict
+from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One of a strategy's settings beside the value users weigh it against (torch's
+    default, or the other choice); `phalanx bench --defaults` times each."""
+
+    setting: str  # what differs, e.g. "DDP static_graph"
+    ours: str  # this strategy's value
+    theirs: str  # the other value
+    options: dict  # the strategy options that put `theirs` in place
 
 
 class Strategy(ABC):
@@ -57,6 +70,11 @@ class Strategy(ABC):
         """Refuse a world this strategy cannot run in (raise `UserError`)."""
         self.spec.check(self.options, self.topology.world_size,
                         self.topology.device.type == "cuda")
+
+    def alternatives(self) -> list[Alternative]:
+        """The settings of these options that differ from what users would otherwise get
+        (torch's defaults), each with the options that undo it. Default: none."""
+        return []
 
     # -- setup ------------------------------------------------------------------------
     def precision(self, name: str) -> Precision:
@@ -93,7 +111,7 @@ class Strategy(ABC):
         """The optimizer holding this rank's state (ZeRO: its partition's). Default: itself."""
         return optimizer
 
-    def release(self) -> None:
+    def release(self) -> None:  # noqa: B027 - an optional hook: most strategies hold nothing
         """Before the process group is destroyed: drop references to it. Default: none."""
 
     # -- the step -------------------------------------------------------------------------
@@ -107,12 +125,12 @@ class Strategy(ABC):
         """This rank's part of {"model": ..., "optim": ...} for DCP to write. Replicated:
         each tensor is dealt to one rank, so it is written once (see `share_of_replicated`)."""
         module = self.unwrap(model)
-        if not store.plain(module):  # e.g. compiled before setup: torch's names, all ranks
-            return store.dcp_template(model, optimizer)[0]  # (DCP writes duplicates once)
-        state = store.direct_state(module, optimizer)
+        if not state_dict.plain(module):  # e.g. compiled before setup: torch's names, all
+            return store.dcp_template(model, optimizer)[0]  # ranks (DCP writes them once)
+        state = state_dict.direct_state(module, optimizer)
         world = self.topology.world_size
-        return store.share_of_replicated(state, self.topology.rank, world,
-                                         self._share_plans) if world > 1 \
+        return state_dict.share_of_replicated(state, self.topology.rank, world,
+                                              self._share_plans) if world > 1 \
             else state
 
     def load_template(self, model: nn.Module, optimizer: torch.optim.Optimizer | None

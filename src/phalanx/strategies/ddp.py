@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from phalanx.config.strategy import DDPOptions
 from phalanx.errors import DistributedError, UserError
-from phalanx.strategies.base import BackwardSyncControl, Strategy
+from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 
 _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
 
@@ -74,7 +75,20 @@ class DDPStrategy(Strategy, BackwardSyncControl):
             process_group=o.process_group or _unverified_group(),
         )
         self._wrapped.add(wrapped)
+        self.note = tuning_note(self.name, wrapped)
         return wrapped
+
+    def alternatives(self) -> list[Alternative]:
+        """Phalanx's DDP settings that torch's DDP does not use unless told."""
+        o, found = self.options, []
+        if o.static_graph:
+            found.append(Alternative("DDP static_graph", "True", "False", {"static_graph": False}))
+        if o.gradient_as_bucket_view:
+            found.append(Alternative("DDP gradient_as_bucket_view", "True", "False",
+                                     {"gradient_as_bucket_view": False}))
+        found.append(Alternative("DDP bucket sizes", f"{o.bucket_cap_mb:g} MiB, every bucket",
+                                 "25 MiB, the first 1 MiB", {"bucket_cap_mb": None}))
+        return found
 
     def release(self) -> None:
         """Drop each DDP wrapper's reducer, logger and group, so that the process group
@@ -96,6 +110,20 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         if model.static_graph and getattr(model, "synced_forwards", 0) == 0:
             return nullcontext()
         return model.no_sync() if enabled else nullcontext()
+
+
+def tuning_note(name: str, ddp: DistributedDataParallel) -> str:
+    """The tuning a user gave DDP (bucket size, gradient views, the unused-parameter
+    search) where it differs from the defaults, read back from torch's DDP so that a
+    run's output shows it took effect; "" on the defaults."""
+    default, found = DDPOptions(), []
+    cap = ddp.bucket_bytes_cap / 2 ** 20
+    if cap != default.bucket_cap_mb:
+        found.append(f"bucket_cap_mb={cap:g}")
+    for option in ("gradient_as_bucket_view", "find_unused_parameters"):
+        if getattr(ddp, option) != getattr(default, option):
+            found.append(f"{option}={getattr(ddp, option)}")
+    return f"{name}: DistributedDataParallel built with {', '.join(found)}" if found else ""
 
 
 def _unverified_group():

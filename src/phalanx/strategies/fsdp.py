@@ -31,9 +31,10 @@ from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
-from phalanx.strategies.precision import Precision
-from phalanx.strategies.base import BackwardSyncControl, Strategy
+from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import describe, find_blocks
+from phalanx.strategies.precision import Precision
+from phalanx.strategies.tensors import uncompiled
 
 
 class ShardedPrecision(Precision):
@@ -96,8 +97,19 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
     def wrap(self, model: nn.Module) -> nn.Module:  # setup_module does the work
         return model
 
+    def alternatives(self) -> list[Alternative]:
+        """Not torch defaults (torch's are Phalanx's here): the alternatives users choose
+        between."""
+        o = self.options
+        other = "last" if o.grad_sync == "every" else "every"
+        keep = o.reshard_after_forward
+        return [Alternative("FSDP gradient sync under accumulation", o.grad_sync,
+                            f"{other} (alternative)", {"grad_sync": other}),
+                Alternative("FSDP reshard_after_forward", str(keep),
+                            f"{not keep} (alternative)", {"reshard_after_forward": not keep})]
+
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "_orig_mod", model)
+        return uncompiled(model)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager:
         """grad_sync "every": reduce-scatter on every micro-step (gradients stay sharded);

@@ -24,6 +24,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
+from phalanx.strategies import state_dict
 from phalanx.strategies.ddp import DDPStrategy
 
 
@@ -52,11 +53,11 @@ class ZeroStrategy(DDPStrategy):
         the parameters this rank owns, under their names."""
         module = self.unwrap(model)
         t = self.topology
-        state = store.share_of_replicated({"model": module.state_dict()}, t.rank, t.world_size,
-                                          self._share_plans)
+        state = state_dict.share_of_replicated({"model": module.state_dict()}, t.rank,
+                                               t.world_size, self._share_plans)
         if optimizer is not None:
             local = self.local_optimizer(optimizer)
-            state["optim"] = store.direct_state(module, local)["optim"]
+            state["optim"] = state_dict.direct_state(module, local)["optim"]
         return state
 
     def load_template(self, model: nn.Module, optimizer) -> tuple[dict, dict]:

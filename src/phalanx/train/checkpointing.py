@@ -11,24 +11,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phalanx.checkpoint.resume import checkpoints_dir, newest_valid, resolve_resume
 from phalanx.checkpoint.rundir import reconcile
 from phalanx.checkpoint.store import read_sidecar
+from phalanx.cluster.rendezvous import restart_note
 from phalanx.config.sections import Config
 from phalanx.errors import UserError
-from phalanx.launch.failures import restart_note
-from phalanx.train.changes import SHAPE_FIELDS, check_compatible
+from phalanx.paths import RunDir
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
+from phalanx.train.changes import SHAPE_FIELDS, check_compatible
+from phalanx.train.state import TrainState
 
 if TYPE_CHECKING:
     from phalanx.runtime.run import Run
-    from phalanx.train.loop import TrainState
-    from phalanx.train.precision import Precision
+    from phalanx.strategies.precision import Precision
+
 
 def config_hash(cfg: Config) -> str:
     shape = {k: getattr(cfg.model, k) for k in SHAPE_FIELDS}
@@ -78,7 +79,7 @@ def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
 
 def last_val_loss(out_dir: Path, step: int) -> float | None:
     """The newest validation loss `metrics.jsonl` holds at or before `step` (None: none)."""
-    path = out_dir / "metrics.jsonl"
+    path = RunDir(out_dir).metrics
     if not path.is_file():
         return None
     losses = [float(r["val_loss"]) for r in read_metrics(path)
@@ -144,8 +145,6 @@ def roll_back(run: Run, cfg: Config, out_dir: Path | None, model, opt, precision
 def _load(run: Run, path: Path, meta: dict, model, opt, precision: Precision) -> TrainState:
     """Load the checkpoint at `path` (its sidecar's `meta`) into the model, optimizer and
     scaler; its training state."""
-    from phalanx.train.loop import TrainState
-
     run.load(path, model, opt)
     if precision.scaler is not None and meta.get("scaler"):
         precision.scaler.load_state_dict(meta["scaler"])
@@ -155,5 +154,3 @@ def _load(run: Run, path: Path, meta: dict, model, opt, precision: Precision) ->
 def should_save(cfg: Config, step: int) -> bool:
     every = cfg.train.checkpoint_every
     return step == cfg.train.max_steps or (every > 0 and step % every == 0)
-
-

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from phalanx.config.sections import Config
-from phalanx.plan.formulas import minigpt_param_shapes, numel
+from phalanx.models.shapes import minigpt_param_shapes, numel
 
 WARN_ABOVE_S = 5.0  # per step
 VOCAB = 256

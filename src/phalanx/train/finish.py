@@ -4,22 +4,21 @@ a banner, a text sample, `model.safetensors` + `config.json`, and a loss plot.""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
 from phalanx.checkpoint.export import export_weights
+from phalanx.cluster.faults import fault_point
 from phalanx.config.sections import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.errors import UserError
-from phalanx.cluster.faults import fault_point
 from phalanx.models import build_model
-from phalanx.paths import atomic_write
+from phalanx.paths import RunDir, atomic_write
 from phalanx.report.plots import plot_losses
 from phalanx.report.run_report import build_report
 from phalanx.runtime.run import Run, derive_seed
-from phalanx.train.loop import TrainResult
 from phalanx.train.checkpointing import last_val_loss
+from phalanx.train.state import TrainResult
 
 SAMPLE_PROMPT = "def "  # the embedded corpus is Python source
 PROMPT_BYTES = 16  # of the user's own text (see sample_prompt)
@@ -63,17 +62,18 @@ def sample_text(model: torch.nn.Module, cfg: Config, run: Run,
     return tok.decode(out[0].tolist())
 
 
-def missing_outputs(cfg: Config, out: Path) -> list[str]:
+def missing_outputs(cfg: Config, out: RunDir) -> list[str]:
     """The files `finish` leaves in `out` that are not there (a run stopped while it
     wrote them): a complete run whose list is not empty writes them again."""
-    names = ["model.safetensors", "config.json", "loss.png", "report.html"]
+    out = RunDir(out)
+    paths = [out.model, out.model_config, out.loss_plot, out.report]
     if cfg.train.sample_tokens > 0:
-        names.append("sample.txt")
+        paths.append(out.sample)
     # (exists: a `report.html` that is a directory was warned about, not rewritten forever)
-    return [name for name in names if not os.path.lexists(out / name)]
+    return [path.name for path in paths if not os.path.lexists(path)]
 
 
-def finish(cfg: Config, run: Run, result: TrainResult, out: Path,
+def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
            splits: TokenSplits | None = None) -> None:
     """Every rank: gather the weights (a collective when sharded); rank 0 then writes
     them, samples text from them (prompted from `splits`' validation text) and plots the
@@ -85,19 +85,20 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: Path,
     model = build_model(cfg)  # a plain MiniGPT, whatever the strategy did to the trained one
     model.load_state_dict(weights)
     model.to(run.device)
-    export_weights(model, out, {"phalanx": cfg.to_dict()})
+    out = RunDir(out)
+    export_weights(model, out.root, {"phalanx": cfg.to_dict()})
     text = sample_text(model, cfg, run, splits)
-    wrote = [out / "model.safetensors", out / "config.json", out / "metrics.jsonl"]
+    wrote = [out.model, out.model_config, out.metrics]
     if text:
-        atomic_write(out / "sample.txt", text)  # a link there is replaced, not followed
+        atomic_write(out.sample, text)  # a link there is replaced, not followed
         run.print(f"--- sample ---\n{text}\n--------------")
-        wrote.append(out / "sample.txt")
-    wrote.append(plot_losses(out / "metrics.jsonl", out / "loss.png"))
+        wrote.append(out.sample)
+    wrote.append(plot_losses(out.metrics, out.loss_plot))
     try:
-        wrote.append(build_report(out))
+        wrote.append(build_report(out.root))
     except UserError as exc:  # e.g. `report.html` is a directory: the model is written
         run.print(f"phalanx: warning: no report page: {exc}")
-    wrote += [out / name for name in ("tb", "logs") if (out / name).is_dir()]
+    wrote += [path for path in (out.tb, out.logs) if path.is_dir()]
     final = (result.val_losses[max(result.val_losses)] if result.val_losses
              else last_val_loss(out, result.state.step))  # (outputs written again)
     final = float("nan") if final is None else final

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.strategies.tensors import local_tensor, user_name
 
 MAX_ROLLBACKS = 3  # to the same checkpoint: then the run stops
 
@@ -99,8 +100,7 @@ def advice(precision: str) -> str:
 def parameters_finite(run, model) -> bool:
     """Every rank's parameters (its shards, under FSDP) are finite — one all-reduce,
     one host sync."""
-    local = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
-             for p in model.parameters()]
+    local = [torch.isfinite(local_tensor(p)).all() for p in model.parameters()]
     flag = (~torch.stack(local).all()).float().reshape(1).to(run.device)
     if run.world_size > 1:
         import torch.distributed as dist
@@ -116,7 +116,6 @@ def first_non_finite(model) -> str | None:
         g = p.grad
         if g is None:
             continue
-        local = g.to_local() if hasattr(g, "to_local") else g
-        if not bool(torch.isfinite(local).all()):
-            return name.removeprefix("module.").replace("_orig_mod.", "")
+        if not bool(torch.isfinite(local_tensor(g)).all()):
+            return user_name(name)
     return None

@@ -3,21 +3,21 @@ agreed, the loop run, and (rank 0) the results written."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import signal
 import sys
 from pathlib import Path
 
-from phalanx.cluster.env import under_launcher
 from phalanx.cluster.lifecycle import exit_code
+from phalanx.cluster.protocol import one_machine_worker, phalanx_worker, under_launcher
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.sections import Config
+from phalanx.config.strategy import StrategyChoice, choose
 from phalanx.data.corpus import TokenSplits
 from phalanx.errors import UserError
-from phalanx.strategies import default_name, spec
+from phalanx.paths import RunDir
 
 
 def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
@@ -45,7 +45,7 @@ def owns_run_dir(cfg: Config) -> bool:
 def _own_launcher_checked() -> bool:
     """A worker of Phalanx's one-machine launcher, which checked the run before starting
     it (`precheck`): nothing to check again."""
-    return bool(os.environ.get("PHALANX_LAUNCHED")) and not os.environ.get("PHALANX_MULTINODE")
+    return one_machine_worker()
 
 
 def _complete_quietly(cfg: Config, out: Path) -> bool:
@@ -60,11 +60,11 @@ def _complete_quietly(cfg: Config, out: Path) -> bool:
         return False
 
 
-def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
+def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
     """`stopped by SIGINT: checkpoint step-… is committed. Resume with: phalanx train …`"""
     from phalanx.checkpoint.store import read_latest
 
-    latest = read_latest(out / "checkpoints")
+    latest = read_latest(RunDir(out).checkpoints)
     kept = (f"checkpoint {latest.name} is committed" if latest is not None and latest.is_dir()
             else "no checkpoint was committed yet")
     args, skip = [], False
@@ -78,30 +78,27 @@ def stopped_line(signum: int, out: Path, argv: list[str]) -> str:
 
 
 def init_run(cfg: Config, threads: int | None, out: Path | None = None):
-    """`phalanx.init` with the config's backend, strategy and its options; the hang
-    watchdog reports into `out`."""
+    """`phalanx.init` with the config's backend and the strategy chosen once for the world
+    it joins; the hang watchdog reports into `out`."""
     import phalanx
 
     d = cfg.dist
-    return phalanx.init(cfg.train.seed, backend=d.backend, strategy=d.strategy,
+    return phalanx.init(cfg.train.seed, backend=d.backend, strategy=choose_strategy(cfg),
                         timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
                         hang_timeout_s=d.hang_timeout_s or None, hang_report_dir=out,
-                        debug_collectives=d.debug_collectives, **strategy_options(cfg))
+                        debug_collectives=d.debug_collectives)
+
+
+def choose_strategy(cfg: Config, world: int | None = None) -> StrategyChoice:
+    """The run's strategy with its options (`config.strategy.choose`), for `world` ranks
+    or (None) the world this process joins — the one `phalanx.init` reads."""
+    return choose(cfg.dist, world if world is not None else _world(), cfg.train.grad_accum)
 
 
 def strategy_options(cfg: Config, world: int | None = None) -> dict:
-    """The chosen strategy's options from the config (its spec's fields only).
-
-    DDP's `static_graph` applies only without accumulation: under it torch cannot skip
-    the gradient sync before its first synchronised iteration, so the first window would
-    sync every micro-step — the same gradient up to float rounding, but not bit-for-bit
-    the windows that follow or a resumed run's first one.
-    """
-    name = cfg.dist.strategy or default_name(world if world is not None else _world())
-    options = dataclasses.asdict(spec(name).options_from(cfg.dist))
-    if "static_graph" in options:
-        options["static_graph"] = options["static_graph"] and cfg.train.grad_accum == 1
-    return options
+    """The chosen strategy's options from the config, as keywords (its spec's fields only,
+    settled for the run's accumulation)."""
+    return choose_strategy(cfg, world).kwargs()
 
 
 def _world() -> int:
@@ -120,7 +117,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
     A signal once every step is done does not stop the final outputs (seconds): the
     run is complete, it writes them and exits 0."""
     from phalanx.train.agreement import check_agreement
-    from phalanx.train.finish import finish, banner
+    from phalanx.train.finish import banner, finish
     from phalanx.train.loop import train
 
     # one stop-signal scope from the process group to the last output: a first signal
@@ -132,7 +129,7 @@ def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = No
             run.print(banner(cfg, run, splits))
         result = train(cfg, run, splits, out)
         if result.stopped and result.state.step < cfg.train.max_steps:
-            if run.is_main and not os.environ.get("PHALANX_LAUNCHED"):  # else the launcher
+            if run.is_main and not phalanx_worker():  # else the launcher
                 print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
                       file=sys.stderr, flush=True)
             return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)

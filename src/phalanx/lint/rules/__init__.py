@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from phalanx.lint.rules import (accumulation, amp, checkpoints, collectives, data, metrics,
-                                placement, ranks, setup, sharded)
+from phalanx.lint.rules import (
+                                accumulation,
+                                amp,
+                                checkpoints,
+                                collectives,
+                                data,
+                                metrics,
+                                placement,
+                                ranks,
+                                setup,
+                                sharded,
+)
 
 FAMILIES = (placement, data, collectives, accumulation, checkpoints, amp, setup, ranks, metrics,
             sharded)

@@ -6,7 +6,6 @@ import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
 
-
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
 
 

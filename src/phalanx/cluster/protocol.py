@@ -1,0 +1,92 @@
+"""The launcher↔worker protocol: every `PHALANX_*` environment variable — who sets it,
+who reads it — and this process's role. No other module spells these names.
+
+A Phalanx verb either launches ranks (torch's elastic agent, `phalanx.launch`) or is one
+(under that agent, torchrun, `srun` or a Kubeflow pod). What the launcher tells its
+workers, and what a worker leaves for its launcher, crosses in the environment (the agent
+copies the launcher's environment into each worker) and in torch's error file.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+
+from phalanx.config.operator import operator_pod
+
+# launcher → workers
+LAUNCHED = "PHALANX_LAUNCHED"  # "1": Phalanx's own launcher started this rank
+MULTINODE = "PHALANX_MULTINODE"  # "1": the job spans several machines (rank 0 checks the run)
+ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
+LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
+RANK_LOGS = "PHALANX_RANK_LOGS"  # DIR: each worker's output goes to DIR/rank-N.log
+VERIFIED_CHECKPOINT = "PHALANX_VERIFIED_CHECKPOINT"  # path + checksum the launcher verified
+HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"  # seconds: start the hang watchdog (`phalanx watch`)
+HANG_REPORT_DIR = "PHALANX_HANG_REPORT_DIR"  # where hang reports and stacks are written
+DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers write findings here
+BENCH_PHASE = "PHALANX_BENCH_PHASE"  # JSON: which `phalanx bench` phase a worker runs
+# set by the launcher for itself (and inherited)
+QUIET_CPP = "PHALANX_QUIET_CPP"  # "1": torch's C++ store retries silenced (several machines)
+# set inside a worker for itself
+RANK_LOG_FILE = "PHALANX_RANK_LOG_FILE"  # this worker's output already goes to its log
+WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no second one
+# set by the user or the test suite
+STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
+FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)
+FAULT_MATRIX = "PHALANX_FAULT_MATRIX"  # the test suite: run every fault case
+
+
+class Role(enum.Enum):
+    """What this process is in a job."""
+
+    PHALANX_WORKER = "phalanx worker"  # a rank Phalanx's own launcher started
+    LAUNCHED = "launched"  # a rank another launcher started: torchrun, srun, the agent
+    PLAIN = "plain"  # no launcher: a verb launches ranks from here, or one process runs
+
+
+def role(environ: Mapping[str, str] | None = None) -> Role:
+    e = os.environ if environ is None else environ
+    if e.get(LAUNCHED):
+        return Role.PHALANX_WORKER
+    return Role.LAUNCHED if under_launcher(e) else Role.PLAIN
+
+
+def phalanx_worker(environ: Mapping[str, str] | None = None) -> bool:
+    """A rank of Phalanx's own launcher (which reports a worker's error once, itself)."""
+    return role(environ) is Role.PHALANX_WORKER
+
+
+def one_machine_worker() -> bool:
+    """A worker of Phalanx's one-machine launcher, which checked the run (its
+    checkpoints, the data) before starting it: nothing to check again."""
+    return phalanx_worker() and not os.environ.get(MULTINODE)
+
+
+def under_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """True when a launcher (torchrun, Phalanx's elastic agent, SLURM) started us."""
+    e = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in e:
+        return True
+    if operator_pod(dict(e)):  # RANK/WORLD_SIZE there count pods: a node's launcher
+        return False
+    return ("RANK" in e and "WORLD_SIZE" in e) or srun_task(e)
+
+
+def srun_task(environ: Mapping[str, str]) -> bool:
+    """A task of an `srun` job step (not the batch script, which has no step id)."""
+    return "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ and (
+        "SLURM_STEP_NUM_TASKS" in environ or "SLURM_NTASKS" in environ)
+
+
+def record_for_agent(exc: BaseException) -> bool:
+    """Under torch's elastic agent, leave the error where the agent reports it from.
+    True when Phalanx's own launcher will print it (so the worker need not)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+        return False
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    handler = get_error_handler()
+    handler.initialize()
+    handler.record_exception(exc)
+    return phalanx_worker()

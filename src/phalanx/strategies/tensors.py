@@ -1,0 +1,37 @@
+"""What wrapping does to a model's tensors, modules and names, undone in one place: the
+local part of a sharded tensor (FSDP's DTensors), the module inside `torch.compile`'s
+wrapper, and a parameter's name without the wrappers' prefixes. Code outside the
+strategies asks these instead of probing (`hasattr(t, "to_local")`, `_orig_mod`)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+
+def is_shard(t: torch.Tensor) -> bool:
+    """Whether `t` is one rank's shard of a tensor split across ranks (a DTensor)."""
+    return isinstance(t, DTensor)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (DTensor), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def uncompiled(module: nn.Module) -> nn.Module:
+    """The module inside `torch.compile`'s wrapper (OptimizedModule), or the module."""
+    return getattr(module, "_orig_mod", module)
+
+
+def compiled(module: nn.Module) -> bool:
+    """Whether `module` is `torch.compile`'s wrapper (its state dict's names would carry
+    `_orig_mod.`)."""
+    return uncompiled(module) is not module
+
+
+def user_name(name: str) -> str:
+    """A parameter's name as the user's module spells it: without DDP's `module.` and
+    torch.compile's `_orig_mod.`."""
+    return name.removeprefix("module.").replace("_orig_mod.", "")
