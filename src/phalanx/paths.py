@@ -67,8 +67,8 @@ class RunDir:
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
         "run_config.json", "hang-report.txt")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))
+    def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
+        object.__setattr__(self, "root", Path(root))
 
     def __fspath__(self) -> str:  # accepted wherever a path is (open, os.*, Path(...))
         return str(self.root)

@@ -111,3 +111,20 @@ def test_rollback_stops_when_the_same_checkpoint_keeps_failing(tmp_path, small_c
     last = done.stderr.strip().splitlines()[-1]
     assert "3 rollbacks to the checkpoint of step 3 did not get the run past it" in last, last
     assert last.endswith(".") and not last.endswith(".."), last
+
+
+def test_after_a_rollback_the_data_cursor_counts_the_failed_batch(tmp_path, small_corpus_file,
+                                                                   cache_dir):
+    """Steps 1-5 read 5 global batches (the 5th failed), then steps 4-8 read 5 more: the
+    cursor committed at step 8 is 10 global batches, so a resume from it reads on from
+    where the stream is, not one batch back (the failed one, again)."""
+    data = ("--data", str(small_corpus_file), "--cache-dir", str(cache_dir))
+    nan_at_5 = {"PHALANX_FAULT": "rank=1,step=4,phase=step,action=nan"}
+    done, said = train(tmp_path, "cursor", "--max-steps", "8", "--checkpoint-every", "3",
+                       "--on-nan", "rollback", env=nan_at_5, data=data)
+    assert done.returncode == 0, said[-2000:]
+    assert said.count("rolled back to the checkpoint of step 3") == 1, said[-2000:]
+    sidecar = tmp_path / "cursor" / "checkpoints" / "step-00000008" / "train_state.json"
+    state = json.loads(sidecar.read_text())["meta"]["train_state"]
+    global_batch = 4 * 1 * 2  # --micro-batch-size 4, no accumulation, 2 ranks
+    assert state["position"] == 10 * global_batch, state

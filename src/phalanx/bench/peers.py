@@ -28,7 +28,7 @@ def available(name: str) -> bool:
 
 
 def versions() -> dict[str, str]:
-    out = {"torch": torch.__version__}
+    out: dict[str, str] = {"torch": torch.__version__}
     for name, package in PACKAGES.items():
         if available(name):
             out[package] = importlib.metadata.version(package)
@@ -41,8 +41,8 @@ def _loader(cfg, tokens, rank: int, world: int):
     from phalanx.data import TokenWindows
 
     ds = TokenWindows(tokens, cfg.model.block_size)
-    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
-                                 drop_last=True)
+    sampler: DistributedSampler = DistributedSampler(ds, num_replicas=world, rank=rank,
+                                                     shuffle=True, drop_last=True)
     return DataLoader(ds, batch_size=cfg.train.micro_batch_size, sampler=sampler)
 
 
@@ -51,7 +51,7 @@ def _forever(loader):
     epoch = 0
     while True:
         target = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
-        if hasattr(target, "set_epoch"):
+        if target is not None and hasattr(target, "set_epoch"):
             target.set_epoch(epoch)
         yield from loader
         epoch += 1
@@ -158,10 +158,9 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
         micro_steps(model, acc, batches, precision)
         run.checkpoint_staged()
         optimizer_step(run, model, opt, t.grad_clip)
-    step.model, step.acc, step.opt, step.batches, step.precision = (  # for the profiler
-        model, acc, opt, batches, precision)
-    step.grad_clip, step.run = t.grad_clip, run
-    step.strategy = run.strategy if strategy is None else strategy
+    step.__dict__.update(  # attributes of the function, for the profiler
+        model=model, acc=acc, opt=opt, batches=batches, precision=precision,
+        grad_clip=t.grad_clip, run=run, strategy=run.strategy if strategy is None else strategy)
     return step
 
 

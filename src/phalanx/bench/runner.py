@@ -128,7 +128,7 @@ def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
 def _collective_ms(prof) -> dict[str, float]:
     """Profiler time (ms, all steps) in FSDP's own phases and in c10d collectives, by name:
     where a sharded step's extra time goes (all-gather, reduce-scatter, copies)."""
-    found = {}
+    found: dict[str, float] = {}
     for e in prof.key_averages():
         if e.key.startswith(("FSDP::", "c10d::")) or "all_gather" in e.key \
                 or "reduce_scatter" in e.key or "allreduce" in e.key:

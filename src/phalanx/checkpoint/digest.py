@@ -17,12 +17,21 @@ parallel. The coordinator's `.metadata` is hashed as it is written too.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import xxhash
 
+
+class _Hash(Protocol):  # what file_digest needs of xxhash's and hashlib's hash objects
+    def update(self, data: bytes, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
 ALGORITHM = "xxh3_128"  # what new manifests use; key of the digest in each file entry
-_ALGORITHMS = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_ALGORITHMS: dict[str, Callable[[], _Hash]] = {"xxh3_128": xxhash.xxh3_128,
+                                               "sha256": hashlib.sha256}
 READ_BLOCK = 4 << 20
 
 

@@ -79,7 +79,7 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
     return None
 
 
-def resolve_resume(arg: str, out_dir: Path, warn: Callable[[str], None]) -> Path | None:
+def resolve_resume(arg: str, out_dir: RunDir | Path, warn: Callable[[str], None]) -> Path | None:
     """The checkpoint directory to resume from, or None to start fresh."""
     if arg != "auto" and restart_attempt() > 0:
         own = newest_valid(checkpoints_dir(out_dir), warn)

@@ -46,7 +46,7 @@ RESULTS = RunDir.RESULTS
 class RunDirLock:
     """An exclusive lock on a run directory, held until `release` (or process death)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: RunDir | Path) -> None:
         self.path = RunDir(out).lock
         self._fd: int | None = None
 
@@ -95,7 +95,7 @@ class RunDirLock:
         self.release()
 
 
-def remove_if_unused(out: Path) -> None:
+def remove_if_unused(out: RunDir | Path) -> None:
     """Remove a run directory this command created, when it holds nothing but its lock
     (the run was refused before it started)."""
     try:
@@ -136,7 +136,8 @@ def _move(items: list[Path], target: Path, keep_under: Path) -> None:
         os.replace(item, dest)
 
 
-def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -> Path | None:
+def reconcile(out: RunDir | Path, resume_from: Path | None,
+              say: Callable[[str], None]) -> Path | None:
     """Make `OUT/checkpoints` one lineage ending at `resume_from` (None: a fresh start).
 
     Moves what does not belong — every checkpoint and result of an earlier run on a
@@ -149,10 +150,10 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
         refuse_link(path, f"in the run directory `{out}`")
     steps = sorted(p for p in root.glob("step-*")) if root.is_dir() else []
     # by name: a checkpoint that is a link is still this run's (never "another directory")
-    inside = resume_from is not None and \
-        Path(resume_from).absolute().parent.resolve() == root.resolve()
-    if inside:
-        limit = step_of(Path(resume_from))
+    inside = Path(resume_from) if resume_from is not None and \
+        Path(resume_from).absolute().parent.resolve() == root.resolve() else None
+    if inside is not None:  # resuming a checkpoint of this lineage
+        limit = step_of(inside)
         stray = [p for p in steps if step_of(p) > limit]
         results: list[Path] = []
     else:
@@ -164,9 +165,9 @@ def reconcile(out: Path, resume_from: Path | None, say: Callable[[str], None]) -
     _move(stray + results, target, out)
     fsync_dir(root if root.is_dir() else out)
     moved = [p.name for p in stray if p.name.startswith("step-")]
-    why = (f"checkpoints newer than {Path(resume_from).name} (not part of the run being "
-           f"continued)" if inside else "the previous run in this directory (this run "
-           "starts fresh)")
+    why = (f"checkpoints newer than {inside.name} (not part of the run being "
+           f"continued)" if inside is not None else "the previous run in this directory "
+           "(this run starts fresh)")
     say(f"moved {why}: {len(moved)} checkpoint(s)"
         + (f" and {len(results)} result file(s)" if results else "")
         + f" to {target} — nothing was deleted.")

@@ -285,7 +285,8 @@ class CheckpointSaver:
     def _save_async(self, job: _Job, state: dict, deferred: set[str] | None) -> Path:
         release = threading.Event()  # the background threads start once this returns
         try:
-            response = dcp.async_save(state, storage_writer=job.writer,
+            # a Future, or (newer torch) an AsyncSaveResponse holding two: read by name
+            response: Any = dcp.async_save(state, storage_writer=job.writer,
                                       process_group=self._background_group(),
                                       **self._stager(deferred, release))
             job.staged = getattr(response, "staging_completion", None)

@@ -133,7 +133,9 @@ def verify(path: Path, contents: bool = True) -> str | None:
             return f"`{name}` is missing or not a regular file"
         if file.stat().st_size != info["size"]:
             return f"file `{name}` has {file.stat().st_size} bytes, manifest says {info['size']}"
-        algorithm, digest = entry_digest(info)
+        found = entry_digest(info)
+        assert found is not None  # listed_files checked every entry
+        algorithm, digest = found
         if contents and file_digest(file, algorithm) != digest:
             return f"file `{name}` does not match its checksum (corrupted)"
     metadata = check_metadata(path)  # raises UnsafeCheckpoint

@@ -85,8 +85,8 @@ class DigestingFileSystem(FileSystem):
     @contextlib.contextmanager
     def create_stream(self, path, mode: str):
         if "w" not in mode or "b" not in mode:
-            with super().create_stream(path, mode) as stream:
-                yield stream
+            with super().create_stream(path, mode) as plain:
+                yield plain
             return
         name = Path(path).name
 
@@ -153,17 +153,17 @@ class DigestingWriter(FileSystemWriter):
 
     def __init__(self, path, **kwargs) -> None:
         super().__init__(path, **kwargs)
-        self.fs = DigestingFileSystem()
+        self.fs: DigestingFileSystem = DigestingFileSystem()
         self.digests: dict[str, tuple[int, str]] = {}
 
-    def write_data(self, plan, planner):
+    def write_data(self, plan, planner) -> torch.futures.Future[list[WriteResult]]:
         with _ZIP_CRC_OFF.during():
             results = list(super().write_data(plan, planner).wait())  # a torch Future, done
         if results:
             first = results[0]
             results[0] = _DigestedResult(first.index, first.size_in_bytes, first.storage_data,
                                          digests=dict(self.fs.digests))
-        future: torch.futures.Future = torch.futures.Future()
+        future: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
         future.set_result(results)
         return future
 

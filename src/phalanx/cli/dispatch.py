@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from phalanx.cli import bench as bench_command
 from phalanx.cli import doctor as doctor_command
@@ -45,30 +46,32 @@ VERBS = {
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one message and a pointer to --help (exit 2)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    verb_parsers: dict[str, argparse.ArgumentParser]  # each verb's, set by build_parser
+
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\nSee `{self.prog} --help` for every option.\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(  # no abbreviated flags: `--max-step` is a typo, not `--max-steps`
         prog="phalanx", description="PyTorch data-parallel training, correct by construction.",
         allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    parser.verb_parsers = {}  # type: ignore[attr-defined]
+    parser.verb_parsers = {}
     for name, (add_arguments, _, help_text) in VERBS.items():
         sub = verbs.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         add_arguments(sub)
-        parser.verb_parsers[name] = sub  # type: ignore[attr-defined]
+        parser.verb_parsers[name] = sub
     return parser
 
 
-def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def parse(parser: Parser, argv: list[str]) -> argparse.Namespace:
     """Parse; an unknown flag is reported by the verb's parser (pointing at `phalanx VERB
     --help`, where the flags it takes are), not the top-level one."""
     ns, extras = parser.parse_known_args(argv)
     if extras:
-        parser.verb_parsers[ns.verb].error(  # type: ignore[attr-defined]
+        parser.verb_parsers[ns.verb].error(
             f"unrecognized arguments: {' '.join(extras)}")
     return ns
 

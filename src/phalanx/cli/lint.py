@@ -134,7 +134,8 @@ def _check(path: Path, rules, named: bool, mode: str | None, modules) -> _Checke
         why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
         if named:
             raise UserError(f"`{path}`{where}: not valid Python ({why}).") from None
-        return _skip(path, f"{where}: not valid Python for this interpreter ({why})")
+        _skip(path, f"{where}: not valid Python for this interpreter ({why})")
+        return None
 
 
 def _show_or_write(checked: list[_Checked], mode: str | None, rules, modules) -> int:

@@ -85,6 +85,7 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
     rows = []
     for v in estimate.VARIANTS:
         facts = facts if user else facts_for(cfg, variant=v)
+        assert facts is not None  # the user's (given), or MiniGPT's
         mem = estimate.peak(facts, v, W, checkpointed)
         row = {"strategy": v.label, **mem, "fits": mem["peak"] <= budget,
                "largest_micro_batch": None if user else

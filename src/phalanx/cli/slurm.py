@@ -94,8 +94,8 @@ def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
                         f"letters, digits and `_.-`, several separated by commas, e.g. "
                         f"`--partition gpu` or `--partition gpu,gpu-long`.")
     for flag, value in (("--job-name", ns.job_name), ("--partition", ns.partition or "")):
-        if _COMPONENT.search(value):
-            raise UserError(f"`{flag} {_show(value)}` holds `{_COMPONENT.search(value).group()}`"
+        if found := _COMPONENT.search(value):
+            raise UserError(f"`{flag} {_show(value)}` holds `{found.group()}`"
                             f", which sbatch reads in a `#SBATCH` line as the start of another "
                             f"job component; choose a name without it.")
     return {"time": ns.time, "job_name": ns.job_name, "partition": ns.partition or "",

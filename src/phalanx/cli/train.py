@@ -19,6 +19,7 @@ from phalanx.config.sections import Config
 from phalanx.data.corpus import prepare, source_files
 from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.launch.ranks import run_ranks
+from phalanx.paths import RunDir
 from phalanx.train.worker import (
     _complete_quietly,
     _own_launcher_checked,
@@ -49,7 +50,7 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
         raise
 
 
-def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
+def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
     from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
     from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
@@ -71,6 +72,7 @@ def _train_in(cfg: Config, out: Path, argv: list[str]) -> int:
             print(f"phalanx: {complete}", flush=True)
             return 0
         if missing:  # stopped while it wrote them: written again from the last checkpoint
+            assert resume_from is not None  # complete: precheck found a checkpoint
             print(f"phalanx: the run is complete but {', '.join(missing)} "
                   f"{'is' if len(missing) == 1 else 'are'} missing: writing "
                   f"{'it' if len(missing) == 1 else 'them'} from {resume_from.name}.",

@@ -28,7 +28,7 @@ from phalanx.cluster.protocol import phalanx_worker, under_launcher
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.config.sections import Config
 from phalanx.errors import UserError
-from phalanx.paths import atomic_write, remove_tree
+from phalanx.paths import RunDir, atomic_write, remove_tree
 
 if TYPE_CHECKING:
     import torch
@@ -123,16 +123,16 @@ def scratch_dir(out: str) -> Path:
     return out_path.parent / f"{out_path.name}-verify-resume"
 
 
-def clear(root: Path, logs: bool = False) -> None:
+def clear(root: RunDir | Path, logs: bool = False) -> None:
     """Remove what verify-resume writes in `root` (its phases, the verdict; with `logs`
     the ranks' logs too), then `root` itself if that left it empty."""
     for name in (*PHASES, VERDICT, *(("logs",) if logs else ())):
         remove_tree(root / name)  # a link there is unlinked, never followed
     with contextlib.suppress(OSError):
-        root.rmdir()
+        Path(root).rmdir()  # (a RunDir has no rmdir)
 
 
-def work(cfg: Config, splits, root: Path, threads: int | None) -> int:
+def work(cfg: Config, splits, root: RunDir, threads: int | None) -> int:
     from phalanx.train.loop import train
     from phalanx.train.worker import init_run
 

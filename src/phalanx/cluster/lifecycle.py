@@ -105,8 +105,9 @@ class StopSignals:
         return self
 
     def _watch_wakeup_fd(self) -> None:
-        watched = watch_signals(lambda signum: signum in STOP_SIGNALS and self._arrived(signum),
-                                "phalanx-stop-signals")
+        watched = watch_signals(
+            lambda signum: self._arrived(signum) if signum in STOP_SIGNALS else None,
+            "phalanx-stop-signals")
         if watched is not None:
             self._wakeup = watched
 

@@ -73,8 +73,9 @@ def _create_handler(params):
     _watch(handler, backend, params, store, is_host)
     if hasattr(handler, "_create_tcp_store_server"):  # torch >= 2.4: the shared agent store
         # bound to the address this node advertises (--local-addr): loopback for one node
-        handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port,
-                                                                          timeout_s)
+        serve = lambda addr, port: bound_store(addr, port, timeout_s)
+        # a private torch method replaced on the instance: not what torch's types allow
+        handler._create_tcp_store_server = serve  # type: ignore[method-assign]
     return handler
 
 

@@ -50,7 +50,7 @@ def default_cache_dir() -> Path:
 def stdlib_files() -> list[Path]:
     """The interpreter's standard-library `.py` sources, tests and vendored packages excluded."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
+    found: list[Path] = []
     for folder, dirs, names in os.walk(root):  # skipped folders are not walked at all
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
         found.extend(Path(folder, n) for n in names if n.endswith(".py"))

@@ -32,7 +32,7 @@ class Recorded(Dataset):
         self.dataset, self.log = dataset, log
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__
 
     def __getitem__(self, i: int):
         self.log.append(int(i))

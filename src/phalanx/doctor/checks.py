@@ -55,7 +55,7 @@ def as_json(checks: list[Check], bandwidth: list[dict]) -> str:
                        "failed": sum(c.status == "fail" for c in checks)}, indent=2)
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:g} {unit}"

@@ -56,7 +56,8 @@ def main_frame():
     thread blocked in a collective has released); None if it has none."""
     import threading
 
-    return sys._current_frames().get(threading.main_thread().ident)
+    ident = threading.main_thread().ident  # (set: the main thread has started)
+    return sys._current_frames().get(ident) if ident is not None else None
 
 
 def main_thread_stack() -> list[Frame]:

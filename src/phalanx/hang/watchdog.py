@@ -23,10 +23,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.cluster import protocol
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
+
+if TYPE_CHECKING:
+    from phalanx.hang.crash import CrashRecorder
 
 HANG_EXIT_CODE = 3
 REPORT_NAME = "hang-report.txt"
@@ -51,7 +55,7 @@ class Watchdog:
         self._seen: dict[int, tuple[int, float]] = {}  # rank → (seq, when it changed)
         self._answered = False
         self._stop = threading.Event()
-        self.crashes = None  # a CrashRecorder, from start_watchdog
+        self.crashes: CrashRecorder | None = None  # from start_watchdog
         self._thread = threading.Thread(target=self._loop, name="phalanx-watchdog", daemon=True)
 
     def start(self) -> Watchdog:

@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import usable_cores
@@ -30,13 +31,16 @@ from phalanx.cluster.rendezvous import ROUND
 from phalanx.cluster.startup_trace import mark
 from phalanx.errors import Interrupted
 
+if TYPE_CHECKING:
+    from phalanx.cluster.nodes import NodePlan
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
     nproc: int  # ranks on this node
     threads: int  # torch threads per rank
     max_restarts: int = 0
-    nodes: object | None = None  # a phalanx.cluster.nodes.NodePlan; None: this machine only
+    nodes: NodePlan | None = None  # None: this machine only
     env: dict[str, str] = field(default_factory=dict)  # for the workers only
     notes: tuple[str, ...] = ()  # what the launcher says before it starts them
 
@@ -154,7 +158,8 @@ def threads_per_rank(nproc: int, requested: int | None) -> int:
     return requested or max(1, usable_cores() // nproc)
 
 
-def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None = None):
+def launch_config(nproc: int, max_restarts: int, nodes: NodePlan | None = None,
+                  log_dir: str | None = None):
     """torch's LaunchConfig: one node on loopback, or several meeting at `nodes.endpoint`
     (this node's stores bound to its address towards the endpoint). The agent's files
     (workers' error records) go to `log_dir` (default: a torchelastic_* temp dir that
@@ -164,12 +169,13 @@ def launch_config(nproc: int, max_restarts: int, nodes=None, log_dir: str | None
 
     from phalanx.cluster.rendezvous import register
 
-    common = dict(nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
-                  monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+    common: dict[str, Any] = dict(
+        nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
+        monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     if nodes is None:  # every store and gloo listen on loopback only
         return LaunchConfig(min_nodes=1, max_nodes=1, run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
                             local_addr="127.0.0.1", rdzv_endpoint="127.0.0.1:0", **common)
-    configs = {"is_host": nodes.is_host, "join_timeout": int(nodes.timeout_s)}
+    configs: dict[str, Any] = {"is_host": nodes.is_host, "join_timeout": int(nodes.timeout_s)}
     if nodes.node_rank is not None:  # named when two launchers claim node rank 0
         configs["node_rank"] = nodes.node_rank
     return LaunchConfig(min_nodes=nodes.min_nodes, max_nodes=nodes.max_nodes,

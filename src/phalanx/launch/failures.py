@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+from types import FrameType
 
 from phalanx.cluster.protocol import LAST_FAILURE
 from phalanx.errors import DistributedError, UserError
@@ -171,7 +172,8 @@ class RestartNotes(logging.Handler):
         self.host = host
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith("failed (exitcode") or len(record.args or ()) < 2:
+        if not str(record.msg).startswith("failed (exitcode") or \
+                not isinstance(record.args, tuple) or len(record.args) < 2:
             return
         code, local_rank = record.args[0], record.args[1]
         failures = _failures_being_logged()
@@ -203,7 +205,7 @@ class RestartNotes(logging.Handler):
 def _failures_being_logged() -> dict | None:
     """The process context's `{local_rank: ProcessFailure}` whose first failure the agent
     is logging (found on the logging call's stack; None if torch's layout differs)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         found = getattr(owner, "_failures", None)

@@ -160,13 +160,14 @@ class Context:
             child = parent
         return found
 
-    def rank_condition(self, node: ast.AST) -> ast.If | None:
-        """The nearest enclosing `if` whose test depends on the rank, if any."""
+    def rank_condition(self, node: ast.AST) -> ast.If | ast.IfExp | None:
+        """The nearest enclosing `if` (statement or expression) whose test depends on the
+        rank, if any."""
         child = node
         for parent in self.ancestors(node):
             if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test \
                     and rank_dependent(parent.test):
-                return parent  # type: ignore[return-value]
+                return parent
             if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return None
             child = parent
@@ -197,7 +198,7 @@ def rank_dependent(test: ast.AST) -> bool:
 def suppressed(ctx: Context, line: int, code: str) -> bool:
     text = ctx.lines[line - 1] if 0 < line <= len(ctx.lines) else ""
     found = SUPPRESS.search(text)
-    return bool(found) and code in {c.strip() for c in found[1].split(",")}
+    return found is not None and code in {c.strip() for c in found[1].split(",")}
 
 
 def lint_source(path: str, source: str, rules: Iterable[Rule], project=None) -> list[Finding]:

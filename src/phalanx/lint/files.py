@@ -51,7 +51,7 @@ def python_files(paths: Iterable[str], globs: Iterable[str] = DEFAULT_EXCLUDE
 
 def _walk(root: Path, globs: tuple[str, ...]) -> Iterator[Path]:
     seen: set[str] = set()
-    found = []
+    found: list[Path] = []
     for folder, dirs, names in os.walk(root, followlinks=True):
         real = os.path.realpath(folder)
         if real in seen:  # a symlink back up the tree, or two links to one folder

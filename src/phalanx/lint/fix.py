@@ -124,16 +124,17 @@ class _Offsets:
         text = self.lines[line - 1] if line - 1 < len(self.lines) else ""
         return self.starts[line - 1] + len(text.encode("utf-8")[:col].decode("utf-8", "replace"))
 
-    def start(self, node: ast.AST) -> int:
+    def start(self, node: ast.expr) -> int:
         return self.at(node.lineno, node.col_offset)
 
-    def end(self, node: ast.AST) -> int:
+    def end(self, node: ast.expr) -> int:
+        assert node.end_lineno is not None and node.end_col_offset is not None  # ast.parse's
         return self.at(node.end_lineno, node.end_col_offset)
 
     def suppressed(self, line: int, code: str) -> bool:
         """`# phalanx: ignore[CODE]` on ast's line `line` (engine.suppressed's rule)."""
         found = SUPPRESS.search(self.lines[line - 1]) if 0 < line <= len(self.lines) else None
-        return bool(found) and code in {c.strip() for c in found[1].split(",")}
+        return found is not None and code in {c.strip() for c in found[1].split(",")}
 
 
 def _open_paren(source: str, call: ast.Call, where: _Offsets) -> int:
@@ -144,6 +145,7 @@ def _deprecated_amp(source: str, ctx: Context, node: ast.AST, where: _Offsets) -
     call = ctx.parents.get(node)
     if not isinstance(call, ast.Call) or call.func is not node:
         return []
+    assert isinstance(node, ast.expr)  # it is call.func
     after = '"cuda", ' if call.args or call.keywords else '"cuda"'
     paren = _open_paren(source, call, where)
     if dotted(node) == "torch.cuda.amp.GradScaler":
@@ -325,7 +327,8 @@ def write_fixes(fixes: list[Fix]) -> tuple[list[Fix], list[Fix]]:
 
 
 def _replace_all(temps: list[tuple[Fix, str]]) -> tuple[list[Fix], list[Fix]]:
-    written, changed = [], []
+    written: list[Fix] = []
+    changed: list[Fix] = []
     for fix, temp in temps:
         if not _unchanged(fix):  # checked last, to lose no edit saved meanwhile
             changed.append(fix)

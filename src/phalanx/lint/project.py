@@ -59,7 +59,7 @@ def _suffixes(paths: list[Path]) -> dict[str, str]:
 
 def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[str]]:
     """File → the linted files it imports (read from the text: no parsing)."""
-    return {f: {suffixes.get(a or b) for a, b in IMPORT.findall(t)} - {None}
+    return {f: {s for a, b in IMPORT.findall(t) if (s := suffixes.get(a or b)) is not None}
             for f, t in texts.items() if "def " in t}
 
 
@@ -73,8 +73,8 @@ def visible(ctx: Context, project: Project | None) -> dict[str, str]:
         source = project.file_of(module) if module else None
         if source in project.functions and name in project.functions[source]:
             seen[local] = project.functions[source][name]  # from utils import f
-        elif project.file_of(origin) in project.functions:  # import utils: utils.f()
-            for function, what in project.functions[project.file_of(origin)].items():
+        elif (file := project.file_of(origin)) in project.functions:  # import utils: utils.f()
+            for function, what in project.functions[file].items():
                 seen.setdefault(function, what)
     return seen
 

@@ -51,6 +51,7 @@ def make_model(spec: str | None):
     try:
         made = factory()
     except SystemExit as exc:
+        assert spec is not None  # the built-in factory (no spec) does not exit
         raise exited(spec, f"calling `{spec.partition(':')[2]}()`", exc) from None
     except Exception as exc:  # the user's code: say what it raised, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

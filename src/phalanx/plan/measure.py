@@ -76,7 +76,7 @@ def measure(run, cfg, steps: int = 3) -> dict:
             times.append(time.perf_counter() - start)
             tracker.reset_mod_stats()  # per-module stats only; the peak is kept
     snap = tracker.get_tracker_snapshot("peak")[run.device]
-    out = dict.fromkeys(sorted(set(CATEGORIES.values())), 0)
+    out: dict[str, float] = dict.fromkeys(sorted(set(CATEGORIES.values())), 0)
     for kind, value in snap.items():
         name = str(kind).rsplit(".", 1)[-1]
         if name in CATEGORIES:
@@ -112,6 +112,7 @@ def worker(spec_path: str) -> int:
         results[label] = max(run.gather_objects(mine), key=lambda r: r["peak"])
         run.strategy.release()
         gc.collect()
+    assert first is not None  # the spec names every planned variant (plan.compare.VARIANTS)
     first.close()
     if os.environ.get("RANK", "0") == "0":
         Path(spec["result"]).write_text(json.dumps(results, indent=2))

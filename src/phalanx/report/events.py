@@ -18,7 +18,7 @@ KINDS = ("restart", "nan", "rollback", "spike", "straggler")
 FILE = RunDir("").events.name
 
 
-def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> None:
+def record_event(out_dir: RunDir | Path | None, kind: str, step: int, message: str) -> None:
     """Append one event (rank 0 calls it; nothing without a run directory)."""
     if out_dir is None:
         return
@@ -30,14 +30,14 @@ def record_event(out_dir: Path | None, kind: str, step: int, message: str) -> No
         fh.write(json.dumps(line) + "\n")
 
 
-def warn(run, out_dir: Path | None, kind: str, step: int, text: str) -> None:
+def warn(run, out_dir: RunDir | Path | None, kind: str, step: int, text: str) -> None:
     """Say `text` as a warning on rank 0 and record it as an event of the run."""
     run.print(f"phalanx: warning: {text}")
     if run.is_main:
         record_event(out_dir, kind, step, text)
 
 
-def read_events(out_dir: Path, warn: Callable[[str], None] | None = None
+def read_events(out_dir: RunDir | Path, warn: Callable[[str], None] | None = None
                 ) -> list[dict[str, Any]]:
     """The run's events: lines that are not an event as `record_event` writes it (a torn
     last one, a `time` that is not text, ...) are skipped, said in one line to `warn`."""

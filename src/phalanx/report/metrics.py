@@ -44,7 +44,7 @@ def read_metrics(path: Path, warn: Callable[[str], None] | None = None) -> list[
 def parse_lines(text: str) -> list[tuple[int, dict[str, Any] | None, str]]:
     """(line number, the line's JSON object or None, why not) for each non-blank line."""
     lines = text.splitlines()
-    out = []
+    out: list[tuple[int, dict[str, Any] | None, str]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

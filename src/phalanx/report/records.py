@@ -71,11 +71,14 @@ def read_records(path: Path, check: Callable[[dict], str | None], warn: Warn
     text = read_text(path, warn)
     if text is None:
         return []
-    kept, skipped = [], []
+    kept: list[dict[str, Any]] = []
+    skipped: list[tuple[int, str]] = []
+    why: str | None  # parse_lines' reason, then `check`'s
     for number, record, why in parse_lines(text):
         if record is not None:
             why = check(record)
         if why is None:
+            assert record is not None  # why is None only from check(record)
             kept.append(record)
         else:
             skipped.append((number, why))

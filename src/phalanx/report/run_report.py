@@ -68,7 +68,7 @@ def build_report(run_dir: Path, out_path: Path | None = None, warn: Warn | None 
     names = RunDir(run_dir)
     run_dir = names.root
     given = out_path is not None
-    with PageFile(Path(out_path) if given else names.report, run_dir,
+    with PageFile(Path(out_path) if out_path is not None else names.report, run_dir,
                   given) as page:
         warn = warn or _stderr
         files = RunFiles(records=read_records(names.metrics, check_metric, warn),
@@ -125,7 +125,7 @@ def write_environment(run, cfg, out_dir: Path) -> None:
 
 
 def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    train = found if isinstance(found := config.get("train"), dict) else {}
     last = lambda key: next((r[key] for r in reversed(records) if key in r), None)  # noqa: E731
     figures = {key: finite([r[key] for r in records if key in r])
                for key in ("tokens_per_s", "step_time_s", "memory_mib")}

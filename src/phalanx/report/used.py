@@ -84,7 +84,7 @@ def _shown(section: str, key: str, value: Any, resolved: dict[tuple[str, str], s
 
 def _resolved(config: dict[str, Any], env: dict[str, Any]) -> dict[tuple[str, str], str]:
     """What the run resolved its defaults to, where it recorded that, as shown."""
-    dist = config.get("dist") if isinstance(config.get("dist"), dict) else {}
+    dist = found if isinstance(found := config.get("dist"), dict) else {}
     world, threads = _count(env.get("world_size")), _count(env.get("threads_per_rank"))
     hosts = env.get("hosts")
     nodes = len([h for h in hosts.split(",") if h.strip()]) if isinstance(hosts, str) else 0

@@ -108,7 +108,8 @@ class Run:
         `run.device` (see ShardedBatchSampler)."""
         t = self.topology
         sampler = ShardedBatchSampler(
-            len(dataset), batch_size, t.dp_rank, t.dp_size,
+            len(dataset),  # type: ignore[arg-type]  # torch's Dataset declares no __len__
+            batch_size, t.dp_rank, t.dp_size,
             seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
             position=position)
         return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
@@ -127,7 +128,8 @@ class Run:
         if op not in ("mean", "sum"):
             raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
         is_tensor = isinstance(value, torch.Tensor)
-        t = value.detach().clone() if is_tensor else torch.tensor(value, dtype=torch.float64)
+        t = value.detach().clone() if isinstance(value, torch.Tensor) else \
+            torch.tensor(value, dtype=torch.float64)
         t = t.to(self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if op == "mean":

@@ -50,6 +50,7 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_
     `check(norm)` (the NaN guard) is asked before stepping; when it says the step is bad
     the gradients are dropped and nothing steps (`skipped`). Under fp16 it is not asked:
     the scaler skips such steps itself (and that is not reported as `skipped`)."""
+    assert run.precision is not None  # set by run.setup
     scaler = run.precision.scaler
     if scaler is not None:
         scaler.unscale_(opt)

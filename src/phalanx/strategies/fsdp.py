@@ -21,6 +21,7 @@ This is FSDP2, not FSDP1: no `FullyShardedDataParallel` wrapper class, no
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -125,7 +126,8 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         """The global norm over every rank's gradient shards (one all-reduce), then each
         rank scales its shards: the same number as DDP's, on every rank."""
         params = [p for p in model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None],
+                                              2.0)
         if isinstance(total, DTensor):
             total = total.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
@@ -139,7 +141,8 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         """All-gathered weights on rank 0, in CPU memory (a collective)."""
         full = get_model_state_dict(model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
-        return full if self.topology.is_main else {}
+        # (typed as any state-dict value by torch; a module's full state dict holds tensors)
+        return cast(dict[str, torch.Tensor], full) if self.topology.is_main else {}
 
     def check_consistency(self, model: nn.Module) -> None:
         """Sharded parameters have one copy: each rank must hold the shard its placement
@@ -163,10 +166,10 @@ def _materialise(model: nn.Module, device: torch.device) -> None:
     """A model built on the meta device gets storage for its shards, then its own init:
     `init_weights()` if it has one, else every submodule's `reset_parameters()`."""
     model.to_empty(device=device)
-    if hasattr(model, "init_weights"):
-        model.init_weights()
+    if hasattr(model, "init_weights"):  # (torch types a Module's attributes Tensor | Module)
+        model.init_weights()  # type: ignore[operator]
         return
     with torch.no_grad():
         for module in model.modules():
             if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+                module.reset_parameters()  # type: ignore[operator]  # (as above)

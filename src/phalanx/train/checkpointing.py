@@ -36,7 +36,7 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
+def save(run: Run, cfg: Config, out_dir: RunDir | Path, state: TrainState, model, opt,
          precision: Precision) -> None:
     """Commit a checkpoint of `state.step` — never one whose parameters are not finite
     (the run diverged: a UserError saying so, and the last good checkpoint stays)."""
@@ -54,7 +54,7 @@ def save(run: Run, cfg: Config, out_dir: Path, state: TrainState, model, opt,
              asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
 
 
-def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
+def precheck(cfg: Config, out_dir: RunDir | Path) -> tuple[Path | None, str | None]:
     """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
     and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings.
 
@@ -77,7 +77,7 @@ def precheck(cfg: Config, out_dir: Path) -> tuple[Path | None, str | None]:
                     "further, or start over with `--resume never`.")
 
 
-def last_val_loss(out_dir: Path, step: int) -> float | None:
+def last_val_loss(out_dir: RunDir | Path, step: int) -> float | None:
     """The newest validation loss `metrics.jsonl` holds at or before `step` (None: none)."""
     path = RunDir(out_dir).metrics
     if not path.is_file():
@@ -88,14 +88,14 @@ def last_val_loss(out_dir: Path, step: int) -> float | None:
     return losses[-1] if losses else None
 
 
-def start_lineage(out_dir: Path, resume_from: Path | None, say) -> None:
+def start_lineage(out_dir: RunDir | Path, resume_from: Path | None, say) -> None:
     """Make `OUT/checkpoints` the lineage that continues from `resume_from` (precheck's
     choice; see checkpoint.rundir): on a fresh start the previous run moves to
     `OUT/superseded/`. Lock holder only."""
     reconcile(out_dir, resume_from, say)
 
 
-def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
+def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
             precision: Precision) -> TrainState | None:
     """Load the checkpoint `--resume` selects (same choice on every rank), or None."""
     if out_dir is None:
@@ -126,8 +126,8 @@ def restore(run: Run, cfg: Config, out_dir: Path | None, model, opt,
     return state
 
 
-def roll_back(run: Run, cfg: Config, out_dir: Path | None, model, opt, precision: Precision,
-              position: int) -> TrainState | None:
+def roll_back(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
+              precision: Precision, position: int) -> TrainState | None:
     """Every rank: reload the newest committed checkpoint (None when there is none); the
     data stream goes on from `position`, so the batch that failed is not read again."""
     if out_dir is None:

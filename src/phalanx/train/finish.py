@@ -13,6 +13,7 @@ from phalanx.config.sections import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.errors import UserError
 from phalanx.models import build_model
+from phalanx.models.minigpt import MiniGPT
 from phalanx.paths import RunDir, atomic_write
 from phalanx.report.plots import plot_losses
 from phalanx.report.run_report import build_report
@@ -50,7 +51,7 @@ def sample_prompt(cfg: Config, splits: TokenSplits | None) -> str:
     return text if text.strip() else "\n"
 
 
-def sample_text(model: torch.nn.Module, cfg: Config, run: Run,
+def sample_text(model: MiniGPT, cfg: Config, run: Run,
                 splits: TokenSplits | None = None) -> str:
     if cfg.train.sample_tokens <= 0:
         return ""

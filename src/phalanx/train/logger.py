@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from phalanx.config.sections import Config
+from phalanx.paths import RunDir
 from phalanx.report.events import warn
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.sink import tensorboard_note
@@ -20,7 +21,8 @@ from phalanx.train.watchers import SpikeWatch
 class Logger:
     """Rank-0 bookkeeping: progress, metrics.jsonl, throughput between log points."""
 
-    def __init__(self, run: Run, cfg: Config, out_dir: Path | None, start_step: int) -> None:
+    def __init__(self, run: Run, cfg: Config, out_dir: RunDir | Path | None,
+                 start_step: int) -> None:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
         if out_dir is not None:  # before the first progress line, once per run
@@ -28,7 +30,7 @@ class Logger:
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
         self.out_dir, self.spikes = out_dir, SpikeWatch(cfg.train.spike_factor)
         self.writes = out_dir is not None  # through run.log (rank 0 writes)
-        if self.writes:
+        if out_dir is not None:  # self.writes
             run.log_dir = Path(out_dir)
         self.pending: list[torch.Tensor] = []
         self.t_last, self.steps_since = time.perf_counter(), 0

@@ -9,9 +9,11 @@ its config alone.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -55,6 +57,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
         params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
         device=run.device), precision=t.precision)
     precision = run.precision
+    assert precision is not None  # set by run.setup
     mark("model built and wrapped, optimizer made")
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
     mark("resume checked")
@@ -79,11 +82,13 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
 
 def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
            precision: Precision, log: Logger, val_ds: TokenWindows,
-           out_dir: Path | None) -> None:
+           out_dir: RunDir | None) -> None:
     """The loop: one optimizer step per iteration, until `--max-steps` or a stop signal."""
     t, model, opt = cfg.train, result.model, result.optimizer  # model: as wrapped
     inner = run.unwrap(model)  # the user's module: evaluation, fault hooks, NaN messages
-    forward = torch.compile(model) if t.compile else model  # the micro-steps' (same weights)
+    # the micro-steps' (same weights); on a Module torch.compile returns an OptimizedModule,
+    # which torch's stubs type as a plain Callable
+    forward = cast(nn.Module, torch.compile(model)) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
     global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
@@ -97,13 +102,14 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
                            lambda step=step: stragglers.timing(step))
         run.checkpoint_staged()  # a background save's copy must be done before the step
         done = optimizer_step(run, model, opt, t.grad_clip,  # the NaN guard asked first
-                              check=lambda norm, loss=loss, step=step: _nan_check(
-                                  guard, loss, norm, step + 1, inner))
+                              check=functools.partial(_nan_check, guard, loss,
+                                                      step=step + 1, model=inner))
         result.grad_norms.append(done.norm)
         log.step_done(loss, skipped=done.skipped)  # a skipped step counts for throughput
         if done.skipped and guard.mode == "rollback" and \
                 _roll_back(run, cfg, out_dir, result, precision, guard, log):
-            continue  # on from the checkpoint's step, with the data past the bad batch
+            result.state.position += global_batch  # the bad batch was read: counted, not
+            continue  # read again; on from the checkpoint's step, the data past that batch
         state = result.state  # (a rollback to this very step replaced it)
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
@@ -120,7 +126,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
 
 def _after_step_checks(cfg: Config, run: Run, log: Logger, stragglers: StragglerWatch,
                        model: nn.Module, inner: nn.Module,
-                       out_dir: Path | None) -> list[Callable[[int], None]]:
+                       out_dir: RunDir | None) -> list[Callable[[int], None]]:
     """What every rank does after each optimizer step (given the step just done), in this
     order: a planted fault (PHALANX_FAULT), the hang watchdog's beat, the start-up's end
     (once), the replicas' consistency check and the straggler check — both collectives,
@@ -175,7 +181,7 @@ def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model) -> b
     return True
 
 
-def _roll_back(run: Run, cfg: Config, out_dir: Path | None, result: TrainResult,
+def _roll_back(run: Run, cfg: Config, out_dir: RunDir | None, result: TrainResult,
                precision: Precision, guard: NanGuard, log: Logger) -> bool:
     """`--on-nan rollback` after a bad step: every rank reloads the newest committed
     checkpoint; the data goes on from here (past the offending batch). True when that

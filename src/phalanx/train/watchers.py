@@ -52,7 +52,8 @@ class SpikeWatch:
 class StragglerWatch:
     def __init__(self, run, every: int) -> None:
         self.run, self.every = run, every
-        self.seconds, self.steps = 0.0, set()  # time in the window; the steps timed
+        self.seconds = 0.0  # time in the window
+        self.steps: set[int] = set()  # the steps timed
         self.slow_checks = [0] * run.world_size  # checks in a row each rank was slow
         self.named: set[int] = set()
 

@@ -48,7 +48,7 @@ def _own_launcher_checked() -> bool:
     return one_machine_worker()
 
 
-def _complete_quietly(cfg: Config, out: Path) -> bool:
+def _complete_quietly(cfg: Config, out: RunDir) -> bool:
     """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
     any error is rank 0's to report, so it means 'no' here.)"""
     from phalanx.train.checkpointing import precheck
@@ -77,7 +77,7 @@ def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
             f"{shlex.join(['phalanx', 'train', *args])}")
 
 
-def init_run(cfg: Config, threads: int | None, out: Path | None = None):
+def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None):
     """`phalanx.init` with the config's backend and the strategy chosen once for the world
     it joins; the hang watchdog reports into `out`."""
     import phalanx
@@ -110,7 +110,7 @@ def _world() -> int:
     return detect_launch_env().world_size
 
 
-def worker(cfg: Config, splits: TokenSplits, out: Path, threads: int | None = None,
+def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = None,
            argv: list[str] | None = None) -> int:
     """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
     signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).

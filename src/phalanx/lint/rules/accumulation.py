@@ -73,6 +73,7 @@ def _off_by_one(ctx: Context):
                 isinstance(test.left.op, ast.Mod) and isinstance(test.left.left, ast.Name) \
                 and test.left.left.id in counters and \
                 isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0:
+            assert guard is not None  # test is guard's
             counter = test.left.left.id
             if not _backward_outside(ctx, counters[counter], guard) or \
                     "opt" not in dotted(call).lower() and "scaler" not in dotted(call).lower():

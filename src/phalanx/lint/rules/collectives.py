@@ -31,8 +31,8 @@ def wrapped(ctx: Context) -> dict[str, str]:
     for call in ctx.calls_named(*WRAPPERS):
         kind = WRAPPERS[last(dotted(call))]
         parent = ctx.parents.get(call)
-        if kind == "DDP" and isinstance(keyword(call, "broadcast_buffers"), ast.Constant) \
-                and keyword(call, "broadcast_buffers").value is False:
+        if kind == "DDP" and isinstance(buffers := keyword(call, "broadcast_buffers"),
+                                        ast.Constant) and buffers.value is False:
             continue
         if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
             found[dotted(parent.targets[0])] = kind
@@ -155,7 +155,7 @@ def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
     return False
 
 
-def _paired(ctx: Context, call: ast.Call, cond: ast.If, callee: str) -> bool:
+def _paired(ctx: Context, call: ast.Call, cond: ast.If | ast.IfExp, callee: str) -> bool:
     """"Rank 0 first": `if rank > 0: barrier()` … `if rank == 0: barrier()` — the same
     collective under another rank condition in the same function: each rank joins one."""
     scope = ctx.function_of(call)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import TypeGuard
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 
@@ -12,7 +13,7 @@ def _data_parallel(ctx: Context):
         yield call, ""
 
 
-def _moves(node: ast.AST) -> bool:
+def _moves(node: ast.AST) -> TypeGuard[ast.Call]:
     return isinstance(node, ast.Call) and last(dotted(node)) in ("to", "cuda", "to_empty")
 
 

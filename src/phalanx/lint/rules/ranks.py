@@ -14,6 +14,8 @@ something (`rank % torch.cuda.device_count()`) is not judged.
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
+from typing import TypeGuard
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 
@@ -50,13 +52,13 @@ def _ranks(ctx: Context) -> dict[str, str]:
             if len(k) == 1 and next(iter(k)) != "other"}
 
 
-def _is(expr: ast.AST | None, kind: str, ranks: dict[str, str]) -> bool:
+def _is(expr: ast.AST | None, kind: str, ranks: dict[str, str]) -> TypeGuard[ast.expr]:
     if isinstance(expr, (ast.Name, ast.Attribute)):
         return ranks.get(dotted(expr)) == kind
     return isinstance(expr, ast.Call) and not expr.args and _kind(expr) == kind
 
 
-def _device_indexes(call: ast.Call) -> list[ast.AST]:
+def _device_indexes(call: ast.Call) -> Sequence[ast.expr | None]:
     """The expressions `call` uses as a GPU index."""
     name = last(dotted(call))
     if name == "set_device" or (name in ("cuda", "to") and isinstance(call.func, ast.Attribute)):

@@ -55,8 +55,11 @@ def _low_precision_reduce(ctx: Context):
         param, reduce = keyword(call, "param_dtype"), keyword(call, "reduce_dtype")
         low = [n for n in (reduce,) if n is not None and last(dotted(n)) in LOW]
         if low or (reduce is None and param is not None and last(dotted(param)) in LOW):
-            shown = ast.unparse(reduce) if reduce is not None else \
-                f"{ast.unparse(param)} (reduce_dtype defaults to param_dtype)"
+            if reduce is not None:
+                shown = ast.unparse(reduce)
+            else:  # then param is a low dtype (the condition above)
+                assert param is not None
+                shown = f"{ast.unparse(param)} (reduce_dtype defaults to param_dtype)"
             yield call, f"(gradients are summed across ranks in {shown})"
 
 
