@@ -15,6 +15,11 @@ from contextlib import contextmanager
 
 import torch
 
+from phalanx.data import TokenWindows
+from phalanx.models import build_model
+from phalanx.runtime.optim import adamw
+from phalanx.runtime.step import micro_steps, optimizer_step
+
 PEERS = ("plain", "accelerate", "fabric", "phalanx")
 PACKAGES = {"accelerate": "accelerate", "fabric": "lightning"}
 
@@ -38,7 +43,6 @@ def versions() -> dict[str, str]:
 def _loader(cfg, tokens, rank: int, world: int):
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from phalanx.data import TokenWindows
 
     ds = TokenWindows(tokens, cfg.model.block_size)
     sampler: DistributedSampler = DistributedSampler(ds, num_replicas=world, rank=rank,
@@ -61,7 +65,6 @@ def plain(cfg, tokens, run):
     """What the field guides write by hand: DDP(model), AdamW, DistributedSampler."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from phalanx.models import build_model
 
     model = DDP(build_model(cfg).to(run.device))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
@@ -82,7 +85,6 @@ def plain(cfg, tokens, run):
 def accelerate(cfg, tokens, run):
     from accelerate import Accelerator
 
-    from phalanx.models import build_model
 
     acc = Accelerator(gradient_accumulation_steps=cfg.train.grad_accum, cpu=run.device.type == "cpu")
     model = build_model(cfg)
@@ -106,7 +108,6 @@ def accelerate(cfg, tokens, run):
 def fabric(cfg, tokens, run):
     from lightning.fabric import Fabric
 
-    from phalanx.models import build_model
 
     fab = Fabric(accelerator="cuda" if run.device.type == "cuda" else "cpu",
                  devices=run.local_world_size, num_nodes=run.world_size // run.local_world_size,
@@ -139,10 +140,6 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
     (how `--defaults` times each default against torch's), and `strategy` replaces the
     run's strategy (how `--scaling` times one rank alone inside a larger launch).
     """
-    from phalanx.data import TokenWindows
-    from phalanx.models import build_model
-    from phalanx.runtime.optim import adamw
-    from phalanx.runtime.step import micro_steps, optimizer_step
 
     t = cfg.train
     with _swapped_strategy(run, strategy, ddp or {}):

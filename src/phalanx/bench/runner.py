@@ -19,6 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from phalanx.report.progress import PhaseProgress
+from phalanx.runtime.step import optimizer_step
+from phalanx.strategies.base import BackwardSyncControl
+
 
 def timed(run, step, n: int) -> float:
     """Seconds per step over `n` steps, slowest rank's. A rank whose `step` is None sits
@@ -50,7 +54,6 @@ def compare(run, steps: dict, repeats: int, n: int, warmup: int,
             label: str = "timing") -> dict[str, list[float]]:
     """Blocks of `n` steps of each setup, alternating order, after `warmup` steps each
     (rank 0 shows the progress). Raises `Stopped` with the complete rounds on Ctrl-C."""
-    from phalanx.report.progress import PhaseProgress
 
     times: dict[str, list[float]] = {name: [] for name in steps}
     bar = PhaseProgress(run.is_main, label, len(steps) * (repeats + (1 if warmup else 0)))
@@ -74,8 +77,6 @@ def compare(run, steps: dict, repeats: int, n: int, warmup: int,
 
 def _labelled_step(step, sync: bool = True):
     """One Phalanx step with its phases labelled for the profiler."""
-    from phalanx.runtime.step import optimizer_step
-    from phalanx.strategies.base import BackwardSyncControl
 
     model, acc, opt, batches, precision = (step.model, step.acc, step.opt, step.batches,
                                            step.precision)

@@ -50,6 +50,7 @@ from phalanx.checkpoint.writer import DigestingWriter
 from phalanx.cluster.faults import fault_point
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write, ensure_dir, remove_tree
+from phalanx.version import __version__
 
 ROTATED = ".rotated-"  # a rotated-out checkpoint being deleted (see `rotate`)
 
@@ -225,7 +226,6 @@ class _Job:
 
 
 def _version() -> str:
-    from phalanx.version import __version__
 
     return __version__
 

@@ -11,9 +11,15 @@ import os
 import statistics
 from pathlib import Path
 
+from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster import protocol
+from phalanx.cluster.env import detect_launch_env
+from phalanx.cluster.protocol import under_launcher
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.sections import from_dict
+from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
+from phalanx.strategies import build, choose_for_script
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
            "where the time goes; scaling.")
@@ -43,7 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.cluster.protocol import under_launcher
 
     if under_launcher():
         return worker(json.loads(os.environ[protocol.BENCH_PHASE]))
@@ -59,7 +64,6 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
 def parent(ns: argparse.Namespace) -> int:
     from phalanx.bench import report
     from phalanx.bench.peers import PEERS
-    from phalanx.checkpoint.rundir import prepare_out_dir
     from phalanx.data.corpus import source_files
     from phalanx.launch.agent import plan_launch
 
@@ -116,9 +120,6 @@ def _phase(spec: dict, plan, result: Path) -> dict:
 def worker(spec: dict) -> int:
     import phalanx
     from phalanx.bench import defaults, peers, runner, scaling
-    from phalanx.cluster.env import detect_launch_env
-    from phalanx.config.sections import from_dict
-    from phalanx.config.strategy import choose
     from phalanx.data.corpus import prepare
 
     cfg = from_dict(spec["config"])
@@ -185,7 +186,6 @@ def baseline_step(cfg, tokens, run) -> dict:
     the default strategy too (`phalanx-ddp`), timed in the same rounds: the ratio is the
     strategy's cost or gain on this machine."""
     from phalanx.bench import peers
-    from phalanx.strategies import build, choose_for_script
 
     default = choose_for_script(None, run.world_size)  # its own options' defaults
     if run.strategy.name == default.name:

@@ -11,7 +11,9 @@ import os
 import time
 
 from phalanx.cluster import protocol
+from phalanx.cluster.env import detect_launch_env
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
+from phalanx.errors import DistributedError
 from phalanx.strategies import SPECS, default_name, spec
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
@@ -134,7 +136,6 @@ def _torch_defaults(name: str) -> dict:
 def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
     """Each rank checks in on the job's store; after `timeout`, name those that never did
     (rather than torch's 'timed out waiting for clients', which names nobody)."""
-    from phalanx.errors import DistributedError
 
     store.set(f"joined/{rank}", "1")
     deadline = time.monotonic() + timeout
@@ -153,12 +154,10 @@ def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
 def _world() -> int:
     """The job's world size as `phalanx.init` sees it: torchrun's variables, or SLURM's
     under a plain `srun` (where WORLD_SIZE is not set)."""
-    from phalanx.cluster.env import detect_launch_env
 
     return detect_launch_env().world_size
 
 
 def _rank() -> int:
-    from phalanx.cluster.env import detect_launch_env
 
     return detect_launch_env().rank

@@ -8,6 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from phalanx.config.sections import from_dict
 from phalanx.errors import UserError
 from phalanx.paths import kind, refuse_link
 
@@ -87,7 +88,6 @@ def _parents_while_writing(parent: Path):
 def _saved_config(checkpoint: Path):
     """The checkpoint's step and config from its sidecar, or a UserError saying why not."""
     from phalanx.checkpoint.store import read_sidecar
-    from phalanx.config.sections import from_dict
 
     try:
         meta = read_sidecar(checkpoint)["meta"]

@@ -26,10 +26,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster.lifecycle import exit_code
 from phalanx.config.flags import add_config_flags, count, resolve, without_flags
 from phalanx.errors import UserError
-from phalanx.paths import atomic_write
+from phalanx.paths import atomic_write, kind
 
 SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
@@ -151,8 +152,6 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.checkpoint.rundir import prepare_out_dir
-    from phalanx.paths import kind
 
     cfg = resolve(ns)
     _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved

@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from phalanx.checkpoint.rundir import prepare_out_dir, remove_if_unused
+from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
 from phalanx.cluster.faults import check_faults
 from phalanx.cluster.protocol import under_launcher
@@ -52,7 +52,6 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
 
 def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
     from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
-    from phalanx.checkpoint.rundir import RunDirLock
     from phalanx.train.checkpointing import precheck, start_lineage
     from phalanx.train.finish import missing_outputs
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster.protocol import phalanx_worker, under_launcher
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.config.sections import Config
@@ -186,7 +187,6 @@ def report(run, verdicts: list[list[str]], steps: int, samples: int,
 
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.checkpoint.rundir import prepare_out_dir
     from phalanx.data.corpus import prepare, source_files
     from phalanx.launch.ranks import run_ranks
     from phalanx.train.worker import check_data_fits

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from phalanx.cluster import slurm_env
 from phalanx.cluster.protocol import LAUNCHED, srun_task
 from phalanx.errors import UserError
 
@@ -67,7 +68,6 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
 def _slurm(e: dict) -> LaunchEnv:
     """Ranks of an srun task: SLURM_PROCID / LOCALID / STEP_NUM_TASKS, this node's task
     count from SLURM_STEP_TASKS_PER_NODE, and MASTER_ADDR/PORT when srun set none."""
-    from phalanx.cluster import slurm_env
 
     world = _int(e, "SLURM_STEP_NUM_TASKS", _int(e, "SLURM_NTASKS", 1))
     per_node = slurm_env.tasks_per_node(e.get("SLURM_STEP_TASKS_PER_NODE")

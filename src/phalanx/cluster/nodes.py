@@ -14,6 +14,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from phalanx.cluster.rendezvous import tell_host
 from phalanx.config.sections import DistConfig, endpoint
 from phalanx.errors import UserError
 
@@ -109,7 +110,6 @@ def _check_node_rank(d: DistConfig, target: str, port: int, local: str, at_endpo
     node rank does (on a loopback endpoint every node is on this machine: a trial)."""
     me, given = socket.gethostname(), f"`--rdzv-endpoint {d.rdzv_endpoint}`"
     if d.node_rank == 0 and not at_endpoint:
-        from phalanx.cluster.rendezvous import tell_host
 
         said = (f"{me} ({local}) was started with `--node-rank 0` too and stopped: two "
                 f"launchers claim node rank 0, which must run on the endpoint's host "

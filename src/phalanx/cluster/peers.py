@@ -9,6 +9,8 @@ import re
 import socket
 from dataclasses import dataclass
 
+from phalanx.cluster.nodes import interface_addresses
+
 _PEER = re.compile(r"\[([0-9a-fA-F.:]+)\]:\d+")  # gloo: "... [10.77.0.2]:6017 ..."
 
 
@@ -43,7 +45,6 @@ class Peers:
 
 def local_addresses() -> frozenset[str]:
     """This machine's IPv4 addresses (loopback included: ranks of one machine meet there)."""
-    from phalanx.cluster.nodes import interface_addresses
 
     try:
         return frozenset(interface_addresses())

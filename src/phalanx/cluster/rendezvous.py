@@ -29,6 +29,7 @@ import socket
 import time
 
 from phalanx.cluster.protocol import LAST_FAILURE, ROUND
+from phalanx.errors import DistributedError, UserError
 
 BACKEND = "phalanx-c10d"
 
@@ -85,7 +86,6 @@ def _serve(host: str, port: int, timeout_s: float, params):
     try:
         return bound_store(host, port, timeout_s)
     except OSError as exc:
-        from phalanx.errors import UserError
 
         me, rank = socket.gethostname(), params.get_as_int("node_rank", -1)
         if exc.errno != errno.EADDRINUSE:
@@ -144,7 +144,6 @@ def _raise_refusal(store, run_id: str) -> None:
     except (RuntimeError, TimeoutError, ValueError):
         return  # the store is gone: torch's own call says so next
     if said:
-        from phalanx.errors import UserError
 
         me = socket.gethostname()
         raise UserError(f"the rendezvous stopped on {me}: {said}")
@@ -237,7 +236,6 @@ def _give_up(params, arrived: set, store, is_host: bool):
     """The UserError for a rendezvous that timed out here. The host of the store first
     leaves it for the nodes that did arrive, and waits for them to read it (they poll
     every second): they stop with the same cause, not with a lost connection."""
-    from phalanx.errors import UserError
 
     me = socket.gethostname()
     if is_host and len(arrived) > 1:
@@ -250,7 +248,6 @@ def _give_up(params, arrived: set, store, is_host: bool):
 
 
 def _lost(params):
-    from phalanx.errors import DistributedError
 
     return DistributedError(
         f"{socket.gethostname()} lost the connection to the rendezvous store at "
@@ -269,7 +266,6 @@ def _client(host: str, port: int, params):
         return dist.TCPStore(host, port, is_master=False, use_libuv=True,
                              timeout=datetime.timedelta(seconds=wait))
     except (RuntimeError, TimeoutError, ValueError) as exc:
-        from phalanx.errors import UserError
 
         raise UserError(f"cannot reach the rendezvous at {host}:{port} within {wait:g} s "
                         f"from {socket.gethostname()} (`--rdzv-endpoint`, "

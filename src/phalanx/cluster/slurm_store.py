@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 
+from phalanx.cluster.rendezvous import bound_store
 from phalanx.cluster.slurm_env import candidate_ports, expand_nodelist, step_id
 from phalanx.errors import DistributedError
 
@@ -78,7 +79,6 @@ def _resolve(host: str) -> str:
 
 
 def _serve(host: str, address: str, ports: list[int], timeout, me: str):
-    from phalanx.cluster.rendezvous import bound_store
 
     busy = []
     for port in ports:

@@ -17,7 +17,7 @@ import typing
 from typing import Any
 
 from phalanx.config.operator import operator_dist
-from phalanx.config.sections import SECTIONS, Config, build_config, flag_of
+from phalanx.config.sections import SECTIONS, Config, DistConfig, build_config, flag_of
 from phalanx.errors import UserError
 from phalanx.paths import require_file
 
@@ -66,7 +66,6 @@ LAUNCH_FIELDS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv
 def add_launch_flags(parser: argparse.ArgumentParser, extra: tuple[str, ...] = ()) -> None:
     """The `[dist]` flags that say where ranks run (`--nproc-per-node`, `--nnodes`, …),
     for verbs without a training config (doctor, watch); read back with `dist_config`."""
-    from phalanx.config.sections import DistConfig
 
     group = parser.add_argument_group("launch options")
     for f in dataclasses.fields(DistConfig):

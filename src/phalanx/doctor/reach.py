@@ -16,13 +16,14 @@ import os
 import socket
 from datetime import timedelta
 
+from phalanx.cluster.nodes import interface_addresses, route_to
+
 CONNECT_TIMEOUT_S = 5.0
 
 
 def collective_address(backend_var: str = "GLOO_SOCKET_IFNAME") -> tuple[str | None, str]:
     """(address, how it was chosen) — where this rank's collectives will listen; address
     None with the reason when the variable names an interface this machine lacks."""
-    from phalanx.cluster.nodes import interface_addresses, route_to
 
     ifname = os.environ.get(backend_var, "").split(",")[0]
     if ifname:

@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from phalanx.lint.engine import Context
 from phalanx.lint.rules.collectives import COLLECTIVES
 
 _TORCH = os.sep + "torch" + os.sep
@@ -106,7 +107,6 @@ def describe(stack: list[Frame]) -> Activity:
 
 @lru_cache(maxsize=64)
 def _context(path: str):
-    from phalanx.lint.engine import Context
 
     try:
         with open(path, encoding="utf-8") as f:

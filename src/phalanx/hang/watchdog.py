@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phalanx.cluster import protocol
+from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.rendezvous import restart_attempt
+from phalanx.errors import DistributedError, UserError
+from phalanx.hang.crash import CrashRecorder
+from phalanx.hang.report import build_report
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
 
 if TYPE_CHECKING:
@@ -145,7 +149,6 @@ class Watchdog:
         return all(now - self._seen.get(r, (None, now))[1] > gone for r in range(self.rank))
 
     def _report_and_exit(self, beats: dict[int, dict]) -> None:
-        from phalanx.hang.report import build_report
 
         self.store.set("dump", "1")
         stacks = self._collect_stacks(deadline=time.monotonic() + max(5.0, 3 * self.poll))
@@ -187,8 +190,6 @@ class Watchdog:
     def _exit(self, report: str | None) -> None:
         """Leave now: the main thread is blocked and will not return. The reporter records
         the one-line summary for the elastic agent and goes first; the others follow."""
-        from phalanx.cluster.protocol import record_for_agent
-        from phalanx.errors import DistributedError
 
         if report is not None:
             record_for_agent(DistributedError(report, [self.rank]))
@@ -207,7 +208,6 @@ def _silence_stderr() -> None:
 
 def timeout_from_env(default: str = "0") -> float:
     """PHALANX_HANG_TIMEOUT in seconds (0: off), or a UserError naming the bad value."""
-    from phalanx.errors import UserError
 
     raw = os.environ.get(protocol.HANG_TIMEOUT, "") or default
     try:
@@ -239,7 +239,6 @@ def start_watchdog(rank: int, world_size: int, timeout: float,
     signal (see crash.py); both stop at `Watchdog.stop()` or at exit."""
     import atexit
 
-    from phalanx.hang.crash import CrashRecorder
 
     dog = Watchdog(job_store(world_size), rank, world_size, timeout, report_dir)
     dog.crashes = CrashRecorder(dog.report_dir, rank)

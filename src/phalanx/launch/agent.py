@@ -26,10 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import usable_cores
+from phalanx.cluster.nodes import node_plan
 from phalanx.cluster.protocol import under_launcher
-from phalanx.cluster.rendezvous import ROUND
+from phalanx.cluster.ranklogs import LOGS_ENV
+from phalanx.cluster.rendezvous import ROUND, register
 from phalanx.cluster.startup_trace import mark
+from phalanx.config import nccl
 from phalanx.errors import Interrupted
+from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
 
 if TYPE_CHECKING:
     from phalanx.cluster.nodes import NodePlan
@@ -58,7 +62,6 @@ def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
     """The launch of a `DistConfig`: `--nproc-per-node` (default: one per GPU, else per
     usable core), the nodes (`--nnodes`, `--rdzv-endpoint`, …), `--threads-per-rank`,
     `--max-restarts`, `--debug-collectives`."""
-    from phalanx.cluster.nodes import node_plan
 
     nproc = dist.nproc_per_node or default_nproc()
     nodes = node_plan(dist)
@@ -85,7 +88,6 @@ def nccl_preset(dist, ifname: str | None, env: dict[str, str]) -> list[str]:
     """`--nccl-preset`'s variables into `env`; the lines that say what each does."""
     import torch
 
-    from phalanx.config import nccl
 
     uses_nccl = dist.backend == "nccl" or (dist.backend == "auto" and
                                            torch.cuda.is_available())
@@ -167,7 +169,6 @@ def launch_config(nproc: int, max_restarts: int, nodes: NodePlan | None = None,
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    from phalanx.cluster.rendezvous import register
 
     common: dict[str, Any] = dict(
         nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
@@ -230,8 +231,6 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from phalanx.cluster.ranklogs import LOGS_ENV
-    from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards

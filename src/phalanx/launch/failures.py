@@ -13,7 +13,9 @@ import sys
 from types import FrameType
 
 from phalanx.cluster.protocol import LAST_FAILURE
-from phalanx.errors import DistributedError, UserError
+from phalanx.cluster.ranklogs import log_path
+from phalanx.errors import DistributedError, PhalanxError, UserError
+from phalanx.hang.crash import crashed_at, failed_at
 from phalanx.hang.mismatch import PEER_LOST
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
@@ -46,7 +48,6 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
 
 def _logs_of(ranks: list[int], logs: str | None) -> str:
     """` Full output: out/logs/rank-1.log.` (the logs of the ranks that failed)."""
-    from phalanx.cluster.ranklogs import log_path
 
     paths = [log_path(logs, r) for r in ranks] if logs else []
     paths = [p for p in paths if p.is_file()]
@@ -105,7 +106,6 @@ def _describe_all(culprits: list[int], failures: dict, reports: str | None) -> s
 
 def _victims_at(victims: list[int], failures: dict) -> str:
     """` (rank 1 in backward at train.py:143 in main())`, from their recorded tracebacks."""
-    from phalanx.hang.crash import failed_at
 
     where = []
     for r in victims:
@@ -121,7 +121,6 @@ def _victims_at(victims: list[int], failures: dict) -> str:
 def _crashed_in(rank: int, code: int, reports: str | None) -> str:
     """` in all_reduce at train.py:133 in run_val() (...), under ...` for a rank that
     died of a signal and left a crash record (see phalanx.hang.crash)."""
-    from phalanx.hang.crash import crashed_at
 
     act = crashed_at(reports, rank)
     if act is None or act.site is None:
@@ -220,7 +219,6 @@ def error_names() -> set[str]:
     agent: `UserError: ...`)."""
     import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
     import phalanx.checkpoint.store  # noqa: F401
-    from phalanx.errors import PhalanxError
 
     found, todo = set(), [PhalanxError]
     while todo:

@@ -27,7 +27,7 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
     the checks that need the world size (`check_world`); each rank's output goes to
     `out.logs` (unless `--tee-ranks`); `env`: more for the workers."""
     from phalanx.cluster.ranklogs import LOGS_ENV
-    from phalanx.launch.agent import launch_or_work
+    from phalanx.launch.agent import launch_or_work  # lazy: `phalanx --help` loads every verb
 
     def check(plan) -> None:
         import torch

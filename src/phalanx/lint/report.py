@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 
 from phalanx.lint.engine import Finding, Rule
+from phalanx.version import __version__
 
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
@@ -26,7 +27,6 @@ def as_json(findings: list[Finding], files: int, skipped: int = 0) -> str:
 
 
 def sarif(findings: list[Finding], rules: list[Rule]) -> str:
-    from phalanx.version import __version__
 
     driver = {"name": "phalanx-lint", "version": __version__,
               "informationUri": "https://github.com/phalanx-dev/phalanx",

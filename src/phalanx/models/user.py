@@ -8,7 +8,9 @@ import importlib
 
 import torch
 
+from phalanx.config.sections import build_config
 from phalanx.errors import UserError
+from phalanx.models import build_model
 
 
 def load_factory(spec: str | None):
@@ -36,8 +38,6 @@ def exited(spec: str, what: str, exc: SystemExit) -> UserError:
 
 
 def _minigpt():
-    from phalanx.config.sections import build_config
-    from phalanx.models import build_model
 
     cfg = build_config({"model": {"preset": "tiny"}})
     model = build_model(cfg)

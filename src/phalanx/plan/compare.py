@@ -14,6 +14,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from phalanx.launch.agent import launch_workers, threads_per_rank
+from phalanx.plan.estimate import VARIANTS
+
 COMPARED = {"parameters": ("parameters",), "gradients": ("gradients",),
             "optimizer": ("optimizer",), "activations": ("activations", "communication"),
             "peak": ("peak",)}
@@ -21,8 +24,6 @@ COMPARED = {"parameters": ("parameters",), "gradients": ("gradients",),
 
 def measure_locally(cfg, W: int, steps: int, rows: list[dict]) -> dict:
     """{variant: {component: {"predicted", "measured", "ratio"}, "step_s": …}}."""
-    from phalanx.launch.agent import launch_workers, threads_per_rank
-    from phalanx.plan.estimate import VARIANTS
 
     with tempfile.TemporaryDirectory(prefix="phalanx-plan-") as tmp:
         spec = {"config": cfg.to_dict(), "steps": steps,

@@ -12,6 +12,10 @@ import os
 import time
 from pathlib import Path
 
+from phalanx.cluster.env import detect_launch_env
+from phalanx.config.sections import from_dict
+from phalanx.config.strategy import choose
+
 WARMUP = 3  # DDP rebuilds its buckets in the third step
 # MemTracker's categories at the peak → the planner's components
 CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients",
@@ -24,8 +28,6 @@ def join(cfg, strategy: str, reshard: bool = True):
     chooses, for the world this process joins); the process group made by the first call
     is reused by the next (a strategy is set up on the same ranks)."""
     import phalanx
-    from phalanx.cluster.env import detect_launch_env
-    from phalanx.config.strategy import choose
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard
@@ -100,7 +102,6 @@ def worker(spec_path: str) -> int:
     writes, per variant, the rank with the highest peak."""
     import gc
 
-    from phalanx.config.sections import from_dict
 
     spec = json.loads(Path(spec_path).read_text())
     results, first = {}, None

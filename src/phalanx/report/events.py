@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.paths import RunDir
+from phalanx.report.records import check_event, read_records
 
 KINDS = ("restart", "nan", "rollback", "spike", "straggler")
 
@@ -41,6 +42,5 @@ def read_events(out_dir: RunDir | Path, warn: Callable[[str], None] | None = Non
                 ) -> list[dict[str, Any]]:
     """The run's events: lines that are not an event as `record_event` writes it (a torn
     last one, a `time` that is not text, ...) are skipped, said in one line to `warn`."""
-    from phalanx.report.records import check_event, read_records
 
     return read_records(RunDir(out_dir).events, check_event, warn or (lambda _: None))

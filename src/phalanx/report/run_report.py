@@ -28,6 +28,7 @@ from phalanx.report.events import read_events
 from phalanx.report.listing import list_checkpoints, recorded_world_size
 from phalanx.report.outfile import PageFile, write_atomic
 from phalanx.report.records import Warn, check_metric, finite, read_object, read_records, whole_step
+from phalanx.version import __version__
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;
@@ -109,7 +110,6 @@ def write_environment(run, cfg, out_dir: Path) -> None:
 
     import torch
 
-    from phalanx.version import __version__
 
     device = run.device
     peers = getattr(run.topology, "peers", None)

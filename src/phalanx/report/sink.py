@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.errors import UserError
 from phalanx.paths import RunDir
 from phalanx.report.metrics import MetricsWriter, read_metrics
 
@@ -119,7 +120,6 @@ def reduce_values(run, metrics: dict[str, Any], reduce: str | None) -> dict[str,
     them all; None: this rank's own)."""
     import torch
 
-    from phalanx.errors import UserError
 
     if reduce is not None and reduce not in REDUCTIONS:
         raise UserError(f"run.log(reduce={reduce!r}): expected one of "

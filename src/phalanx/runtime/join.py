@@ -26,9 +26,13 @@ import torch.distributed as dist
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import LaunchEnv, detect_launch_env, usable_cores
+from phalanx.cluster.lifecycle import die_with_agent
+from phalanx.cluster.peers import gather_peers
 from phalanx.cluster.rendezvous import attempt_store
+from phalanx.cluster.slurm_store import srun_store
 from phalanx.cluster.startup_trace import mark
 from phalanx.errors import DistributedError, UserError
+from phalanx.hang.watchdog import timeout_from_env
 from phalanx.runtime.run import Run, derive_seed
 from phalanx.strategies import StrategyChoice, build, choose_for_script
 from phalanx.strategies.topology import data_parallel
@@ -79,7 +83,6 @@ def init(seed: int = 0, *, backend: str = "auto",
     choice = _strategy_choice(strategy, env.world_size, strategy_options)
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
         os.environ.setdefault(name, value)
-    from phalanx.cluster.lifecycle import die_with_agent
 
     die_with_agent()
     backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
@@ -96,7 +99,6 @@ def init(seed: int = 0, *, backend: str = "auto",
         else:
             dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                                     timeout=timeout, store=_store(env, timeout))
-    from phalanx.cluster.peers import gather_peers
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
@@ -107,7 +109,6 @@ def init(seed: int = 0, *, backend: str = "auto",
               log_dir=Path(log_dir) if log_dir is not None else None)
     atexit.register(run.close)
     torch.manual_seed(derive_seed(seed, env.rank))
-    from phalanx.hang.watchdog import timeout_from_env
 
     hang = hang_timeout_s or timeout_from_env()
     if hang > 0 and not os.environ.get(protocol.WATCHED):
@@ -150,7 +151,6 @@ def _store(env, timeout: datetime.timedelta):
     on (its port found, not assumed: phalanx.cluster.slurm_store), or None: torch's env://."""
     store = attempt_store(env.world_size, timeout)
     if store is None and env.launcher == "slurm" and env.rendezvous:
-        from phalanx.cluster.slurm_store import srun_store
 
         store = srun_store(env.rank, env.world_size, timeout)
     return store

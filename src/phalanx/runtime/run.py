@@ -20,12 +20,20 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from phalanx.checkpoint.resume import newest_valid
+from phalanx.checkpoint.saver import CheckpointSaver
+from phalanx.checkpoint.store import param_groups
+from phalanx.cluster.lifecycle import StopSignals
 from phalanx.cluster.protocol import record_for_agent
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.errors import UserError
+from phalanx.hang.mismatch import explain, peer_lost
+from phalanx.hang.watchdog import start_watchdog
+from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.strategies.base import Strategy
+from phalanx.strategies.guards import diagnose_devices
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
 
@@ -151,7 +159,6 @@ class Run:
         "min") first combines each value over the ranks in one all-reduce: call it on
         every rank then. `reduce=None`: rank 0's values as they are, no collective.
         Returns the record on rank 0, else None."""
-        from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 
         if self.log_dir is None:
             raise UserError("run.log needs a directory to write to: "
@@ -196,14 +203,12 @@ class Run:
         """Every parameter, buffer and batch tensor that is not on `run.device`, one line
         each (empty when all are in place): for "Expected all tensors to be on the same
         device" errors. Local, no collective."""
-        from phalanx.strategies.guards import diagnose_devices
 
         return diagnose_devices(self.unwrap(model), self.device, batch)
 
     def watch(self, timeout_s: float, report_dir: str | Path | None = None) -> None:
         """Start the hang watchdog (see phalanx.hang.watchdog): when no rank progresses
         for `timeout_s`, one report names where each rank waits, and the job exits (3)."""
-        from phalanx.hang.watchdog import start_watchdog
 
         if self._watchdog is None:
             self._watchdog = start_watchdog(self.rank, self.world_size, timeout_s, report_dir)
@@ -219,7 +224,6 @@ class Run:
         """Within this block the first SIGINT/SIGTERM only asks to stop (see
         `stop_requested`); another one more than 2 s later stops the process at once.
         Enter it on every rank. Blocks may nest: a request carries over inwards."""
-        from phalanx.cluster.lifecycle import StopSignals
 
         outer, self._stop = self._stop, StopSignals().install()
         try:
@@ -254,7 +258,6 @@ class Run:
         copies parameters and optimizer state in the background, during the next
         forward/backward: call `checkpoint_staged()` before the next optimizer step.
         """
-        from phalanx.checkpoint.store import param_groups
 
         deferred = None
         if overlap_staging:
@@ -286,7 +289,6 @@ class Run:
 
     def _checkpoints(self):
         if self._saver is None:
-            from phalanx.checkpoint.saver import CheckpointSaver
 
             self._saver = CheckpointSaver()
         return self._saver
@@ -302,7 +304,6 @@ class Run:
 
     def latest_checkpoint(self, root: str | Path) -> Path | None:
         """The newest checkpoint under `root` that verifies, as rank 0 found it."""
-        from phalanx.checkpoint.resume import newest_valid
 
         found = newest_valid(Path(root), self.print) if self.is_main else None
         return self.broadcast(found)
@@ -356,7 +357,6 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        from phalanx.hang.mismatch import explain, peer_lost
 
         plain = (explain(exc) or peer_lost(exc, self.rank, self.topology.peers)) if exc is not None else None
         if exc is not None:  # before the group goes: peers may then die of a lost connection

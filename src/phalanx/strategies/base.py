@@ -26,6 +26,7 @@ import torch.nn as nn
 from phalanx.checkpoint import store
 from phalanx.config.strategy import StrategySpec, spec
 from phalanx.strategies import state_dict
+from phalanx.strategies.guards import check_consistency
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
 
@@ -153,7 +154,6 @@ class Strategy(ABC):
     def check_consistency(self, model: nn.Module) -> None:
         """Raise `DistributedError` naming the first tensor that differs where ranks must
         agree (replicas: every parameter and buffer, bit for bit). A collective."""
-        from phalanx.strategies.guards import check_consistency
 
         t = self.topology
         check_consistency(self.unwrap(model), t.device, t.world_size)

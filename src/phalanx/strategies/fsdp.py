@@ -34,6 +34,7 @@ from phalanx.checkpoint import store
 from phalanx.errors import UserError
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import describe, find_blocks
+from phalanx.strategies.guards import check_sharded
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.tensors import uncompiled
 
@@ -147,7 +148,6 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
     def check_consistency(self, model: nn.Module) -> None:
         """Sharded parameters have one copy: each rank must hold the shard its placement
         says, and every rank the same layout; unsharded tensors (buffers) must agree."""
-        from phalanx.strategies.guards import check_sharded
 
         t = self.topology
         check_sharded(model, t.device, t.world_size, t.rank)

@@ -24,6 +24,7 @@ from phalanx.paths import RunDir
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
 from phalanx.train.changes import SHAPE_FIELDS, check_compatible
+from phalanx.train.nan_guard import advice, parameters_finite
 from phalanx.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ def save(run: Run, cfg: Config, out_dir: RunDir | Path, state: TrainState, model
          precision: Precision) -> None:
     """Commit a checkpoint of `state.step` — never one whose parameters are not finite
     (the run diverged: a UserError saying so, and the last good checkpoint stays)."""
-    from phalanx.train.nan_guard import advice, parameters_finite
 
     if not parameters_finite(run, model):
         raise UserError(f"the parameters are not finite at step {state.step}: the run "

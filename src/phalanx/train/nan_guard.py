@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.report.events import warn
 from phalanx.strategies.tensors import local_tensor, user_name
 
 MAX_ROLLBACKS = 3  # to the same checkpoint: then the run stops
@@ -87,7 +88,6 @@ class NanGuard:
 
     def note(self, step: int, kind: str, text: str) -> None:
         """Say `text` on rank 0 and record it in the run's events."""
-        from phalanx.report.events import warn
 
         warn(self.run, self.out_dir, kind, step, text)
 

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from phalanx.cluster.env import detect_launch_env
 from phalanx.cluster.lifecycle import exit_code
 from phalanx.cluster.protocol import one_machine_worker, phalanx_worker, under_launcher
 from phalanx.cluster.rendezvous import restart_attempt
@@ -105,7 +106,6 @@ def _world() -> int:
     """This process's world size as the runtime will see it: torchrun's variables, or
     SLURM's under a plain `srun` (WORLD_SIZE is not set there — reading only it chose
     `single` and dropped every DDP option the user gave, while the runtime built DDP)."""
-    from phalanx.cluster.env import detect_launch_env
 
     return detect_launch_env().world_size
 
