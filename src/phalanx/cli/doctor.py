@@ -11,7 +11,6 @@ import os
 import time
 
 from phalanx.cluster import protocol
-from phalanx.cluster.env import detect_launch_env
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
 from phalanx.errors import DistributedError
 from phalanx.strategies import SPECS, default_name, spec
@@ -152,12 +151,11 @@ def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
 
 
 def _world() -> int:
-    """The job's world size as `phalanx.init` sees it: torchrun's variables, or SLURM's
-    under a plain `srun` (where WORLD_SIZE is not set)."""
-
-    return detect_launch_env().world_size
+    """The world of the agent that started this rank (Phalanx's or torchrun's), whose
+    store the peer checks meet on; 1 elsewhere — under a plain `srun` there is no such
+    store, and `phalanx.init` meets through SLURM's own (`slurm_store`)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _rank() -> int:
-
-    return detect_launch_env().rank
+    return int(os.environ["RANK"])

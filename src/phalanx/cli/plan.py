@@ -10,7 +10,6 @@ import json
 import sys
 
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
-from phalanx.config.strategy import spec
 from phalanx.errors import UserError
 from phalanx.plan import estimate, timing
 from phalanx.plan.devices import GPUS, busbw_from, device, human
@@ -141,7 +140,8 @@ def recommend(rows: list[dict], budget: int) -> str:
                                            r["time"]["comm_bytes"], r["peak"]))
         why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms)"
     else:
-        best = next((r for r in fitting if not spec(r["strategy"]).shards), fitting[0])
+        replicated = {v.label for v in estimate.VARIANTS if not v.shards}  # (rows: labels)
+        best = next((r for r in fitting if r["strategy"] in replicated), fitting[0])
         why = "the least communication"
     return (f"{best['strategy']}: it fits ({human(best['peak'])} of {human(budget)} per "
             f"rank) with {why}.")

@@ -4,7 +4,6 @@ then `launch_or_work` (the elastic agent, or be the worker under torchrun/SLURM)
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
@@ -39,6 +38,6 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
         if slow:  # up front, before minutes pass in silence
             print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
-    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(Path(out.logs).resolve())}
+    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(out.root.resolve() / out.logs.name)}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work,
                           env={**logs, **(env or {})}, check=check)

@@ -128,8 +128,9 @@ def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
 
 def roll_back(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
               precision: Precision, position: int) -> TrainState | None:
-    """Every rank: reload the newest committed checkpoint (None when there is none); the
-    data stream goes on from `position`, so the batch that failed is not read again."""
+    """Every rank: reload the newest committed checkpoint (None when there is none), its
+    data cursor set to `position` (the loader reads on; the loop counts the failed batch
+    when it goes back to an earlier step), so the batch that failed is not read again."""
     if out_dir is None:
         return None
     run.wait_checkpoint()  # a background save in flight is committed first
