@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from phalanx.cli.plan import facts_for, plan
 from phalanx.config.sections import build_config
 from phalanx.plan.compare import measure_locally
 from phalanx.plan.devices import device
+from phalanx.plan.recommend import facts_for, plan
 
 SHAPES = {
     "tiny (mb 16)": {"model": {"preset": "tiny"}, "train": {"micro_batch_size": 16}},

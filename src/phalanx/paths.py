@@ -53,6 +53,9 @@ def require_file(path: str | Path, what: str, hint: str) -> Path:
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+HANG_REPORT = "hang-report.txt"  # the watchdog's report, in a run directory or `watch`'s
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDir:
     """One run directory (`--out`): every name Phalanx reads or writes in it, spelled here
@@ -65,7 +68,7 @@ class RunDir:
     # a run's results: moved with its checkpoints when a new run starts fresh in the directory
     RESULTS: ClassVar[tuple[str, ...]] = (
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
-        "run_config.json", "hang-report.txt")
+        "run_config.json", HANG_REPORT)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
         object.__setattr__(self, "root", Path(root))

@@ -208,7 +208,8 @@ def test_a_checkpoint_is_hashed_once_per_start(run, tmp_path, monkeypatch):
     """The launcher verifies in full and names the checkpoint to the workers; rank 0's
     second choice then skips the checksums, unless the manifest changed since."""
     import phalanx.checkpoint.store as store
-    from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
+    from phalanx.checkpoint.resume import verified_token
+    from phalanx.cluster.protocol import VERIFIED_CHECKPOINT as VERIFIED_ENV
 
     model, opt = trained(run)
     path = run.save(tmp_path, 1, model, opt)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from phalanx.cli.doctor import wait_for_peers
+from phalanx.doctor.worker import wait_for_peers
 from phalanx.errors import DistributedError
 from phalanx.hang.crash import main_stack_from_dump
 from phalanx.hang.mismatch import explain

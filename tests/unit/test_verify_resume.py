@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from phalanx.cli.verify_resume import compare, first_difference
+from phalanx.train.verify import compare, first_difference
 
 
 def result(losses, weight: float, exp_avg: float):

@@ -39,7 +39,6 @@ def checkpoints_dir(out_dir: Path | RunDir) -> Path:
     return RunDir(out_dir).checkpoints
 
 
-VERIFIED_ENV = protocol.VERIFIED_CHECKPOINT
 
 
 def verified_token(path: Path) -> str:
@@ -52,7 +51,7 @@ def verified_token(path: Path) -> str:
 
 
 def _reason(path: Path) -> str | None:
-    named = os.environ.get(VERIFIED_ENV)  # the token costs a read: only when one was named
+    named = os.environ.get(protocol.VERIFIED_CHECKPOINT)  # the token costs a read: only when one was named
     contents = named is None or named != verified_token(path)
     try:
         return verify(path, contents=contents)

@@ -39,8 +39,7 @@ def fsync_dir(path: Path) -> None:
     finally:
         os.close(fd)
 
-LOCK = RunDir("").lock.name  # the names are RunDir's; these two are kept for callers
-RESULTS = RunDir.RESULTS
+LOCK = RunDir("").lock.name  # the name is RunDir's (tests import it from here)
 
 
 class RunDirLock:

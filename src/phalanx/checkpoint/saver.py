@@ -210,7 +210,7 @@ class _Job:
                 write_synced(self.tmp / STATE, json.dumps(sidecar, indent=1, default=_jsonable))
                 manifest = {"format": "phalanx-dcp-1", "step": self.step,
                             "world_size": self.world, "config_hash": self.config_hash,
-                            "torch": torch.__version__, "phalanx": _version(),
+                            "torch": torch.__version__, "phalanx": __version__,
                             "created": time.time()}
                 self.timings["reread_bytes"] = commit(self.tmp, self.final, manifest, self.keep,
                                                       self.writer.digests, self.trash)
@@ -224,10 +224,6 @@ class _Job:
         _agree(self.error and f"{self.error}. The previous checkpoints in `{self.root}` are "
                               f"intact; free space or choose a writable `--out`.")
 
-
-def _version() -> str:
-
-    return __version__
 
 
 def _delete_quietly(paths: list[Path]) -> None:

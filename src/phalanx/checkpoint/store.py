@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from phalanx.checkpoint.digest import entry_digest, file_digest
-from phalanx.checkpoint.manifest import LATEST, MANIFEST, STATE, listed_files, plain_name  # noqa: F401
+from phalanx.checkpoint.manifest import LATEST, MANIFEST, STATE, listed_files  # noqa: F401
 from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
 from phalanx.checkpoint.safety import check_metadata, safe_reader
 from phalanx.errors import UserError

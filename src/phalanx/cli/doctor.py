@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 
 from phalanx.cluster import protocol
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
-from phalanx.errors import DistributedError
-from phalanx.strategies import SPECS, default_name, spec
+from phalanx.doctor.worker import worker
+from phalanx.strategies import SPECS, default_name
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "
            "model across ranks.")
@@ -38,8 +37,11 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.launch.agent import launch_or_work
 
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
+    options = {"model": ns.model, "strategy": ns.strategy,
+               "init_timeout_s": ns.init_timeout_s, "as_json": ns.json}
     code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],
-                          lambda _threads: worker(ns), env={protocol.DOCTOR_RESULT: path})
+                          lambda _threads: worker(**options),
+                          env={protocol.DOCTOR_RESULT: path})
     try:
         with open(path) as f:
             return int(f.read() or 0)
@@ -48,114 +50,3 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-
-def worker(ns: argparse.Namespace) -> int:
-    import phalanx
-    from phalanx.doctor import checks as report
-    from phalanx.doctor.comms import agree, bandwidth_sweep, collective_checks, compute_check
-    from phalanx.doctor.environment import launch_checks, local_facts, network_advice, versions
-    from phalanx.doctor.model import model_checks
-
-    t0 = time.perf_counter()
-    if _world() > 1:
-        from phalanx.hang.watchdog import job_store
-
-        store = job_store(_world(), "doctor")
-        wait_for_peers(store, _rank(), _world(), ns.init_timeout_s)
-        unreachable, machines = reachability(store, ns)
-        if unreachable:
-            return _report_unreachable(unreachable, ns)
-    run = phalanx.init(0, timeout_s=ns.init_timeout_s, strategy=ns.strategy,
-                       **_torch_defaults(ns.strategy)) if _world() > 1 else phalanx.init(0)
-    found = [report.Check("rendezvous", "process group init", "pass",
-                          f"{run.world_size} rank(s) joined, {run.backend}, "
-                          f"{time.perf_counter() - t0:.2f} s")]
-    if _world() > 1:
-        found.append(report.Check("network", "machines reach each other", "pass",
-                                  f"{machines} machine(s): each connected to the others "
-                                  f"where the collectives listen"))
-    with run:
-        facts = run.gather_objects(local_facts())
-        found += versions(run.backend) + launch_checks(facts)
-        found += collective_checks(run.device, run.world_size, run.rank)
-        bandwidth = bandwidth_sweep(run.device, run.world_size) if run.world_size > 1 else []
-        found.append(compute_check(run.device, run.world_size))
-        found += network_advice(facts, run.backend)
-        found += agree(model_checks(run, ns.model))  # the worst rank's result, named
-        failed = run.broadcast(any(c.status == "fail" for c in found))  # rank 0's verdict
-        if run.is_main:
-            out = report.as_json(found, bandwidth) if ns.json else \
-                report.render_table(found, bandwidth)
-            print(out, flush=True)
-    return _verdict(failed)
-
-
-def _verdict(failed: bool) -> int:
-    """The exit code; under Phalanx's launcher, each machine's local rank 0 hands the
-    verdict to its launcher in a file (the workers exit 0: the agent does not restart)."""
-    path = os.environ.get(protocol.DOCTOR_RESULT)
-    if path is None:
-        return 1 if failed else 0
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        with open(path, "w") as f:
-            f.write("1" if failed else "0")
-    return 0
-
-
-def reachability(store, ns: argparse.Namespace) -> tuple[list[str], int]:
-    """Who cannot reach whom where the collectives connect (phalanx.doctor.reach), checked
-    before the process group is made: a failure there would hang its creation."""
-    import torch
-
-    from phalanx.doctor.reach import probe
-
-    var = "NCCL_SOCKET_IFNAME" if torch.cuda.is_available() else "GLOO_SOCKET_IFNAME"
-    return probe(store, _rank(), _world(), ns.init_timeout_s, var)
-
-
-def _report_unreachable(problems: list, ns: argparse.Namespace) -> int:
-    from phalanx.doctor import checks as report
-
-    found = [report.Check("network", "machines reach each other", "fail", line,
-                          "open the ports between the machines (firewall), or point "
-                          "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME at an interface the other "
-                          "machines can route to") for line in problems]
-    if os.environ.get("RANK") == "0":
-        print(report.as_json(found, []) if ns.json else report.render_table(found, []),
-              flush=True)
-    return _verdict(True)
-
-
-def _torch_defaults(name: str) -> dict:
-    """The strategy's options left at torch's defaults (DDP: not a static graph)."""
-    return {"static_graph": False} if hasattr(spec(name).options(), "static_graph") else {}
-
-
-def wait_for_peers(store, rank: int, world: int, timeout: float) -> None:
-    """Each rank checks in on the job's store; after `timeout`, name those that never did
-    (rather than torch's 'timed out waiting for clients', which names nobody)."""
-
-    store.set(f"joined/{rank}", "1")
-    deadline = time.monotonic() + timeout
-    while True:
-        missing = [r for r in range(world) if not store.check([f"joined/{r}"])]
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise DistributedError(
-                f"rendezvous: rank(s) {', '.join(map(str, missing))} of {world} never joined "
-                f"within {timeout:g} s. Check that every node started (same MASTER_ADDR/PORT, "
-                f"same --nnodes/WORLD_SIZE), and the firewall between nodes.", missing)
-        time.sleep(0.1)
-
-
-def _world() -> int:
-    """The world of the agent that started this rank (Phalanx's or torchrun's), whose
-    store the peer checks meet on; 1 elsewhere — under a plain `srun` there is no such
-    store, and `phalanx.init` meets through SLURM's own (`slurm_store`)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _rank() -> int:
-    return int(os.environ["RANK"])

@@ -152,7 +152,6 @@ def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
-
     cfg = resolve(ns)
     _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved
     out = Path(cfg.train.out).expanduser().resolve()

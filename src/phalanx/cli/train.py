@@ -51,7 +51,7 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
-    from phalanx.checkpoint.resume import VERIFIED_ENV, verified_token
+    from phalanx.checkpoint.resume import verified_token
     from phalanx.train.checkpointing import precheck, start_lineage
     from phalanx.train.finish import missing_outputs
 
@@ -78,7 +78,8 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
                   flush=True)
         lock.record_holder()
         start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
-        verified = {} if resume_from is None else {VERIFIED_ENV: verified_token(resume_from)}
+        verified = {} if resume_from is None else {
+            protocol.VERIFIED_CHECKPOINT: verified_token(resume_from)}
         try:
             return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t, argv),
                              out, verified)

@@ -64,7 +64,6 @@ def make_report_dir(given: str | None) -> Path:
 
 
 def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.cluster.ranklogs import LOGS_ENV
     from phalanx.launch.agent import launch_or_work
 
     check_script(ns.script)
@@ -75,7 +74,7 @@ def run_watch(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.debug_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if not dist.tee_ranks:
-        env[LOGS_ENV] = str(report_dir / "logs")
+        env[protocol.RANK_LOGS] = str(report_dir / "logs")
     logs = "" if dist.tee_ranks else "the ranks' logs (logs/rank-R.log) and "
     print(f"phalanx: watch: {logs}any hang report go to {report_dir}/", file=sys.stderr,
           flush=True)

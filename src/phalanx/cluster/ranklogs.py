@@ -28,7 +28,6 @@ from phalanx.cluster import protocol
 from phalanx.errors import UserError
 from phalanx.paths import ensure_dir, open_append
 
-LOGS_ENV = protocol.RANK_LOGS
 _FILE_ENV = protocol.RANK_LOG_FILE  # set in a worker once its output goes to this file
 
 
@@ -57,7 +56,7 @@ class _Tee:
 def quiet_worker() -> Path | None:
     """Send this worker's output to its rank log when its launcher asks (PHALANX_RANK_LOGS);
     the log's path, or None where it does not."""
-    directory, rank = os.environ.get(LOGS_ENV), os.environ.get("RANK")
+    directory, rank = os.environ.get(protocol.RANK_LOGS), os.environ.get("RANK")
     if os.environ.get(_FILE_ENV) or not directory or rank is None:
         return Path(os.environ[_FILE_ENV]) if os.environ.get(_FILE_ENV) else None
     path = log_path(directory, rank)

@@ -248,7 +248,6 @@ def _give_up(params, arrived: set, store, is_host: bool):
 
 
 def _lost(params):
-
     return DistributedError(
         f"{socket.gethostname()} lost the connection to the rendezvous store at "
         f"{params.endpoint}: the launcher that serves it (node 0, on the endpoint's host) "

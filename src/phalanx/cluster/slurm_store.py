@@ -79,7 +79,6 @@ def _resolve(host: str) -> str:
 
 
 def _serve(host: str, address: str, ports: list[int], timeout, me: str):
-
     busy = []
     for port in ports:
         try:

@@ -9,8 +9,6 @@ import time
 
 from phalanx.cluster import protocol
 
-TRACE_ENV = protocol.STARTUP_TRACE
-
 
 def _role() -> str:
     return "worker" if protocol.phalanx_worker() else "launcher"
@@ -31,7 +29,7 @@ def process_started() -> float:
 def mark(label: str, at=None) -> None:
     """Record that this process reached `label` (now, or at the time `at()` gives — only
     asked when tracing)."""
-    path = os.environ.get(TRACE_ENV)
+    path = os.environ.get(protocol.STARTUP_TRACE)
     if not path:
         return
     when = time.time() if at is None else at()

@@ -107,7 +107,6 @@ def describe(stack: list[Frame]) -> Activity:
 
 @lru_cache(maxsize=64)
 def _context(path: str):
-
     try:
         with open(path, encoding="utf-8") as f:
             return Context(path, f.read())

@@ -23,7 +23,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from phalanx.cluster import protocol
 from phalanx.cluster.protocol import record_for_agent
@@ -32,12 +31,10 @@ from phalanx.errors import DistributedError, UserError
 from phalanx.hang.crash import CrashRecorder
 from phalanx.hang.report import build_report
 from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
-
-if TYPE_CHECKING:
-    from phalanx.hang.crash import CrashRecorder
+from phalanx.paths import HANG_REPORT
 
 HANG_EXIT_CODE = 3
-REPORT_NAME = "hang-report.txt"
+REPORT_NAME = HANG_REPORT
 
 
 @dataclass
@@ -149,7 +146,6 @@ class Watchdog:
         return all(now - self._seen.get(r, (None, now))[1] > gone for r in range(self.rank))
 
     def _report_and_exit(self, beats: dict[int, dict]) -> None:
-
         self.store.set("dump", "1")
         stacks = self._collect_stacks(deadline=time.monotonic() + max(5.0, 3 * self.poll))
         text, summary = build_report(stacks, beats, self.timeout, self.world_size)

@@ -28,8 +28,7 @@ from phalanx.cluster import protocol
 from phalanx.cluster.env import usable_cores
 from phalanx.cluster.nodes import node_plan
 from phalanx.cluster.protocol import under_launcher
-from phalanx.cluster.ranklogs import LOGS_ENV
-from phalanx.cluster.rendezvous import ROUND, register
+from phalanx.cluster.rendezvous import register
 from phalanx.cluster.startup_trace import mark
 from phalanx.config import nccl
 from phalanx.errors import Interrupted
@@ -187,7 +186,7 @@ def launch_config(nproc: int, max_restarts: int, nodes: NodePlan | None = None,
 
 def workers_env(plan: LaunchPlan) -> dict[str, str]:
     """What every worker of `plan` finds in its environment besides the agent's own."""
-    env = {protocol.LAUNCHED: "1", "OMP_NUM_THREADS": str(plan.threads), ROUND: "0",
+    env = {protocol.LAUNCHED: "1", "OMP_NUM_THREADS": str(plan.threads), protocol.ROUND: "0",
            **plan.env}
     nodes = plan.nodes
     ifname = loopback_interface() if nodes is None else nodes.ifname
@@ -241,7 +240,7 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     except ChildFailedError as exc:
         reports = plan.env.get(protocol.HANG_REPORT_DIR) or os.environ.get(
             protocol.HANG_REPORT_DIR)  # where ranks killed by a signal left their stacks
-        logs = plan.env.get(LOGS_ENV)
+        logs = plan.env.get(protocol.RANK_LOGS)
         stack = unexplained_traceback(exc.failures) if logs else None
         if stack:  # not an error Phalanx explains: its traceback once (each rank's: its log)
             print(stack, file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from phalanx.cluster import protocol
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import UserError
@@ -25,7 +26,6 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
     the checks that need the world size (`check_world`); each rank's output goes to
     `out.logs` (unless `--tee-ranks`); `env`: more for the workers."""
-    from phalanx.cluster.ranklogs import LOGS_ENV
     from phalanx.launch.agent import launch_or_work  # lazy: `phalanx --help` loads every verb
 
     def check(plan) -> None:
@@ -38,6 +38,7 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
         if slow:  # up front, before minutes pass in silence
             print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
-    logs = {} if cfg.dist.tee_ranks else {LOGS_ENV: str(out.root.resolve() / out.logs.name)}
+    logs = {} if cfg.dist.tee_ranks else {  # OUT resolved, never a link at OUT/logs
+        protocol.RANK_LOGS: str(out.root.resolve() / out.logs.name)}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv], work,
                           env={**logs, **(env or {})}, check=check)

@@ -27,7 +27,6 @@ def as_json(findings: list[Finding], files: int, skipped: int = 0) -> str:
 
 
 def sarif(findings: list[Finding], rules: list[Rule]) -> str:
-
     driver = {"name": "phalanx-lint", "version": __version__,
               "informationUri": "https://github.com/phalanx-dev/phalanx",
               "rules": [{"id": r.code, "shortDescription": {"text": r.message},

@@ -38,7 +38,6 @@ def exited(spec: str, what: str, exc: SystemExit) -> UserError:
 
 
 def _minigpt():
-
     cfg = build_config({"model": {"preset": "tiny"}})
     model = build_model(cfg)
     return model, torch.randint(0, model.config.vocab_size, (2, cfg.model.block_size))

@@ -12,9 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from phalanx.cluster.env import detect_launch_env
 from phalanx.config.sections import from_dict
-from phalanx.config.strategy import choose
+from phalanx.runtime.choice import choose_here
 
 WARMUP = 3  # DDP rebuilds its buckets in the third step
 # MemTracker's categories at the peak → the planner's components
@@ -31,8 +30,8 @@ def join(cfg, strategy: str, reshard: bool = True):
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard
-    choice = choose(cfg.dist, detect_launch_env().world_size, cfg.train.grad_accum)
-    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend, strategy=choice)
+    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend,
+                        strategy=choose_here(cfg.dist, cfg.train.grad_accum))
 
 
 def measure(run, cfg, steps: int = 3) -> dict:

@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from phalanx.paths import RunDir
+
 NOT_RECORDED = "not recorded"
 
 # what a `None` option means when the run did not record what it resolved to
@@ -40,7 +42,7 @@ def status(run_dir: Path, config: dict[str, Any]) -> str:
     """complete (the trainer's final model is written), not finished (a trainer's run
     without it: stopped, failed or still going), else not recorded."""
     try:
-        if stat.S_ISREG(os.lstat(Path(run_dir) / "model.safetensors").st_mode):
+        if stat.S_ISREG(os.lstat(RunDir(run_dir).model).st_mode):
             return "complete"
     except OSError:
         pass

@@ -357,7 +357,6 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-
         plain = (explain(exc) or peer_lost(exc, self.rank, self.topology.peers)) if exc is not None else None
         if exc is not None:  # before the group goes: peers may then die of a lost connection
             record_for_agent(plain or exc)

@@ -9,7 +9,6 @@ import signal
 import sys
 from pathlib import Path
 
-from phalanx.cluster.env import detect_launch_env
 from phalanx.cluster.lifecycle import exit_code
 from phalanx.cluster.protocol import one_machine_worker, phalanx_worker, under_launcher
 from phalanx.cluster.rendezvous import restart_attempt
@@ -19,6 +18,7 @@ from phalanx.config.strategy import StrategyChoice, choose
 from phalanx.data.corpus import TokenSplits
 from phalanx.errors import UserError
 from phalanx.paths import RunDir
+from phalanx.runtime.choice import choose_here
 
 
 def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
@@ -93,21 +93,15 @@ def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None)
 def choose_strategy(cfg: Config, world: int | None = None) -> StrategyChoice:
     """The run's strategy with its options (`config.strategy.choose`), for `world` ranks
     or (None) the world this process joins — the one `phalanx.init` reads."""
-    return choose(cfg.dist, world if world is not None else _world(), cfg.train.grad_accum)
+    if world is None:
+        return choose_here(cfg.dist, cfg.train.grad_accum)
+    return choose(cfg.dist, world, cfg.train.grad_accum)
 
 
 def strategy_options(cfg: Config, world: int | None = None) -> dict:
     """The chosen strategy's options from the config, as keywords (its spec's fields only,
     settled for the run's accumulation)."""
     return choose_strategy(cfg, world).kwargs()
-
-
-def _world() -> int:
-    """This process's world size as the runtime will see it: torchrun's variables, or
-    SLURM's under a plain `srun` (WORLD_SIZE is not set there — reading only it chose
-    `single` and dropped every DDP option the user gave, while the runtime built DDP)."""
-
-    return detect_launch_env().world_size
 
 
 def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = None,
