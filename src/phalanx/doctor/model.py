@@ -9,8 +9,6 @@ built-in MiniGPT (tiny preset) on random tokens.
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 import torch.nn as nn
 
@@ -34,14 +32,16 @@ def _rank_batch(example, rank: int, device: torch.device):
     return torch.randint(0, max(high, 2), example.shape, generator=gen).to(device)
 
 
-def _loss(output) -> torch.Tensor:
+def _loss(output) -> torch.Tensor | None:
+    """A scalar to run backward on: the mean of the output, or the sum of the means of
+    its floating-point tensors (a tuple, list or dict); None when it holds none."""
     if isinstance(output, torch.Tensor):
         return output.float().mean()
     if isinstance(output, dict):
         output = list(output.values())
-    # (the int 0 when no output is a floating-point tensor: known gap, `0.backward()` fails)
-    return cast(torch.Tensor, sum(_loss(o) for o in output
-                                  if isinstance(o, torch.Tensor) and o.is_floating_point()))
+    parts = [o.float().mean() for o in output
+             if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    return sum(parts[1:], parts[0]) if parts else None
 
 
 def structure_checks(model: nn.Module, on_cuda: bool) -> list[Check]:
@@ -79,7 +79,13 @@ def model_checks(run, spec: str | None) -> list[Check]:
     if batch is None or misplaced:
         return checks
     args = batch if isinstance(batch, (tuple, list)) else (batch,)
-    _loss(wrapped(*args)).backward()
+    loss = _loss(wrapped(*args))
+    if loss is None:  # e.g. a model returning token ids: nothing to differentiate
+        checks.append(Check("model", "gradients after backward", "warn",
+                            "the output holds no floating-point tensor: backward not run",
+                            "return the logits or the loss from forward"))
+        return checks
+    loss.backward()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     checks.append(Check("model", "every parameter gets a gradient", "fail" if unused else "pass",
                         f"no gradient: {', '.join(unused[:5])}" if unused else
