@@ -12,7 +12,7 @@ from pathlib import Path
 from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
 from phalanx.cluster.faults import check_faults
-from phalanx.cluster.protocol import under_launcher
+from phalanx.cluster.protocol import one_machine_worker, under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.config.sections import Config
@@ -21,9 +21,8 @@ from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.launch.ranks import run_ranks
 from phalanx.paths import RunDir
 from phalanx.train.worker import (
-    _complete_quietly,
-    _own_launcher_checked,
     check_data_fits,
+    complete_quietly,
     owns_run_dir,
     stopped_line,
     worker,
@@ -56,7 +55,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
     from phalanx.train.finish import missing_outputs
 
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
-        if not _own_launcher_checked() and _complete_quietly(cfg, out):
+        if not one_machine_worker() and complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
         splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
         mark("corpus checked")

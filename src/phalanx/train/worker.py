@@ -39,17 +39,11 @@ def owns_run_dir(cfg: Config) -> bool:
     that holds the lock already."""
     if not under_launcher():
         return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
-    return not _own_launcher_checked() and os.environ.get(
+    return not one_machine_worker() and os.environ.get(
         "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
-def _own_launcher_checked() -> bool:
-    """A worker of Phalanx's one-machine launcher, which checked the run before starting
-    it (`precheck`): nothing to check again."""
-    return one_machine_worker()
-
-
-def _complete_quietly(cfg: Config, out: RunDir) -> bool:
+def complete_quietly(cfg: Config, out: RunDir) -> bool:
     """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
     any error is rank 0's to report, so it means 'no' here.)"""
     from phalanx.train.checkpointing import precheck
