@@ -31,6 +31,7 @@ QUIET_CPP = "PHALANX_QUIET_CPP"  # "1": torch's C++ store retries silenced (seve
 # set inside a worker for itself
 RANK_LOG_FILE = "PHALANX_RANK_LOG_FILE"  # this worker's output already goes to its log
 WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no second one
+RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the run directory (read by phalanx.init)
 # set by the user or the test suite
 STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
 FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)

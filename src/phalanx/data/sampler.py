@@ -12,9 +12,12 @@ So the samples an optimizer step sees (its K micro-batches on all W ranks) are p
 what lets 2 ranks × B equal 1 rank × 2B, and lets a run resume at another world size
 from a global cursor without skipping or repeating a sample.
 
-Epoch mode (the default for `run.loader`) yields whole global batches of one epoch and
-moves to the next epoch on every new iteration: reshuffled without `set_epoch`.
-Stream mode (the trainer) yields forever from `position` onward, across epochs.
+Both modes keep one cursor, `position`: the global samples consumed since the start
+(epoch = position // n). Epoch mode (the default for `run.loader`) yields the whole
+global batches left in the position's epoch and moves to the next epoch on every new
+iteration: reshuffled without `set_epoch`; started (or resumed) mid-epoch at position p,
+it yields that epoch's batches from offset p % n on. Stream mode (the trainer) yields
+forever from `position` onward, across epochs.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ class ShardedBatchSampler:
         self.num_samples, self.batch_size = num_samples, batch_size
         self.rank, self.world_size = rank, world_size
         self.seed, self.shuffle, self.stream = seed, shuffle, stream
-        self.position = position  # global samples consumed (stream mode)
-        self.epoch = 0  # next epoch to iterate (epoch mode)
+        if position < 0:
+            raise UserError(f"position must be >= 0 (global samples consumed), got {position}.")
+        self.position = position  # global samples consumed: where the next iteration starts
         self._perm_epoch, self._perm = -1, torch.arange(0)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
@@ -75,18 +79,21 @@ class ShardedBatchSampler:
                 start = self.position
                 self.position += step
                 yield self._mine(start)
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        base = epoch * self.num_samples
-        for m in range(len(self)):
-            yield self._mine(base + m * step)
+        batches = len(self)
+        epoch, offset = divmod(self.position, self.num_samples)
+        self.position = (epoch + 1) * self.num_samples  # the next iteration: the next epoch
+        for m in range(batches):
+            yield self._mine(epoch * self.num_samples + offset + m * step)
 
     def __len__(self) -> int:
+        """Batches the next iteration yields (epoch mode): the global batches left in
+        the position's epoch; incomplete ones are dropped."""
         if self.stream:
             raise TypeError("a stream-mode sampler is endless and has no length")
-        return self.num_samples // (self.batch_size * self.world_size)
+        left = self.num_samples - self.position % self.num_samples
+        return left // (self.batch_size * self.world_size)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position, "epoch": self.epoch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position, self.epoch = int(state["position"]), int(state["epoch"])
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self.position // self.num_samples

@@ -1,8 +1,10 @@
-"""Gradient accumulation: count micro-steps, skip the gradient sync on all but the last."""
+"""Gradient accumulation: count micro-steps, skip the gradient sync on all but the last;
+each micro-step under the run's precision (autocast), its backward through the fp16 loss
+scaler — so a user's loop never touches autocast or a scaler."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
@@ -10,15 +12,18 @@ import torch.nn as nn
 
 from phalanx.errors import UserError
 from phalanx.strategies.base import BackwardSyncControl, Strategy
+from phalanx.strategies.precision import Precision
 
 
 class Accumulator:
     """Counts micro-steps; gradients sync only on the last of every `steps`."""
 
-    def __init__(self, strategy: Strategy, model: nn.Module, steps: int) -> None:
+    def __init__(self, strategy: Strategy, model: nn.Module, steps: int,
+                 precision: Precision | None = None) -> None:
         if steps < 1:
             raise UserError(f"accumulation steps must be >= 1, got {steps} (`--grad-accum`).")
         self.strategy, self.model, self.steps, self.count = strategy, model, steps, 0
+        self.precision = precision
 
     @property
     def is_last(self) -> bool:
@@ -26,14 +31,22 @@ class Accumulator:
         return self.count % self.steps == self.steps - 1
 
     def micro_step(self) -> AbstractContextManager:
+        """The context of one micro-step's forward and backward: no gradient sync unless
+        it closes the window; autocast under bf16/fp16."""
         skip = not self.is_last
         self.count += 1
+        stack = ExitStack()
         if isinstance(self.strategy, BackwardSyncControl):
-            return self.strategy.no_backward_sync(self.model, enabled=skip)
-        return nullcontext()
+            stack.enter_context(self.strategy.no_backward_sync(self.model, enabled=skip))
+        if self.precision is not None:
+            stack.enter_context(self.precision.autocast())
+        return stack
 
     def backward(self, loss: torch.Tensor, scaler: Any = None) -> None:
-        """Backward of `loss / steps` (through `scaler` when given)."""
+        """Backward of `loss / steps`, through `scaler` (default: the fp16 loss scaler of
+        the run's precision, if any)."""
+        if scaler is None and self.precision is not None:
+            scaler = self.precision.scaler
         loss = loss / self.steps
         (scaler.scale(loss) if scaler is not None else loss).backward()
 

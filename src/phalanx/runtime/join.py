@@ -10,7 +10,11 @@ guides prescribe, so a script cannot get it wrong:
 5. build the topology (a DeviceMesh when the strategy shards), then the strategy from it
    (`strategy`: a name and its options, decided here for the detected world, or the
    `StrategyChoice` a caller decided once, e.g. the trainer; built as it is);
-6. seed from (seed, rank); and destroy the process group at exit, also on error.
+6. seed from (seed, rank); and destroy the process group at exit — after an exception
+   that left the script, at once: no barrier a failed rank's peers would wait in, and a
+   deadline (`FAILED_EXIT_S`) on the shutdown itself. The peers' next collective then
+   fails on the lost connection (and under a launcher the agent stops them), so one
+   rank's exception ends the job within seconds instead of hanging it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +34,12 @@ from phalanx.cluster import protocol
 from phalanx.cluster.env import LaunchEnv, detect_launch_env, usable_cores
 from phalanx.cluster.lifecycle import die_with_agent
 from phalanx.cluster.peers import gather_peers
+from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.rendezvous import attempt_store
 from phalanx.cluster.slurm_store import srun_store
 from phalanx.cluster.startup_trace import mark
 from phalanx.errors import DistributedError, UserError
+from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import timeout_from_env
 from phalanx.runtime.run import Run, derive_seed
 from phalanx.strategies import StrategyChoice, build, choose_for_script
@@ -65,7 +73,7 @@ def init(seed: int = 0, *, backend: str = "auto",
          strategy: str | StrategyChoice | None = None, timeout_s: float = 600.0,
          threads: int | None = None, hang_timeout_s: float | None = None,
          hang_report_dir: str | Path | None = None, debug_collectives: bool = False,
-         log_dir: str | Path | None = None,
+         log_dir: str | Path | None = None, out: str | Path | None = None,
          **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
@@ -74,7 +82,8 @@ def init(seed: int = 0, *, backend: str = "auto",
     `hang_timeout_s` (or PHALANX_HANG_TIMEOUT) starts the hang watchdog (`Run.watch`).
     `debug_collectives` has torch verify every collective across ranks
     (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
-    `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/.
+    `out`: the run directory (`run.out`); under `phalanx run` its `--out` instead.
+    `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/ (default: `out`).
     """
     if debug_collectives:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -105,15 +114,50 @@ def init(seed: int = 0, *, backend: str = "auto",
                              device, backend, env.launcher, with_mesh=choice.spec.sharded,
                              peers=gather_peers(env.world_size))
     chosen = _checked(build(choice, topology), created)
+    run_dir = os.environ.get(protocol.RUN_DIR) or out
+    run_dir = Path(run_dir) if run_dir else None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    log = Path(log_dir) if log_dir is not None else run_dir
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
-              log_dir=Path(log_dir) if log_dir is not None else None)
-    atexit.register(run.close)
+              log_dir=log, out=run_dir)
+    fail_fast(run)
     torch.manual_seed(derive_seed(seed, env.rank))
 
     hang = hang_timeout_s or timeout_from_env()
     if hang > 0 and not os.environ.get(protocol.WATCHED):
-        run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR))
+        run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR) or run_dir)
     return run
+
+
+FAILED_EXIT_S = 5.0  # after an uncaught exception, the longest the shutdown may take
+
+
+def fail_fast(run: Run) -> None:
+    """Close `run` at exit — as failed when an exception left the script (no barrier),
+    the exception recorded for the launcher, and the process ended `FAILED_EXIT_S` later
+    whatever the shutdown waits for."""
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb) -> None:
+        run._failed = True
+        plain = explain(exc) or peer_lost(exc, run.rank, run.topology.peers) \
+            if isinstance(exc, Exception) else None
+        record_for_agent(plain or exc)
+        previous(kind, exc, tb)
+        if plain is not None:
+            print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
+        deadline = threading.Timer(FAILED_EXIT_S, os._exit, (1,))
+        deadline.daemon = True
+        deadline.start()
+
+    sys.excepthook = hook
+    atexit.register(_close_at_exit, run)
+
+
+def _close_at_exit(run: Run) -> None:
+    uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    run.close(failed=run._failed or uncaught is not None)
 
 
 def _strategy_choice(strategy: str | StrategyChoice | None, world: int,

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
-from phalanx.checkpoint.resume import newest_valid
-from phalanx.checkpoint.saver import CheckpointSaver
-from phalanx.checkpoint.store import param_groups
 from phalanx.cluster.lifecycle import StopSignals
 from phalanx.cluster.protocol import record_for_agent
 from phalanx.data.loader import DeviceLoader
@@ -32,6 +30,7 @@ from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
+from phalanx.runtime.checkpoints import CheckpointMethods
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
 from phalanx.strategies.precision import Precision
@@ -45,7 +44,7 @@ def derive_seed(*parts: int) -> int:
 
 
 @dataclass
-class Run:
+class Run(CheckpointMethods):
     """This process's place in the job, and the public API for training on it."""
 
     topology: Topology
@@ -57,6 +56,9 @@ class Run:
     _watchdog: Any = field(default=None, repr=False)
     _stop: Any = field(default=None, repr=False)
     log_dir: Path | None = None  # where `log` writes (phalanx.init's `log_dir`; settable)
+    out: Path | None = None  # the run directory (`phalanx run --out`, or init's `out`)
+    _optimizers: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False)  # model → opt
+    _failed: bool = field(default=False, repr=False)  # an exception left the script
     _sink: Any = field(default=None, repr=False)
     _said: set = field(default_factory=set, repr=False)  # see say_once
 
@@ -94,17 +96,76 @@ class Run:
         if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(wrapped.parameters())
         _check_optimizer_params(wrapped, optimizer)
-        return wrapped, self.strategy.setup_optimizer(optimizer)
+        optimizer = self.strategy.setup_optimizer(optimizer)
+        self._optimizers[wrapped] = optimizer  # fp16: clip_grad_norm_ unscales it
+        return wrapped, optimizer
 
-    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float,
+                        optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
         """Clip the global gradient norm to `max_norm` (over every rank's gradients,
-        sharded or not); returns the norm before clipping, equal on every rank."""
+        sharded or not); returns the norm before clipping, equal on every rank. Under
+        fp16 the gradients are unscaled first (the optimizer `setup` built, or
+        `optimizer`), so the norm and the clip are in true units."""
+        scaler = self.precision.scaler if self.precision is not None else None
+        if scaler is not None:
+            opt = self._fp16_optimizer(model, optimizer)
+            if _stage(scaler, opt) != "unscaled":
+                scaler.unscale_(opt)
         return self.strategy.clip_grad_norm_(model, max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer, *, zero_grad: bool = True) -> bool:
+        """The optimizer step at an accumulation boundary: under fp16 through the loss
+        scaler (unscaled if `clip_grad_norm_` did not already, skipped when a gradient
+        is inf/NaN, the scale updated); then the gradients are zeroed (set to None).
+        Returns whether the parameters were stepped (False: fp16 skipped an overflow)."""
+        scaler = self.precision.scaler if self.precision is not None else None
+        stepped = True
+        if scaler is None:
+            optimizer.step()
+        else:
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            stepped = scaler.get_scale() >= before  # the scale shrinks on a skipped step
+        if zero_grad:
+            optimizer.zero_grad(set_to_none=True)
+        return stepped
+
+    def _fp16_optimizer(self, model: nn.Module,
+                        given: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
+        found = given if given is not None else self._optimizers.get(model)
+        if found is None:
+            raise UserError("run.clip_grad_norm_ under fp16 must unscale the gradients "
+                            "first, and no optimizer is known for this model: pass it to "
+                            "run.setup(model, optimizer, ...) or to "
+                            "run.clip_grad_norm_(model, max_norm, optimizer=opt).")
+        return found
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights on rank 0 ({} on other ranks); call on every rank
         (sharded strategies gather)."""
         return self.strategy.full_state_dict(model)
+
+    def export(self, model: nn.Module, out_dir: str | Path) -> Path | None:
+        """Write the whole model to the directory `out_dir` the way its library loads it
+        back (a transformers model: `from_pretrained(out_dir)`; see
+        `checkpoint.export.export_pretrained`). A collective: call it on every rank; it
+        returns once rank 0 has written it: `out_dir` on rank 0, None on the others."""
+        from phalanx.checkpoint.export import export_pretrained
+
+        state = self.full_state_dict(model)
+        path, failure = None, None
+        if self.is_main:
+            try:
+                path = export_pretrained(self.unwrap(model), state, out_dir)
+            except Exception as exc:  # said on every rank below, not left to hang them
+                failure = exc
+        said = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        if said is not None:
+            raise UserError(f"rank 0 could not export the model to `{out_dir}`: {said}")
+        return path
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
@@ -113,18 +174,22 @@ class Run:
                seed: int | None = None, stream: bool = False, position: int = 0,
                **dataloader_kwargs: Any) -> DeviceLoader:
         """This rank's share of `dataset` (split by data-parallel rank), batches on
-        `run.device` (see ShardedBatchSampler)."""
+        `run.device` (see ShardedBatchSampler). `position`: the global samples already
+        consumed, honoured in both modes (epoch mode: the epoch `position // len` from
+        offset `position % len`); `run.save(..., loader=)` and `run.resume` keep it for
+        you. `dataset` must be map-style (`__len__`, `__getitem__`)."""
         t = self.topology
         sampler = ShardedBatchSampler(
-            len(dataset),  # type: ignore[arg-type]  # torch's Dataset declares no __len__
-            batch_size, t.dp_rank, t.dp_size,
+            _map_style_length(dataset), batch_size, t.dp_rank, t.dp_size,
             seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
             position=position)
         return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
 
     def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
-        """Gradient accumulation over `steps` micro-steps, syncing only on the last."""
-        return Accumulator(self.strategy, model, steps)
+        """Gradient accumulation over `steps` micro-steps, syncing only on the last; each
+        `micro_step()` runs under `setup`'s precision (autocast) and `backward` scales the
+        loss for fp16 (call it after `setup`)."""
+        return Accumulator(self.strategy, model, steps, self.precision)
 
     def seed_step(self, step: int) -> None:
         """Seed torch's RNG from (seed, step, rank): dropout replays exactly on resume."""
@@ -158,19 +223,20 @@ class Run:
         (`log_dir`/tb/, when installed), from rank 0. `reduce` ("mean", "sum", "max",
         "min") first combines each value over the ranks in one all-reduce: call it on
         every rank then. `reduce=None`: rank 0's values as they are, no collective.
-        Returns the record on rank 0, else None."""
+        Returns the record ({"step", name: value}) on every rank: the reduced values
+        (with `reduce=None`, each rank's own)."""
 
         if self.log_dir is None:
             raise UserError("run.log needs a directory to write to: "
                             "phalanx.init(..., log_dir='runs/NAME').")
         values = reduce_values(self, metrics, reduce)
+        record = {"step": int(step), **values}
         if not self.is_main:
-            return None
+            return record
         if self._sink is None or self._sink.out_dir != Path(self.log_dir):
             self.end_log()  # opened at the first step logged (see MetricsSink)
             self.say_once(tensorboard_note())
             self._sink = MetricsSink(Path(self.log_dir), step, say=self.print)
-        record = {"step": int(step), **values}
         self._sink.write(record)
         return record
 
@@ -244,70 +310,6 @@ class Run:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
-    # -- checkpoints ----------------------------------------------------------------
-    def save(self, root: str | Path, step: int, model: nn.Module,
-             optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
-             keep: int = 3, config_hash: str = "", asynchronous: bool = False,
-             overlap_staging: bool = False) -> Path:
-        """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.saver).
-
-        Tensors go through torch.distributed.checkpoint; `meta` must be JSON-able. With
-        `asynchronous=True` it returns once the state is copied to memory; the write and
-        the commit go on in a background thread. The next `save` or `wait_checkpoint`
-        waits for it (and raises its error on every rank). `overlap_staging=True` also
-        copies parameters and optimizer state in the background, during the next
-        forward/backward: call `checkpoint_staged()` before the next optimizer step.
-        """
-
-        deferred = None
-        if overlap_staging:
-            deferred = {n for n, _ in self.strategy.unwrap(model).named_parameters()}
-        return self._checkpoints().save(
-            Path(root), step, lambda: self.strategy.save_state(model, optimizer),
-            param_groups(optimizer), meta or {}, keep=keep, config_hash=config_hash,
-            asynchronous=asynchronous, deferred=deferred)
-
-    @property
-    def checkpoint_timings(self) -> dict[str, float]:
-        """Seconds spent by the newest save: begin, state_dict, stall, write, commit, ..."""
-        return {} if self._saver is None else dict(self._saver.last_timings)
-
-    def checkpoint_staged(self) -> None:
-        """Block until a background save's copy of the state is complete (no collective):
-        after it, the model and optimizer may change. Cheap when nothing is pending."""
-        if self._saver is not None:
-            self._saver.staged()
-
-    def poll_checkpoint(self) -> bool:
-        """True when no background save is in flight on this rank (no collective)."""
-        return self._saver is None or self._saver.poll()
-
-    def wait_checkpoint(self) -> None:
-        """Finish and commit the background save, or raise its error (a collective)."""
-        if self._saver is not None:
-            self._saver.wait()
-
-    def _checkpoints(self):
-        if self._saver is None:
-
-            self._saver = CheckpointSaver()
-        return self._saver
-
-    def load(self, path: str | Path, model: nn.Module,
-             optimizer: torch.optim.Optimizer | None = None) -> dict:
-        """Load a checkpoint written at any world size by any strategy; returns the `meta`
-        saved with it. A collective: call it on every rank."""
-        from phalanx.checkpoint.store import load_checkpoint
-
-        return load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
-                               self.strategy.apply_state)
-
-    def latest_checkpoint(self, root: str | Path) -> Path | None:
-        """The newest checkpoint under `root` that verifies, as rank 0 found it."""
-
-        found = newest_valid(Path(root), self.print) if self.is_main else None
-        return self.broadcast(found)
-
     def say_once(self, text: str | None) -> None:
         """Print `text` on rank 0 the first time this Run is given it: a note such as a
         missing TensorBoard, said once per run however many loops the run drives."""
@@ -363,6 +365,25 @@ class Run:
         self.close(failed=exc_type is not None)
         if plain is not None:
             raise plain from exc
+
+
+def _map_style_length(dataset: Any) -> int:
+    name = type(dataset).__name__
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise UserError(
+            f"run.loader needs a map-style dataset (with __len__ and __getitem__), so that "
+            f"it can shard by index and resume at a sample position; `{name}` is iterable "
+            f"only. Give it a map-style Dataset (e.g. windows over a token array or "
+            f"memmap), or shard the stream yourself by run.rank / run.world_size and pass "
+            f"it to a plain torch DataLoader.")
+    return len(dataset)
+
+
+def _stage(scaler: Any, optimizer: torch.optim.Optimizer) -> str:
+    """The loss scaler's stage for `optimizer` ("ready", "unscaled", "stepped")."""
+    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer))
+    stage = state.get("stage") if state else None
+    return getattr(stage, "name", "READY").lower()
 
 
 def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

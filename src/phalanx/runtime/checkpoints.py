@@ -1,0 +1,172 @@
+"""`Run`'s checkpoint methods: save, load, and the two-line resume of a user's script.
+
+What a script's checkpoint holds besides the model and optimizer (in its `meta`, under
+keys of Phalanx's own): the loader's global cursor (`loader=`), so the resumed loop gets
+the very next batch at any world size, and the fp16 loss scaler's state. `run.resume`
+loads the newest committed checkpoint and returns the step to continue from.
+
+Under `phalanx run` (PHALANX_RUN_DIR set) the first `save` or `resume` makes the script's
+`run.save` its stop point: a first Ctrl-C/SIGTERM/SIGUSR1 is a request; the next `save`
+commits, then every rank exits with 128 + the signal (130 for Ctrl-C), and the launcher
+prints the resume command. A second signal more than 2 s later stops at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from phalanx.checkpoint.resume import newest_valid
+from phalanx.checkpoint.rundir import step_of
+from phalanx.checkpoint.saver import CheckpointSaver
+from phalanx.checkpoint.store import load_checkpoint, param_groups
+from phalanx.cluster import protocol
+from phalanx.cluster.lifecycle import StopSignals, exit_code
+from phalanx.errors import UserError
+
+LOADER_KEY = "phalanx.loader"  # in a checkpoint's meta: the loader's cursor
+SCALER_KEY = "phalanx.scaler"  # the fp16 loss scaler's state
+
+
+class CheckpointMethods:
+    """Mixed into `Run` (which provides strategy, precision, print, broadcast, ...)."""
+
+    _saver: Any
+    _stop: Any
+    strategy: Any
+    precision: Any
+
+    if TYPE_CHECKING:  # provided by Run
+        @property
+        def is_main(self) -> bool: ...
+        def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+        def stop_requested(self) -> int: ...
+        def print(self, *args: Any, **kwargs: Any) -> None: ...
+        def close(self, failed: bool = False) -> None: ...
+
+    def save(self, root: str | Path, step: int, model: nn.Module,
+             optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
+             loader: Any = None, keep: int = 3, config_hash: str = "",
+             asynchronous: bool = False, overlap_staging: bool = False) -> Path:
+        """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.saver).
+
+        `step`: the optimizer steps done — what `resume` returns. `loader`: a
+        `run.loader` whose cursor is committed with it (exact resume of the data). The
+        fp16 loss scaler's state is saved when there is one. Tensors go through
+        torch.distributed.checkpoint; `meta` must be JSON-able. With `asynchronous=True`
+        it returns once the state is copied to memory; the write and the commit go on in
+        a background thread (the next `save` or `wait_checkpoint` waits for it, and
+        raises its error on every rank). `overlap_staging=True` also copies parameters
+        and optimizer state in the background, during the next forward/backward: call
+        `checkpoint_staged()` before the next optimizer step.
+        """
+        self._stop_point()
+        meta = {**(meta or {}), **self._extras(loader)}
+        deferred = None
+        if overlap_staging:
+            deferred = {n for n, _ in self.strategy.unwrap(model).named_parameters()}
+        path = self._checkpoints().save(
+            Path(root), step, lambda: self.strategy.save_state(model, optimizer),
+            param_groups(optimizer), meta, keep=keep, config_hash=config_hash,
+            asynchronous=asynchronous, deferred=deferred)
+        self._stop_if_asked(path)
+        return path
+
+    def resume(self, root: str | Path, model: nn.Module,
+               optimizer: torch.optim.Optimizer | None = None, *, loader: Any = None) -> int:
+        """Load the newest committed checkpoint under `root` into `model`, `optimizer`,
+        `loader` (its cursor) and the loss scaler; return the step to continue from
+        (the `step` it was saved with), or 0 when there is none. A collective."""
+        self._stop_point()
+        path = self.latest_checkpoint(root)
+        if path is None:
+            return 0
+        meta = self.load(path, model, optimizer)
+        self._restore_extras(meta, loader, path)
+        step = step_of(path)
+        self.print(f"phalanx: resumed from {path} (step {step})")
+        return step
+
+    def load(self, path: str | Path, model: nn.Module,
+             optimizer: torch.optim.Optimizer | None = None) -> dict:
+        """Load a checkpoint written at any world size by any strategy; returns the `meta`
+        saved with it. A collective: call it on every rank."""
+        return load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
+                               self.strategy.apply_state)
+
+    def latest_checkpoint(self, root: str | Path) -> Path | None:
+        """The newest checkpoint under `root` that verifies, as rank 0 found it."""
+        found = newest_valid(Path(root), self.print) if self.is_main else None
+        return self.broadcast(found)
+
+    @property
+    def checkpoint_timings(self) -> dict[str, float]:
+        """Seconds spent by the newest save: begin, state_dict, stall, write, commit, ..."""
+        return {} if self._saver is None else dict(self._saver.last_timings)
+
+    def checkpoint_staged(self) -> None:
+        """Block until a background save's copy of the state is complete (no collective):
+        after it, the model and optimizer may change. Cheap when nothing is pending."""
+        if self._saver is not None:
+            self._saver.staged()
+
+    def poll_checkpoint(self) -> bool:
+        """True when no background save is in flight on this rank (no collective)."""
+        return self._saver is None or self._saver.poll()
+
+    def wait_checkpoint(self) -> None:
+        """Finish and commit the background save, or raise its error (a collective)."""
+        if self._saver is not None:
+            self._saver.wait()
+
+    def _checkpoints(self) -> CheckpointSaver:
+        if self._saver is None:
+            self._saver = CheckpointSaver()
+        return self._saver
+
+    # -- what a script's checkpoint holds besides tensors -------------------------------
+    def _extras(self, loader: Any) -> dict[str, Any]:
+        extras: dict[str, Any] = {}
+        if loader is not None:
+            if not hasattr(loader, "state_dict") or not hasattr(loader, "position"):
+                raise UserError(f"run.save(loader=...) takes the loader `run.loader(...)` "
+                                f"returned; got {type(loader).__name__}.")
+            extras[LOADER_KEY] = loader.state_dict()
+        scaler = self.precision.scaler if self.precision is not None else None
+        if scaler is not None:
+            extras[SCALER_KEY] = scaler.state_dict()
+        return extras
+
+    def _restore_extras(self, meta: dict, loader: Any, path: Path) -> None:
+        if loader is not None:
+            if LOADER_KEY not in meta:
+                raise UserError(
+                    f"checkpoint `{path}` holds no data position (it was saved without "
+                    f"`loader=`), so the loader would start the data over. Pass the same "
+                    f"`loader=` to run.save, or resume without `loader=` to start the "
+                    f"data over knowingly.")
+            loader.load_state_dict(meta[LOADER_KEY], where=f"checkpoint `{path}`")
+        scaler = self.precision.scaler if self.precision is not None else None
+        if scaler is not None and meta.get(SCALER_KEY):
+            scaler.load_state_dict(meta[SCALER_KEY])
+
+    # -- stopping at a save point (under `phalanx run`) ----------------------------------
+    def _stop_point(self) -> None:
+        """Under `phalanx run`, the script's saves become where a stop signal commits."""
+        if self._stop is None and os.environ.get(protocol.RUN_DIR):
+            self._stop = StopSignals().install()
+
+    def _stop_if_asked(self, path: Path) -> None:
+        signum = self.stop_requested()
+        if not signum:
+            return
+        self.wait_checkpoint()  # an asynchronous save: committed before leaving
+        name = signal.Signals(signum).name
+        self.print(f"phalanx: {name}: checkpoint {path.name} is committed; stopping.")
+        self.close()
+        raise SystemExit(exit_code(signum))

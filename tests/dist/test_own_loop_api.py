@@ -1,0 +1,113 @@
+"""The Run API's loop pieces in a one-process world (in this test process): the loader's
+cursor (honoured in both modes, refused when the data changed), iterable datasets
+refused in one line, and precision through the API equal to torch's own recipe."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import IterableDataset, TensorDataset
+
+import phalanx
+from phalanx.errors import UserError
+
+
+@pytest.fixture
+def run():
+    with phalanx.init(seed=3, threads=1) as r:
+        yield r
+
+
+def _ids(loader) -> list[int]:
+    return [int(i) for (b,) in loader for i in b]
+
+
+def test_position_is_honoured_in_epoch_mode(run):
+    data = TensorDataset(torch.arange(20))
+    full = run.loader(data, batch_size=4)
+    first, second = _ids(full), _ids(full)
+    assert full.position == 40
+    later = run.loader(data, batch_size=4, position=28)  # epoch 1, offset 8
+    assert len(later) == 3 and _ids(later) == second[8:]
+    assert _ids(later) == _ids(run.loader(data, batch_size=4, position=40))
+
+
+def test_the_cursor_counts_the_batches_handed_out_not_those_fetched_ahead(run):
+    data = TensorDataset(torch.arange(40))
+    loader = run.loader(data, batch_size=4, num_workers=1)
+    it = iter(loader)
+    next(it), next(it)
+    assert loader.state_dict()["position"] == 8
+    again = run.loader(data, batch_size=4)
+    again.load_state_dict(loader.state_dict())
+    assert _ids(again) == [int(i) for (b,) in it for i in b]
+
+
+@pytest.mark.parametrize("change, found", [
+    ({"num_samples": 99}, "samples in the dataset = 99, and this loader has 20"),
+    ({"seed": 1}, "the loader's seed = 1, and this loader has 3")])
+def test_a_changed_dataset_or_order_is_refused_on_resume(run, change, found):
+    loader = run.loader(TensorDataset(torch.arange(20)), batch_size=4)
+    state = {**loader.state_dict(), **change}
+    with pytest.raises(UserError, match=found):
+        loader.load_state_dict(state)
+
+
+def test_a_resume_without_the_loader_cursor_is_refused_not_ignored(run, tmp_path):
+    model, opt = run.setup(nn.Linear(2, 1), lambda p: torch.optim.SGD(p, lr=0.1))
+    loader = run.loader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+    run.save(tmp_path, 1, model, opt)
+    with pytest.raises(UserError, match="holds no data position"):
+        run.resume(tmp_path, model, opt, loader=loader)
+    assert run.resume(tmp_path, model, opt) == 1
+    assert run.resume(tmp_path / "none", model, opt, loader=loader) == 0
+
+
+def test_an_iterable_dataset_is_refused_in_one_line(run):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(10)
+
+    with pytest.raises(UserError, match="`Stream` is iterable only.*run.rank / run.world_size"):
+        run.loader(Stream(), batch_size=2)
+
+
+def _reference_fp16_step(model, opt, scaler, x, y, accum):
+    """torch's documented AMP recipe, by hand."""
+    for i in range(accum):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(model(x[i]), y[i])
+        scaler.scale(loss / accum).backward()
+    scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
+def test_fp16_through_the_api_equals_torchs_amp_recipe(run):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 2, 4, 5, generator=g), torch.randn(4, 2, 4, 1, generator=g)
+
+    def fresh():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(5, 8), nn.GELU(), nn.Linear(8, 1))
+
+    ref = fresh()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    ref_scaler = torch.amp.GradScaler("cpu")
+    model, opt = run.setup(fresh(), lambda p: torch.optim.AdamW(p, lr=1e-2), precision="fp16")
+    acc = run.accumulate(model, 2)
+    for s in range(4):
+        want = _reference_fp16_step(ref, ref_opt, ref_scaler, x[s], y[s], 2)
+        for i in range(2):
+            with acc.micro_step():
+                acc.backward(nn.functional.mse_loss(model(x[s][i]), y[s][i]))
+        assert torch.equal(run.clip_grad_norm_(model, 0.1), want)
+        assert run.step(opt) == bool(torch.isfinite(want))  # an overflow is skipped
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert run.precision.scaler.get_scale() == ref_scaler.get_scale()
+    assert any(not torch.equal(a, b) for a, b in zip(fresh().parameters(), ref.parameters()))

@@ -1,0 +1,62 @@
+"""A user's own loop on the public API (README's example): exact resume with no
+bookkeeping (the loader's cursor and the fp16 scaler in `run.save`), at another world
+size too, precision through the API, and `run.log`'s value on every rank."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.launch.agent import launch_workers
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import own_script_scenarios as sc  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("own")
+    launch_workers([str(HERE / "own_script_scenarios.py"), str(out)], 2, threads=1)
+    return out
+
+
+def _load(path: Path):
+    return torch.load(path, weights_only=False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_resumed_loop_is_bit_identical_to_an_uninterrupted_one(out, precision):
+    for rank in (0, 1):
+        r = _load(out / f"resume-{precision}-rank{rank}.pt")
+        for name, w in r["whole"].items():
+            assert torch.equal(w, r["resumed"][name]), (precision, rank, name)
+        assert r["resumed_losses"] == r["losses"][3:]  # steps 4..9, replayed exactly
+        epochs, batches = divmod(sc.STEPS * sc.ACCUM, 5)  # 5 global batches an epoch, 4 left
+        assert r["position"] == epochs * sc.SAMPLES + batches * sc.BATCH * 2
+    if precision == "fp16":
+        assert r["scale"] is not None and r["scale"] > 0
+
+
+def test_two_ranks_checkpoint_resumes_at_one_rank_with_the_same_global_batch(out):
+    whole = _load(out / "nodrop-rank0.pt")
+    with phalanx.init(seed=4, threads=1, log_dir=out / "world1") as run:
+        parts = sc.fresh(run, batch=sc.BATCH * 2, dropout=0.0)
+        step = run.resume(out / "nodrop-half", *parts[:2], loader=parts[2])
+        assert step == 6
+        sc.train(run, parts, out / "nodrop-half", sc.STEPS, save_every=100)
+        got = sc.weights(run, parts[0])
+    for name, w in whole.items():
+        torch.testing.assert_close(got[name], w, rtol=0, atol=1e-5)
+
+
+def test_log_returns_the_reduced_record_on_every_rank(out):
+    for rank in (0, 1):
+        r = _load(out / f"log-rank{rank}.pt")
+        assert r["sum"] == {"step": 1, "value": 3.0}
+        assert r["mean"] == {"step": 2, "value": 0.5}
