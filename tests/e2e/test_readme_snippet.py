@@ -1,10 +1,9 @@
 """The README's own-script snippet, as written: an exception on one rank ends the job
 within seconds on every rank (no barrier at exit after an error), and the exception is
-shown — under torchrun and under `phalanx run`."""
+shown — under torchrun and under `phalanx run` (under srun: tests/e2e/test_slurm.py)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -12,43 +11,13 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[2] / "README.md"
-
-HARNESS = '''
-import torch, torch.nn as nn
-from torch.utils.data import TensorDataset
-import os
-model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1))
-dataset = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
-calls = 0
-def loss_fn(out, y):
-    global calls
-    calls += 1
-    if calls == 10 and os.environ.get("RANK", "0") == "0":
-        raise ValueError("bad batch at step 3")
-    return nn.functional.mse_loss(out, y)
-local_val_loss = 0.0
-'''
-
-
-def readme_snippet() -> str:
-    section = README.read_text().split("## Your own script", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
-    return code.group(1)
-
-
-@pytest.fixture
-def script(tmp_path) -> Path:
-    snippet = readme_snippet()
-    head, rest = snippet.split("\n", 1)  # `import phalanx, torch` first
-    path = tmp_path / "train.py"
-    path.write_text(head + "\n" + HARNESS + rest)
-    return path
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from readme_snippet import failing_script  # noqa: E402
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "phalanx run"])
-def test_an_exception_on_one_rank_ends_the_job_within_seconds(script, tmp_path, launcher):
+def test_an_exception_on_one_rank_ends_the_job_within_seconds(tmp_path, launcher):
+    script = failing_script(tmp_path)
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone"]
            if launcher == "torchrun" else
            [sys.executable, "-m", "phalanx", "run", "--out", str(tmp_path / "out")])

@@ -1,21 +1,29 @@
 """Consolidated weights as safetensors + a plain `config.json`, loadable without Phalanx.
 
-The output head is tied to the token embedding, so only `wte.weight` is stored and
-`config.json` says `"tie_word_embeddings": true`; `load_minigpt` re-ties on load.
+MiniGPT (`export_weights`): the output head is tied to the token embedding, so only
+`wte.weight` is stored and `config.json` says `"tie_word_embeddings": true`;
+`load_minigpt` re-ties on load. Any other model (`export_pretrained`, behind
+`run.export`): written the way its own library loads it back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
+from phalanx.errors import UserError, storage_errors
 from phalanx.models import GPTConfig, MiniGPT
-from phalanx.paths import atomic_write, replacing
+from phalanx.paths import atomic_write, current_umask, remove_tree, replacing
 
 TIED = "lm_head.weight"
 
@@ -46,3 +54,127 @@ def load_minigpt(out_dir: Path, device: str | torch.device = "cpu",
         raise ValueError(f"weights do not match config.json: missing {missing}, "
                          f"unexpected {unexpected}")
     return model.to(device)
+
+
+# -- any model: written the way its library loads it back ---------------------------------
+PLAIN_CONFIG = "phalanx_model.json"  # beside model.safetensors, for a module with no library
+
+
+def export_pretrained(module: nn.Module, state_dict: dict[str, torch.Tensor],
+                      out_dir: str | Path) -> Path:
+    """Write `state_dict` (the whole weights of `module`, e.g. `run.full_state_dict`) to the
+    directory `out_dir`, as `module`'s library loads it back; returns `out_dir`.
+
+    A module with `save_pretrained` (a transformers `PreTrainedModel`) writes its own files
+    (`model.safetensors`, `config.json`): `AutoModel*.from_pretrained(out_dir)` loads them.
+    Any other module: `model.safetensors` (a tied parameter once, under its first name) and
+    `phalanx_model.json` naming its class and the tied names; load with
+    `module.load_state_dict(safetensors.torch.load_file(...), strict=False)`.
+
+    Written into a new directory beside `out_dir`, then renamed into place: readers see
+    the previous export or this one, never a mix. An existing `out_dir` is replaced only
+    when it holds nothing but an export's files (else: `UserError`, nothing changed).
+    """
+    out = Path(out_dir)
+    _check_replaceable(out)
+    state = _tie({k: v.detach().cpu() for k, v in state_dict.items()}, module)
+    save = getattr(module, "save_pretrained", None)
+    with storage_errors(out.parent), _new_directory(out) as tmp:
+        if callable(save):
+            save(tmp, state_dict=state)
+        else:
+            _save_plain(module, state, tmp)
+    return out
+
+
+def _tie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+    """The names of one tied parameter share one tensor (a sharded model's gathered state
+    holds a copy per name): the library writing it then stores it once."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    for group in names.values():
+        present = [n for n in group if n in state]
+        for alias in present[1:]:
+            if not torch.equal(state[alias], state[present[0]]):
+                raise ValueError(f"`{alias}` and `{present[0]}` are one (tied) parameter of "
+                                 f"{type(module).__name__}, but the state dict holds "
+                                 f"different values for them; pass the state dict of this "
+                                 f"module (run.full_state_dict(model)).")
+            state[alias] = state[present[0]]
+    return state
+
+
+def _save_plain(module: nn.Module, state: dict[str, torch.Tensor], out: Path) -> None:
+    kept: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    first_of: dict[int, str] = {}
+    storages: set[int] = set()
+    for name, tensor in state.items():
+        if id(tensor) in first_of:  # a tied alias (see _tie)
+            tied[name] = first_of[id(tensor)]
+            continue
+        first_of[id(tensor)] = name
+        storage = tensor.untyped_storage().data_ptr()
+        # safetensors refuses tensors that share memory: views of one another get copies
+        kept[name] = tensor.clone() if storage in storages else tensor.contiguous()
+        storages.add(storage)
+    save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cls = _user_class(module)
+    (out / PLAIN_CONFIG).write_text(json.dumps(
+        {"class": f"{cls.__module__}.{cls.__qualname__}", "weights": "model.safetensors",
+         "tied": tied}, indent=2) + "\n")
+
+
+def _user_class(module: nn.Module) -> type:
+    """The user's class of `module` (FSDP2 swaps in a subclass named FSDP<class>)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        cls = next(b for b in cls.__bases__ if b is not FSDPModule)
+    return cls
+
+
+# what an export writes (transformers' files included): a directory holding only these
+# may be replaced by a new export; anything else in it is the user's and is kept
+_EXPORT_FILES = re.compile(r"(config|generation_config|phalanx_model)\.json|"
+                           r"model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json")
+
+
+def _check_replaceable(out: Path) -> None:
+    if out.is_symlink() or not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"`{out}` is a file; an export is a directory. Pass a directory "
+                        f"that does not exist yet (or a previous export, to replace it).")
+    foreign = sorted(p.name for p in out.iterdir() if not _EXPORT_FILES.fullmatch(p.name))
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise UserError(f"`{out}` holds files an export does not write ({listed}), and an "
+                        f"export replaces its directory whole. Pass a new directory, or "
+                        f"move those files away.")
+
+
+@contextlib.contextmanager
+def _new_directory(out: Path):
+    """A private directory beside `out` to write into; on success it gets the umask's
+    permissions and replaces `out` (a link there is replaced, never followed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = tmp.with_name(tmp.name + ".old")
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())
+        moved = out.is_symlink() or out.exists()
+        if moved:
+            os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if moved:  # the previous export stays
+                os.replace(old, out)
+            raise
+    finally:
+        remove_tree(tmp)
+        remove_tree(old)

@@ -143,8 +143,8 @@ def fail_fast(run: Run) -> None:
         run._failed = True
         plain = explain(exc) or peer_lost(exc, run.rank, run.topology.peers) \
             if isinstance(exc, Exception) else None
-        record_for_agent(plain or exc)
         previous(kind, exc, tb)
+        _record(plain or exc)
         if plain is not None:
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
         deadline = threading.Timer(FAILED_EXIT_S, os._exit, (1,))
@@ -153,6 +153,15 @@ def fail_fast(run: Run) -> None:
 
     sys.excepthook = hook
     atexit.register(_close_at_exit, run)
+
+
+def _record(exc: BaseException) -> None:
+    """`record_for_agent` as from an `except` block, where torch's error handler reads the
+    traceback it writes into the agent's error file (outside one: "NoneType: None")."""
+    try:
+        raise exc
+    except BaseException:
+        record_for_agent(exc)
 
 
 def _close_at_exit(run: Run) -> None:

@@ -31,3 +31,12 @@ def describe(model: nn.Module, blocks: list[nn.Module]) -> str:
     first, last = names.get(id(blocks[0]), "?"), names.get(id(blocks[-1]), "?")
     kinds = sorted({type(b).__name__ for b in blocks})
     return f"{len(blocks)} blocks `{first}`…`{last}` ({', '.join(kinds)})"
+
+
+def sharding_note(model: nn.Module, blocks: list[nn.Module]) -> str:
+    """What FSDP shards, in the one line `run.setup` says on rank 0."""
+    if not blocks:
+        return (f"no repeated blocks found in {type(model).__name__}: sharding it as one "
+                f"unit (all its parameters gathered at once); to shard per block, pass "
+                f"run.setup(..., blocks=[...])")
+    return f"sharding {describe(model, blocks)}, then the root"

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
-from phalanx.strategies.blocks import describe, find_blocks
+from phalanx.strategies.blocks import find_blocks, sharding_note
 from phalanx.strategies.guards import check_sharded
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.tensors import uncompiled
@@ -75,7 +75,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         if not on_meta:
             model = model.to(self.topology.device)
         chosen = list(blocks) if blocks is not None else find_blocks(model)
-        self.note = f"fsdp: sharding {describe(model, chosen)}, then the root"
+        self.note = f"fsdp: {sharding_note(model, chosen)}"
         kwargs = self._shard_kwargs(precision)
         for block in chosen:
             fully_shard(block, **kwargs)
