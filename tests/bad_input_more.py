@@ -63,6 +63,10 @@ def round_three(add) -> None:
     add("train-config-nnodes-float", ["train", "--config", "{d}/nnodes.toml"], "nnodes")
     add("watch-report-dir-proc", ["watch", "--nproc-per-node", "1", "--report-dir", "/proc/x",
                                   "{d}/ok.py"], "`--report-dir` `/proc/x` cannot be created")
+    add("run-out-proc", ["run", "--nproc-per-node", "1", "--out", "/proc/x", "{d}/ok.py"],
+        "`--out` `/proc/x` cannot be created")
+    add("run-max-restarts", ["run", "--max-restarts", "-1", "{d}/ok.py"],
+        "`--max-restarts` must be >= 0, got -1")
     for name, spec, needle in (("exits-on-import", "exits_mod:f", "importing `exits_mod` "
                                 "called exit"),
                                ("exits-in-factory", "factories:exits", "calling `exits()` "

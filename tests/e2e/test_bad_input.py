@@ -179,7 +179,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     ]
     for name, argv, needle in lint:
         add(f"lint-{name}", ["lint", *argv], needle)
-    for verb, extra in (("doctor", []), ("watch", ["{d}/ok.py"])):
+    for verb, extra in (("doctor", []), ("watch", ["{d}/ok.py"]), ("run", ["{d}/ok.py"])):
         for bad, needle in (("0", "must be a positive number, got 0"),
                             ("-1", "must be a positive number, got -1"),
                             ("abc", "argument --nproc-per-node: invalid int value"),
@@ -191,7 +191,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         add(f"{verb}-no-endpoint", [verb, "--nnodes", "2", *extra],
             "needs `--rdzv-endpoint HOST:PORT`")
         flag = "--init-timeout-s" if verb == "doctor" else "--hang-timeout-s"
-        for bad in ("nan", "inf", "0", "-5", "1e12", "abc"):
+        for bad in ("nan", "inf", "-5", "1e12", "abc") + (("0",) if verb != "run" else ()):
             add(f"{verb}{flag}={bad}", [verb, flag, bad, *extra], f"argument {flag}:")
     for name, spec, needle in (("nocolon", "pkg", "expected `package.module:factory`"),
                                ("nomodule", "nope_mod:f", "cannot load it"),
@@ -218,6 +218,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
                                  ("fifo", "{d}/fifo", "is a FIFO"),
                                  ("syntax", "{d}/syntax.py", "line 2: invalid syntax")):
         add(f"watch-script-{name}", ["watch", "--nproc-per-node", "2", script], needle)
+        add(f"run-script-{name}", ["run", "--nproc-per-node", "2", script], needle)
     add("report-missing", ["report", "{d}/nope"], "`{d}/nope` is not a directory")
     add("report-empty", ["report", "{d}/emptydir"], "holds no run: no metrics.jsonl")
     add("report-file", ["report", "{d}/ok.py"], "is not a directory")

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from readme_snippet import failing_script  # noqa: E402
 from slurm_cluster import Cluster, missing  # noqa: E402
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
@@ -185,3 +186,56 @@ def test_srun_user_script_gives_ddp_the_options(cluster, tmp_path):
                      "bucket_bytes_cap": 2 ** 20, "find_unused_parameters": True}
                     for r in (0, 1)], proc.stdout
     assert proc.stderr.count(TUNED) == 1, proc.stderr
+
+
+def test_srun_an_exception_on_one_rank_ends_the_step_within_seconds(cluster, tmp_path):
+    """The README's snippet as written, rank 0 raising at step 3: no barrier at exit."""
+    script = failing_script(tmp_path)
+    begun = time.monotonic()
+    proc = subprocess.run(["srun", "-n2", sys.executable, str(script)], env=cluster.env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    took = time.monotonic() - begun
+    assert proc.returncode != 0 and took < 40, (took, proc.stderr[-2000:])
+    assert proc.stderr.count("ValueError: bad batch at step 3") == 1, proc.stderr[-3000:]
+
+
+# `phalanx slurm … run SCRIPT ARGS` (issue 27): the job runs a user's script under
+# `phalanx run`; each task is one rank of one job, the script gets its own arguments and
+# OUT as its run directory.
+TINY = '''
+import json
+import os
+import sys
+
+import phalanx
+
+with phalanx.init(seed=0, threads=1) as run:
+    total = run.all_reduce_sum(float(run.rank + 1))
+    seen = {"rank": run.rank, "world": run.world_size, "sum": total, "args": sys.argv[2:],
+            "run_dir": os.environ.get("PHALANX_RUN_DIR")}
+    with open(os.path.join(sys.argv[1], f"rank-{run.rank}.json"), "w") as f:
+        json.dump(seen, f)
+'''
+
+
+def test_slurm_submit_run_script_runs_it_as_one_two_rank_job(cluster, tmp_path):
+    script, seen, out = tmp_path / "tiny.py", tmp_path / "seen", tmp_path / "job"
+    script.write_text(TINY)
+    seen.mkdir()
+    submitted = subprocess.run(
+        [sys.executable, "-m", "phalanx", "slurm", "--ntasks-per-node", "2", "--time",
+         "00:05:00", "--out", str(out), "--submit", "run", "tiny.py", str(seen), "--lr",
+         "3e-4"], env=cluster.env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.split()[2].rstrip(":")
+    state, deadline = "?", time.monotonic() + 180
+    while time.monotonic() < deadline:
+        state, _ = _job_state(cluster, job)
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        time.sleep(0.3)
+    log = out / f"slurm-{job}.out"
+    assert state == "COMPLETED", (state, log.read_text()[-3000:] if log.exists() else "")
+    ranks = [json.loads(p.read_text()) for p in sorted(seen.glob("rank-*.json"))]
+    assert ranks == [{"rank": r, "world": 2, "sum": 3.0, "args": ["--lr", "3e-4"],
+                      "run_dir": str(out.resolve())} for r in (0, 1)], log.read_text()[-3000:]

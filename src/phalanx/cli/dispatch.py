@@ -14,6 +14,7 @@ from phalanx.cli import k8s, verify_resume
 from phalanx.cli import lint as lint_command
 from phalanx.cli import plan as plan_command
 from phalanx.cli import report as report_command
+from phalanx.cli import run as run_command
 from phalanx.cli import slurm as slurm_script
 from phalanx.cli import train as train_command
 from phalanx.cli import watch as watch_command
@@ -27,6 +28,7 @@ from phalanx.version import __version__
 VERBS = {
     "train": (train_command.add_arguments, train_command.run_train,
               "Train MiniGPT on every local device (default: the embedded corpus)."),
+    "run": (run_command.add_arguments, run_command.run_run, run_command.SUMMARY),
     "verify-resume": (verify_resume.add_arguments, verify_resume.run_verify_resume,
                       verify_resume.SUMMARY),
     "lint": (lint_command.add_arguments, lint_command.run_lint, lint_command.SUMMARY),
@@ -97,10 +99,12 @@ def _main(argv: list[str] | None) -> int:
         with storage_errors():  # a full or read-only disk is the user's to fix (exit 2)
             return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
     except UserError as exc:
+        left_uncaught(exc)
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except DistributedError as exc:
+        left_uncaught(exc)
         log_traceback(exc)  # the cause's traceback, for the log the launcher points to
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
             print(f"phalanx: error: {exc}", file=sys.stderr, flush=True)
@@ -111,7 +115,15 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C outside the training loop (phalanx.cli.entry)
         return interrupted(exc)
     except BaseException as exc:  # a bug, or a failure in torch: keep the traceback
+        left_uncaught(exc)
         record_for_agent(exc)  # (the launcher shows it once; the rank's log holds it)
         if isinstance(exc, Exception) and log_traceback(exc):
             return 1
         raise
+
+
+def left_uncaught(exc: BaseException) -> None:
+    """Mark `exc` as the error that ended the program, where Python marks an uncaught one
+    (`sys.last_value`): a script's `Run` (phalanx.init) then shuts down as failed at exit,
+    without the barrier its peers would never join."""
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__

@@ -4,6 +4,9 @@
 with one Master and N-1 Worker pods, each running `python -m phalanx train …` as that
 node's launcher, with CPU and memory requests and a memory-backed /dev/shm (the
 container runtime's default is 64 MiB; NCCL and DataLoader workers use shared memory).
+`phalanx k8s [run options] --nodes N --image IMG run SCRIPT [ARGS...]` runs
+`python -m phalanx run … SCRIPT ARGS` instead (`cluster_job`): SCRIPT is a path inside the
+container (in the image, or on the mounted volume), so it is not looked for here.
 The operator tells each pod its place through torchrun's variables (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
 PET_MASTER_ADDR/PORT), which become `--nnodes`, `--nproc-per-node`, `--node-rank` and
 `--rdzv-endpoint` (flags given explicitly still win). The operator also sets RANK and
@@ -25,11 +28,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.config.flags import add_config_flags, count, resolve, without_flags
+from phalanx.cli.cluster_job import add_job_argument, check_value, job_of, show
+from phalanx.config.flags import add_config_flags, count, resolve
 from phalanx.errors import UserError
 
-SUMMARY = "Render a Kubeflow PyTorchJob manifest that runs `phalanx train` on N nodes."
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")  # a DNS-1123 label, room for suffixes
+SUMMARY = ("Render a Kubeflow PyTorchJob manifest that runs `phalanx train` (or, with `run "
+           "SCRIPT`, your script under `phalanx run`) on N nodes.")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")  # a DNS-1123 label, room for suffixes
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")  # a PVC's name
 _HOST = r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
@@ -66,55 +71,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: 4Gi per rank)")
     g.add_argument("--manifest", default=None, metavar="FILE",
                    help="write the manifest here too (default: print only)")
-
-
-def _show(value: str) -> str:
-    return repr(value)[1:-1]  # one line: line breaks and control characters escaped
+    add_job_argument(parser, "SCRIPT is the path inside the container (in the image, or "
+                     "under --mount-path on --volume-claim), relative to the image's working "
+                     "directory unless absolute; it is not looked for here.")
 
 
 def check_values(ns: argparse.Namespace) -> None:
     """Every value of the manifest that Kubernetes would refuse (or pull as nothing),
     refused here in one line."""
-    if not _NAME.match(ns.name):
-        raise UserError(f"`--name {_show(ns.name)}` is not a Kubernetes name: lower-case "
-                        f"letters, digits and '-', at most 52 characters, starting and ending "
-                        f"with a letter or digit.")
+    check_value(_NAME, "--name", ns.name, "a Kubernetes name: lower-case letters, digits "
+                "and '-', at most 52 characters, starting and ending with a letter or digit.")
     if not ns.image.strip():
         raise UserError("`--image` is empty: give the container image that has phalanx "
                         "installed, e.g. `--image registry.example.com/team/phalanx:1.0`.")
-    if not _IMAGE.fullmatch(ns.image):
-        raise UserError(f"`--image {_show(ns.image)}` is not an image reference: expected "
-                        f"[REGISTRY/]PATH[:TAG][@DIGEST] with a lower-case path, e.g. "
-                        f"`--image registry.example.com/team/phalanx:1.0`.")
-    if ns.volume_claim is not None and not _SUBDOMAIN.fullmatch(ns.volume_claim):
-        raise UserError(f"`--volume-claim {_show(ns.volume_claim)}` is not a "
-                        f"PersistentVolumeClaim name: lower-case letters, digits, '-' and "
-                        f"'.', at most 253 characters, starting and ending with a letter or "
-                        f"digit (a DNS-1123 subdomain), e.g. `--volume-claim runs`.")
+    check_value(_IMAGE, "--image", ns.image, "an image reference: expected "
+                "[REGISTRY/]PATH[:TAG][@DIGEST] with a lower-case path, e.g. "
+                "`--image registry.example.com/team/phalanx:1.0`.")
+    if ns.volume_claim is not None:
+        check_value(_SUBDOMAIN, "--volume-claim", ns.volume_claim, "a PersistentVolumeClaim "
+                    "name: lower-case letters, digits, '-' and '.', at most 253 characters, "
+                    "starting and ending with a letter or digit (a DNS-1123 subdomain), e.g. "
+                    "`--volume-claim runs`.")
     mount = ns.mount_path.rstrip("/")
     if not ns.mount_path.startswith("/") or _CONTROL.search(ns.mount_path) or not mount \
             or (mount + "/").startswith(SHM + "/"):
-        raise UserError(f"`--mount-path {_show(ns.mount_path)}` is not a directory a volume "
+        raise UserError(f"`--mount-path {show(ns.mount_path)}` is not a directory a volume "
                         f"can be mounted at: expected an absolute path other than `/` and "
                         f"`{SHM}`, e.g. `--mount-path /phalanx`.")
     for flag, value in (("--cpu-request", ns.cpu_request),
                         ("--memory-request", ns.memory_request)):
-        if value is not None and not _QUANTITY.fullmatch(value):
-            raise UserError(f"`{flag} {_show(value)}` is not a Kubernetes quantity: expected "
-                            f"a number with an optional suffix (m, k, M, G, Ki, Mi, Gi, …), "
-                            f"e.g. `--cpu-request 8`, `--cpu-request 500m`, "
-                            f"`--memory-request 32Gi`.")
+        if value is not None:
+            check_value(_QUANTITY, flag, value, "a Kubernetes quantity: expected a number "
+                        "with an optional suffix (m, k, M, G, Ki, Mi, Gi, …), e.g. "
+                        "`--cpu-request 8`, `--cpu-request 500m`, `--memory-request 32Gi`.")
 
 
 def manifest(ns: argparse.Namespace, cfg, argv: list[str]) -> dict[str, Any]:
+    """The PyTorchJob of the `phalanx k8s` command line `argv` (after the verb)."""
+    job = job_of(ns, argv, "k8s")
     check_values(ns)
     procs = ns.gpus_per_node or cfg.dist.nproc_per_node or 1
     container: dict[str, Any] = {
         "name": "pytorch",  # the operator finds the training container by this name
         "image": ns.image,
         # the operator gives each pod its shape (PET_*): those flags are not repeated
-        "command": ["python", "-m", "phalanx", "train", *without_flags(argv, {
-            **OWN_FLAGS, **dict.fromkeys(NODE_FLAGS, True)})],
+        "command": job.command("python", {**OWN_FLAGS, **dict.fromkeys(NODE_FLAGS, True)}, []),
         "resources": _resources(ns, cfg, procs),
         "volumeMounts": [{"name": "shm", "mountPath": SHM}],
     }
@@ -194,6 +195,7 @@ def _yaml_lines(value: Any, indent: int) -> list[str]:
 
 
 def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
+    job = job_of(ns, argv, "k8s")  # its errors first: a trainer flag given with `run`
     cfg = resolve(ns)
     text = ("# Rendered by `phalanx k8s`: a Kubeflow PyTorchJob; `kubectl apply -f` it.\n"
             + to_yaml(manifest(ns, cfg, argv)))
@@ -207,4 +209,8 @@ def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.nodes > 1 and not ns.volume_claim:
         print(f"# note: {ns.nodes} pods write `--out {cfg.train.out}`; give `--volume-claim` "
               f"so that it is storage they share", file=sys.stderr)
+    if job.script is not None and not job.script.startswith("/"):
+        print(f"# note: `{show(job.script)}` is read inside the container, relative to the "
+              f"image's working directory: it must be in the image (or give its path on the "
+              f"volume)", file=sys.stderr)
     return 0

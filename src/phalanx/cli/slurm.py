@@ -1,12 +1,17 @@
 """`phalanx slurm [train options] [--nodes N] [--time T] ... [--submit]`: an sbatch
 script a person can read and edit, running `srun phalanx train` (each task one rank).
+`phalanx slurm [run options] [--nodes N] ... run SCRIPT [ARGS...]` runs the user's script
+instead: `srun phalanx run --out OUT SCRIPT ARGS` (`cluster_job`); SCRIPT must be a file
+here (the nodes are taken to share this filesystem, as they share OUT), and its absolute
+path is written, so the job runs the file checked here wherever sbatch is started.
 
 Preemption and time limits: the script asks SLURM for a warning signal (`--signal=USR1@S`,
 sent to every task, not only the batch shell as `B:` would). On it every rank finishes
 its step, they agree at the step boundary (one small all-reduce), a checkpoint is
 committed and the tasks exit with 138 (128 + SIGUSR1); the script then requeues the job
 (`scontrol requeue`) and the requeued job resumes from that checkpoint. One requeue per
-signal; any other failure is not requeued.
+signal; any other failure is not requeued. Under `phalanx run` the script's `run.save`
+is where a stop commits, and `phalanx run` exits 138 after it: the same requeue.
 
 Every value is checked before it is written (`sbatch_values`): a value in a `#SBATCH`
 line cannot hold a line break (the rest of it would run as a command, and sbatch would
@@ -27,12 +32,14 @@ import sys
 from pathlib import Path
 
 from phalanx.checkpoint.rundir import prepare_out_dir
+from phalanx.cli.cluster_job import Job, add_job_argument, check_value, job_of, show
 from phalanx.cluster.lifecycle import exit_code
-from phalanx.config.flags import add_config_flags, count, resolve, without_flags
+from phalanx.config.flags import add_config_flags, count, resolve
 from phalanx.errors import UserError
-from phalanx.paths import atomic_write, kind
+from phalanx.paths import atomic_write, kind, require_file
 
-SUMMARY = "Render (or submit) an sbatch script that runs `phalanx train` under srun."
+SUMMARY = ("Render (or submit) an sbatch script that runs `phalanx train` (or, with `run "
+           "SCRIPT`, your script under `phalanx run`) under srun.")
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # fullmatch: no trailing newline
 _JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
@@ -43,7 +50,7 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./@+,=:%-]+")  # written as is in a #SBATCH lin
 # pattern reads a backslash as "expand no %j"
 _UNCARRIED = re.compile(r"[\x00-\x1f\x7f\\]|packjob|hetjob", re.IGNORECASE)
 _COMPONENT = re.compile(r"packjob|hetjob", re.IGNORECASE)
-# flag → takes a value (the rest of the command line goes to `phalanx train`)
+# flag → takes a value (the rest of the command line goes to `phalanx train` / `run`)
 OWN_FLAGS = {"--nodes": True, "--ntasks-per-node": True, "--gpus-per-node": True,
              "--cpus-per-task": True, "--time": True, "--partition": True,
              "--signal-s": True, "--job-name": True, "--script": True, "--submit": False}
@@ -70,33 +77,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds before the time limit at which SLURM warns the ranks "
                         "(SIGUSR1): they checkpoint, exit and the job requeues (default: 90)")
     g.add_argument("--script", default=None, metavar="FILE",
-                   help="write the script here (default: OUT/phalanx.sbatch)")
+                   help="write the sbatch script here (default: OUT/phalanx.sbatch)")
     g.add_argument("--submit", action="store_true",
                    help="submit it with sbatch and print the job id")
-
-
-def _show(value: str) -> str:
-    """`value` on one line, its line breaks and control characters escaped."""
-    return repr(value)[1:-1]
+    add_job_argument(parser, "SCRIPT must be a file here, on storage the nodes share: its "
+                     "absolute path is written into the job.")
 
 
 def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
     """The strings that go into `#SBATCH` lines, checked: UserError for one that the
     script cannot carry. (The numbers are argparse's `count`s.)"""
-    if not _TIME.fullmatch(ns.time):
-        raise UserError(f"`--time {_show(ns.time)}` is not a SLURM time; use [D-]HH:MM:SS, "
-                        f"e.g. `--time 02:00:00` or `--time 1-00:00:00`.")
-    if not _JOB_NAME.fullmatch(ns.job_name):
-        raise UserError(f"`--job-name {_show(ns.job_name)}` is not a job name this script can "
-                        f"carry: use letters, digits and `_.+-`, at most 128 characters, no "
-                        f"spaces or line breaks, e.g. `--job-name gpt-run-2`.")
-    if ns.partition is not None and not _PARTITIONS.fullmatch(ns.partition):
-        raise UserError(f"`--partition {_show(ns.partition)}` is not a SLURM partition name: "
-                        f"letters, digits and `_.-`, several separated by commas, e.g. "
-                        f"`--partition gpu` or `--partition gpu,gpu-long`.")
+    check_value(_TIME, "--time", ns.time, "a SLURM time; use [D-]HH:MM:SS, e.g. "
+                "`--time 02:00:00` or `--time 1-00:00:00`.")
+    check_value(_JOB_NAME, "--job-name", ns.job_name, "a job name this script can carry: use "
+                "letters, digits and `_.+-`, at most 128 characters, no spaces or line "
+                "breaks, e.g. `--job-name gpt-run-2`.")
+    if ns.partition is not None:
+        check_value(_PARTITIONS, "--partition", ns.partition, "a SLURM partition name: "
+                    "letters, digits and `_.-`, several separated by commas, e.g. "
+                    "`--partition gpu` or `--partition gpu,gpu-long`.")
     for flag, value in (("--job-name", ns.job_name), ("--partition", ns.partition or "")):
         if found := _COMPONENT.search(value):
-            raise UserError(f"`{flag} {_show(value)}` holds `{found.group()}`"
+            raise UserError(f"`{flag} {show(value)}` holds `{found.group()}`"
                             f", which sbatch reads in a `#SBATCH` line as the start of another "
                             f"job component; choose a name without it.")
     return {"time": ns.time, "job_name": ns.job_name, "partition": ns.partition or "",
@@ -109,53 +111,75 @@ def _output_pattern(out: str | Path) -> str:
     text = str(out)
     found = _UNCARRIED.search(text)
     if found:
-        raise UserError(f"`--out {_show(text)}` holds `{_show(found.group())}`, which an sbatch "
+        raise UserError(f"`--out {show(text)}` holds `{show(found.group())}`, which an sbatch "
                         f"script cannot carry in its `#SBATCH --output` line: choose a run "
                         f"directory without it.")
     pattern = text.replace("%", "%%") + "/slurm-%j.out"
     return pattern if _PLAIN.fullmatch(pattern) else '"' + pattern.replace('"', '\\"') + '"'
 
 
-def render(ns: argparse.Namespace, cfg, argv: list[str], out: Path) -> str:
+def render(ns: argparse.Namespace, cfg, job: Job, out: Path) -> str:
+    """The sbatch script: `srun phalanx train ...`, or `srun phalanx run ... SCRIPT ARGS`
+    for a Job with a script; the same directives and requeue either way."""
+    # OUT is made absolute (and comes last); SLURM sets the ranks
+    command = job.command(sys.executable, {**OWN_FLAGS, "--out": True,
+                                           "--nproc-per-node": True}, ["--out", str(out)])
+    stopped = "stopped by the warning signal with a checkpoint committed" \
+        if job.script is None else \
+        "your script stopped on the warning signal (its `run.save` committed)"
+    lines = ["#!/bin/bash",
+             "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
+             *_directives(ns, cfg, out), "",
+             "# every task is one rank (phalanx reads SLURM_PROCID/LOCALID/STEP_NUM_TASKS and",
+             "# meets on the first host). Not --kill-on-bad-exit: on the warning signal every",
+             "# rank exits 138 after the checkpoint, and killing the slower ones would turn",
+             "# that code into a failure; a rank that fails makes the others fail in turn.",
+             f"srun {shlex.join(command)}", "code=$?",
+             f"if [ \"$code\" -eq {REQUEUE_CODE} ]; then",
+             f"  # {stopped}: back in the queue",
+             "  if command -v scontrol >/dev/null; then",
+             "    scontrol requeue \"$SLURM_JOB_ID\"",
+             "  else",
+             "    echo \"phalanx: scontrol is not available here (a container?): cannot "
+             "requeue; submit this script again to resume\" >&2",
+             "  fi", "fi", "exit \"$code\"", ""]
+    return "\n".join(lines)
+
+
+def _directives(ns: argparse.Namespace, cfg, out: Path) -> list[str]:
+    """The `#SBATCH` lines, every value checked (`sbatch_values`)."""
     v = sbatch_values(ns, out)
     tasks = ns.ntasks_per_node or ns.gpus_per_node or cfg.dist.nproc_per_node or 1
     cpus = ns.cpus_per_task or cfg.dist.threads_per_rank
-    # OUT is made absolute below; SLURM sets the ranks
-    rest = without_flags(argv, {**OWN_FLAGS, "--out": True, "--nproc-per-node": True})
-    command = [sys.executable, "-m", "phalanx", "train", *rest, "--out", str(out)]
-    lines = ["#!/bin/bash",
-             "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
-             f"#SBATCH --job-name={v['job_name']}", f"#SBATCH --nodes={ns.nodes}",
+    lines = [f"#SBATCH --job-name={v['job_name']}", f"#SBATCH --nodes={ns.nodes}",
              f"#SBATCH --ntasks-per-node={tasks}"]
     lines += [f"#SBATCH --cpus-per-task={cpus}"] if cpus else [
         "# CPUs per rank: the cluster's default (1, or DefCpuPerGPU); ask with --cpus-per-task"]
     lines += [f"#SBATCH --time={v['time']}"]
     lines += [f"#SBATCH --gpus-per-node={ns.gpus_per_node}"] if ns.gpus_per_node else []
     lines += [f"#SBATCH --partition={v['partition']}"] if v["partition"] else []
-    lines += [f"#SBATCH --signal=USR1@{ns.signal_s}",
-              "#SBATCH --requeue", "#SBATCH --open-mode=append",
-              f"#SBATCH --output={v['output']}", "",
-              "# every task is one rank (phalanx reads SLURM_PROCID/LOCALID/STEP_NUM_TASKS and",
-              "# meets on the first host). Not --kill-on-bad-exit: on the warning signal every",
-              "# rank exits 138 after the checkpoint, and killing the slower ones would turn",
-              "# that code into a failure; a rank that fails makes the others fail in turn.",
-              f"srun {shlex.join(command)}", "code=$?",
-              f"if [ \"$code\" -eq {REQUEUE_CODE} ]; then",
-              "  # stopped by the warning signal with a checkpoint committed: back in the queue",
-              "  if command -v scontrol >/dev/null; then",
-              "    scontrol requeue \"$SLURM_JOB_ID\"",
-              "  else",
-              "    echo \"phalanx: scontrol is not available here (a container?): cannot "
-              "requeue; submit this script again to resume\" >&2",
-              "  fi", "fi", "exit \"$code\"", ""]
-    return "\n".join(lines)
+    return lines + [f"#SBATCH --signal=USR1@{ns.signal_s}", "#SBATCH --requeue",
+                    "#SBATCH --open-mode=append", f"#SBATCH --output={v['output']}"]
+
+
+def _job(ns: argparse.Namespace, argv: list[str]) -> Job:
+    """The Job of this command line; a script must be a file here (the nodes share this
+    filesystem, as they share OUT) and is written as its absolute path."""
+    job = job_of(ns, argv, "slurm")
+    if job.script is None:
+        return job
+    found = require_file(job.script, "the script (`run SCRIPT`)",
+                         "Give a file on storage the nodes share; its absolute path goes "
+                         "into the job.")
+    return Job(job.flags, str(found.absolute()), job.args)
 
 
 def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
+    job = _job(ns, argv)
     cfg = resolve(ns)
     _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved
     out = Path(cfg.train.out).expanduser().resolve()
-    text = render(ns, cfg, argv, out)  # every check before anything is written
+    text = render(ns, cfg, job, out)  # every check before anything is written
     script = Path(ns.script).expanduser() if ns.script else out / "phalanx.sbatch"
     if kind(script) not in ("missing", "a regular file"):
         raise UserError(f"cannot write `{script}` (`--script`): it is {kind(script)}.")
@@ -177,6 +201,6 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
         raise UserError(f"sbatch refused `{script}`: {said[-1] if said else 'no reason given'}")
-    job = done.stdout.strip().split(";")[0]
-    print(f"submitted job {job}: {script}; output in {out}/slurm-{job}.out")
+    job_id = done.stdout.strip().split(";")[0]
+    print(f"submitted job {job_id}: {script}; output in {out}/slurm-{job_id}.out")
     return 0

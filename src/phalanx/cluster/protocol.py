@@ -26,12 +26,12 @@ HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"  # seconds: start the hang watchdog (`phal
 HANG_REPORT_DIR = "PHALANX_HANG_REPORT_DIR"  # where hang reports and stacks are written
 DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers write findings here
 BENCH_PHASE = "PHALANX_BENCH_PHASE"  # JSON: which `phalanx bench` phase a worker runs
+RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the script's run.out (phalanx.init)
 # set by the launcher for itself (and inherited)
 QUIET_CPP = "PHALANX_QUIET_CPP"  # "1": torch's C++ store retries silenced (several machines)
 # set inside a worker for itself
 RANK_LOG_FILE = "PHALANX_RANK_LOG_FILE"  # this worker's output already goes to its log
 WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no second one
-RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the run directory (read by phalanx.init)
 # set by the user or the test suite
 STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
 FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)

@@ -2,12 +2,15 @@
 hang watchdog, e.g. `torchrun --nproc-per-node 2 -m phalanx.hang train.py`.
 
 The watchdog starts as soon as the script's `init_process_group` returns. Settings come
-from the environment: PHALANX_HANG_TIMEOUT (seconds, default 300) and
-PHALANX_HANG_REPORT_DIR (default: the current directory).
+from the environment: PHALANX_HANG_TIMEOUT (seconds, default 300; 0: no watchdog) and
+PHALANX_HANG_REPORT_DIR (default: the current directory). This is also what each rank of
+`phalanx run` runs (its launcher sets those, PHALANX_RUN_DIR and PHALANX_RANK_LOGS); under
+torchrun or srun, `phalanx run SCRIPT` calls `run_script` itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
@@ -15,7 +18,11 @@ import sys
 from phalanx.cluster import protocol
 
 
-def _watch_after_init() -> None:
+def _patch_init(watch: bool) -> None:
+    """Wrap `torch.distributed.init_process_group` for the script: under Phalanx's agent an
+    env:// init meets in this restart attempt's own key space (`attempt_store`: after a
+    restart the agent's store still holds the dead ranks' addresses); with `watch`, the
+    hang watchdog starts as soon as it returns."""
     import torch.distributed as dist
 
     from phalanx.hang.watchdog import start_watchdog
@@ -23,27 +30,99 @@ def _watch_after_init() -> None:
     original = dist.init_process_group
 
     def init_process_group(*args, **kwargs):
+        if protocol.phalanx_worker() and len(args) <= 1 and kwargs.get("store") is None \
+                and kwargs.get("init_method") in (None, "env://"):
+            kwargs.update(_attempt_rendezvous(kwargs.get("timeout")))
         result = original(*args, **kwargs)
-        start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
-                       os.environ.get(protocol.HANG_REPORT_DIR))
-        os.environ[protocol.WATCHED] = "1"  # phalanx.init in the script: no second watchdog
+        if watch:
+            start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
+                           os.environ.get(protocol.HANG_REPORT_DIR))
+            os.environ[protocol.WATCHED] = "1"  # phalanx.init in the script: no second one
         return result
 
     dist.init_process_group = init_process_group
 
 
+def _attempt_rendezvous(timeout) -> dict:
+    """`store=`, `rank=`, `world_size=` for an env:// init under Phalanx's agent ({} when
+    the agent's store is not shared with the workers)."""
+    import datetime
+
+    from phalanx.cluster.rendezvous import attempt_store
+
+    world = int(os.environ["WORLD_SIZE"])
+    store = attempt_store(world, timeout or datetime.timedelta(minutes=30))
+    if store is None:
+        return {}
+    return {"store": store, "rank": int(os.environ["RANK"]), "world_size": world,
+            "init_method": None}
+
+
 def hang_timeout() -> float:
+    """PHALANX_HANG_TIMEOUT in seconds (default 300; 0: no watchdog); a bad value is one
+    line and exit 2."""
     from phalanx.errors import UserError
     from phalanx.hang.watchdog import timeout_from_env
 
     try:
-        value = timeout_from_env(default="300")
-        if value == 0:
-            raise UserError("PHALANX_HANG_TIMEOUT is 0; under phalanx.hang expected > 0.")
+        return timeout_from_env(default="300")
     except UserError as exc:
         print(f"phalanx: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return value
+
+
+def run_script(script: str, args: list[str], watch: bool = True) -> None:
+    """Run `script` as `__main__` with `args` (its sys.argv[1:]), the hang watchdog
+    started after its `init_process_group` (unless not `watch`; see `_patch_init`). Its
+    uncaught error is recorded for the agent; under quiet ranks its traceback goes to this
+    rank's log only (the launcher shows it once) and the process exits with 1 (2: a
+    Phalanx usage error)."""
+    _patch_init(watch)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    from phalanx.cluster.protocol import record_for_agent
+    from phalanx.errors import UserError
+    from phalanx.hang.mismatch import explain
+
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except KeyboardInterrupt as exc:  # Ctrl-C: the launcher says it once (exit 130)
+        if _uncaught_into_log(exc):
+            raise SystemExit(130) from None
+        raise
+    except Exception as exc:  # for the launcher's account: where each rank failed
+        plain = explain(exc)
+        if plain is None:
+            record_for_agent(exc)
+            if _uncaught_into_log(exc):  # the launcher shows it once
+                raise SystemExit(2 if isinstance(exc, UserError) else 1) from None
+            raise
+        _uncaught_into_log(exc)
+        if not record_for_agent(plain):
+            print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def _uncaught_into_log(exc: BaseException) -> bool:
+    """Under quiet ranks: hand `exc` to `sys.excepthook` as if it were uncaught (the
+    script's or phalanx.init's hook runs: the run is closed as failed), with what the hook
+    writes to stderr going to this rank's log only. False when output is not quieted (the
+    caller re-raises: the hook runs as usual)."""
+    path = os.environ.get(protocol.RANK_LOG_FILE)
+    if not path:
+        return False
+    from phalanx.errors import UserError
+    from phalanx.paths import open_append
+
+    sys.stderr.flush()
+    try:
+        fd = open_append(path)
+    except (OSError, UserError):  # replaced by a link: not written through
+        return False
+    with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as log, \
+            contextlib.redirect_stderr(log):
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    return True
 
 
 def main() -> None:
@@ -54,32 +133,14 @@ def main() -> None:
     if not os.path.isfile(script):
         print(f"phalanx: error: `{script}` is not a file.", file=sys.stderr)
         raise SystemExit(2)
-    hang_timeout()
+    watch = hang_timeout() > 0
     from phalanx.cluster.lifecycle import die_with_agent
 
     die_with_agent()
-    from phalanx.cluster.ranklogs import log_traceback, quiet_worker
+    from phalanx.cluster.ranklogs import quiet_worker
 
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
-    _watch_after_init()
-    sys.argv = sys.argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    from phalanx.cluster.protocol import record_for_agent
-    from phalanx.hang.mismatch import explain
-
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except Exception as exc:  # for the launcher's account: where each rank failed
-        plain = explain(exc)
-        if plain is None:
-            record_for_agent(exc)
-            if log_traceback(exc):  # the launcher shows it once
-                raise SystemExit(1) from None
-            raise
-        log_traceback(exc)
-        if not record_for_agent(plain):
-            print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    run_script(script, sys.argv[2:], watch)
 
 
 if __name__ == "__main__":

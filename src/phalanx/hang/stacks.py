@@ -19,9 +19,10 @@ from phalanx.lint.engine import Context
 from phalanx.lint.rules.collectives import COLLECTIVES
 
 _TORCH = os.sep + "torch" + os.sep
-_INTERNAL = (os.sep + os.path.join("phalanx", "hang") + os.sep, os.sep + "threading.py",
-             os.sep + "runpy.py", os.sep + os.path.join("phalanx", "runtime.py"),
-             os.sep + os.path.join("phalanx", "cli.py"), os.sep + "<frozen ")
+_INTERNAL = tuple(os.sep + os.path.join("phalanx", d) + os.sep
+                  for d in ("hang", "runtime", "cli", "launch")) + (
+    os.sep + "threading.py", os.sep + "runpy.py",
+    os.sep + os.path.join("phalanx", "__main__.py"), os.sep + "<frozen ")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import ClassVar
 
 from phalanx.cluster.protocol import LAST_FAILURE
 from phalanx.cluster.ranklogs import log_path
@@ -162,9 +164,12 @@ class RestartNotes(logging.Handler):
     ranks (`failed (exitcode: -9) local_rank: 1 ...`) and leaves one line about it in the
     environment that the restarted workers copy (`LAST_FAILURE`): the next attempt's rank
     0 names the rank that died, in one line with the step it resumed from. `host`: this
-    machine's name when the job spans several (its ranks are then local ranks)."""
+    machine's name when the job spans several (its ranks are then local ranks).
+    `listeners` are told each line too (`phalanx run`'s launcher says the restart itself:
+    its script may not be Phalanx's to say it)."""
 
     LOGGER = "torch.distributed.elastic.multiprocessing.api"
+    listeners: ClassVar[list[Callable[[str], None]]] = []
 
     def __init__(self, host: str | None) -> None:
         super().__init__(logging.ERROR)
@@ -184,6 +189,8 @@ class RestartNotes(logging.Handler):
         if isinstance(code, int) and code < 0 and -code in signal.valid_signals():
             how = f"was killed by {signal.Signals(-code).name}"
         os.environ[LAST_FAILURE] = f"{who} {how}"
+        for listener in list(self.listeners):
+            listener(f"{who} {how}")
 
     def __enter__(self) -> RestartNotes:
         log = logging.getLogger(self.LOGGER)

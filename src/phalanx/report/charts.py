@@ -20,7 +20,8 @@ CHARTS = [
 ]
 
 EVENT_COLOURS = {"restart": "#d62728", "nan": "#ff7f0e", "rollback": "#9467bd",
-                 "spike": "#bcbd22", "straggler": "#17becf"}
+                 "spike": "#bcbd22", "straggler": "#17becf", "failure": "#8c564b",
+                 "stop": "#7f7f7f"}  # (a run's start and end are not marked)
 
 
 def loss_label(unit: str | None) -> str:

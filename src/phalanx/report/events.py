@@ -1,7 +1,8 @@
 """`OUT/events.jsonl`: what happened to a run besides its metrics — restarts, steps the NaN
-guard skipped or rolled back, loss spikes, slow ranks — one JSON object per event, written
-by rank 0 and shown in the run report. Events are history: a resumed run appends to them
-and never drops any."""
+guard skipped or rolled back, loss spikes, slow ranks, and (`phalanx run`) when the run
+started, ended, failed or was stopped — one JSON object per event, written by one process
+(rank 0, or `phalanx run`'s launcher) and shown in the run report. Events are history: a
+resumed run appends to them and never drops any."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from typing import Any
 from phalanx.paths import RunDir
 from phalanx.report.records import check_event, read_records
 
-KINDS = ("restart", "nan", "rollback", "spike", "straggler")
+# `phalanx run`'s launcher records these: the run began, or ended in one of three ways
+LIFECYCLE = ("start", "end", "failure", "stop")
+
+KINDS = ("restart", "nan", "rollback", "spike", "straggler", *LIFECYCLE)
 
 FILE = RunDir("").events.name
 

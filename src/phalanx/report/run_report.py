@@ -1,9 +1,10 @@
 """`OUT/report.html`: one self-contained page per run (no script, no network) — a summary,
 charts of loss, validation loss, learning rate, throughput, step time, gradient norm and
 memory, the run's events (restarts, NaN-guard skips, spikes, slow ranks), its
-checkpoints, its configuration and environment. Written at the end of `phalanx train`;
-`phalanx report RUN_DIR` rebuilds it from the files, e.g. after a failed run, or of a run
-a user's script wrote through the library API (`run.log`, `run.save`).
+checkpoints, its configuration and environment. Written at the end of `phalanx train`
+and of `phalanx run`; `phalanx report RUN_DIR` rebuilds it from the files, e.g. after a
+failed run, or of a run a user's script wrote through the library API (`run.log`,
+`run.save`).
 
 It always renders: what it reads is checked first (report.records) and a record it
 cannot use is skipped with one warning per file; it never follows a symbolic link in
@@ -86,7 +87,7 @@ def build_report(run_dir: Path, out_path: Path | None = None, warn: Warn | None 
 def _body(run_dir: Path, files: RunFiles) -> list[str]:
     checkpoints, latest, note = list_checkpoints(run_dir)
     config, env = files.config, files.env
-    facts = {"status": used.status(run_dir, config), "strategy": used.strategy(env),
+    facts = {"status": used.status(run_dir, config, files.events), "strategy": used.strategy(env),
              "ranks": used.ranks(env, recorded_world_size(run_dir, checkpoints, latest))}
     return [f"<h1>Phalanx run: {_e(run_dir.resolve().name)}</h1>",
             f'<div class="sub">{_e(str(run_dir.resolve()))}</div>',
@@ -161,7 +162,8 @@ def _events(events: list[dict], trainer: bool) -> str:
     if not events and trainer:  # the trainer records each of these when it happens
         return '<p class="none">None: no restart, no skipped step, no spike, no slow rank.</p>'
     if not events:
-        return '<p class="none">No events recorded (<code>phalanx train</code> records them).</p>'
+        return ('<p class="none">No events recorded (<code>phalanx train</code> and '
+                '<code>phalanx run</code> record them).</p>')
     rows = "".join(f"<tr><td class=num>{_e(e['step'])}</td><td class=kind>"
                    f"{_e(e['kind'])}</td><td>{_e(e['message'])}</td>"
                    f"<td class=when>{_e(e.get('time', '').replace('T', ' '))}</td></tr>"

@@ -4,7 +4,8 @@
 is shown as the value the run resolved it to when that was recorded, else as what the
 default means, else "not recorded" — never as a raw `None`. A run written by a user's
 own script through the library API records neither file: its loss is plain "loss"
-(no unit is known), and its status is not guessed."""
+(no unit is known), and its status is what `phalanx run` recorded in the events (it
+started, ended, failed, was stopped), else not guessed."""
 
 from __future__ import annotations
 
@@ -38,15 +39,24 @@ def loss_unit(env: dict[str, Any], config: dict[str, Any]) -> str | None:
     return "nats/byte" if trainer_run(config) else None
 
 
-def status(run_dir: Path, config: dict[str, Any]) -> str:
+# the status a run's last lifecycle event (`phalanx run`'s) says
+ENDED = {"start": "not finished", "end": "complete", "failure": "failed", "stop": "stopped"}
+
+
+def status(run_dir: Path, config: dict[str, Any],
+           events: list[dict[str, Any]] | None = None) -> str:
     """complete (the trainer's final model is written), not finished (a trainer's run
-    without it: stopped, failed or still going), else not recorded."""
+    without it: stopped, failed or still going); for a script under `phalanx run`, what
+    its last start/end/failure/stop event says; else not recorded."""
     try:
         if stat.S_ISREG(os.lstat(RunDir(run_dir).model).st_mode):
             return "complete"
     except OSError:
         pass
-    return "not finished" if trainer_run(config) else NOT_RECORDED
+    if trainer_run(config):
+        return "not finished"
+    said = [e["kind"] for e in events or () if e.get("kind") in ENDED]
+    return ENDED[said[-1]] if said else NOT_RECORDED
 
 
 def ranks(env: dict[str, Any], from_checkpoint: int | None) -> str:
