@@ -60,8 +60,8 @@ def main() -> None:
     args = parse()
     transformers.logging.set_verbosity_error()  # its notes on a config built from scratch
     transformers.logging.disable_progress_bar()
-    out = Path(args.out)
-    run = phalanx.init(seed=0, strategy=args.strategy)
+    run = phalanx.init(seed=0, strategy=args.strategy, out=args.out)  # phalanx run: its --out
+    out = run.out
     with run:
         config = GPT2Config(vocab_size=256, n_positions=args.block, n_embd=64, n_layer=2,
                             n_head=4, bos_token_id=10, eos_token_id=10)  # "\n"
@@ -80,9 +80,8 @@ def main() -> None:
                 with acc.micro_step():
                     loss = model(input_ids=x, labels=x).loss  # labels: shifted inside
                     acc.backward(loss)
-            run.clip_grad_norm_(model, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            run.clip_grad_norm_(model, 1.0)  # fp16: unscaled first
+            run.step(opt)  # fp16: through the loss scaler; then zero the gradients
             done = step + 1
             if done % args.log_every == 0 or done == args.steps:
                 run.print(f"step {done}/{args.steps} | loss {run.all_reduce_mean(loss.item()):.4f}"

@@ -29,7 +29,7 @@ def test_position_is_honoured_in_epoch_mode(run):
     first, second = _ids(full), _ids(full)
     assert full.position == 40
     later = run.loader(data, batch_size=4, position=28)  # epoch 1, offset 8
-    assert len(later) == 3 and _ids(later) == second[8:]
+    assert (len(later), later.remaining) == (5, 3) and _ids(later) == second[8:]
     assert _ids(later) == _ids(run.loader(data, batch_size=4, position=40))
 
 
@@ -46,7 +46,8 @@ def test_the_cursor_counts_the_batches_handed_out_not_those_fetched_ahead(run):
 
 @pytest.mark.parametrize("change, found", [
     ({"num_samples": 99}, "samples in the dataset = 99, and this loader has 20"),
-    ({"seed": 1}, "the loader's seed = 1, and this loader has 3")])
+    ({"seed": 1}, "the loader's seed = 1, and this loader has 3"),
+    ({"shuffle": False}, "shuffle = False, and this loader has True")])
 def test_a_changed_dataset_or_order_is_refused_on_resume(run, change, found):
     loader = run.loader(TensorDataset(torch.arange(20)), batch_size=4)
     state = {**loader.state_dict(), **change}
@@ -111,3 +112,18 @@ def test_fp16_through_the_api_equals_torchs_amp_recipe(run):
         assert torch.equal(a, b)
     assert run.precision.scaler.get_scale() == ref_scaler.get_scale()
     assert any(not torch.equal(a, b) for a, b in zip(fresh().parameters(), ref.parameters()))
+
+
+def test_the_fp16_loss_scale_is_checkpointed_and_restored(run, tmp_path):
+    def fresh():
+        return run.setup(nn.Linear(2, 1), lambda p: torch.optim.SGD(p, lr=0.1),
+                         precision="fp16")
+
+    model, opt = fresh()
+    run.precision.scaler.scale(torch.ones(()))  # the scaler starts its scale lazily
+    run.precision.scaler.update(1024.0)  # as after a few overflows
+    run.save(tmp_path, 2, model, opt)
+    model, opt = fresh()
+    assert run.precision.scaler.get_scale() == 65536.0
+    assert run.resume(tmp_path, model, opt) == 2
+    assert run.precision.scaler.get_scale() == 1024.0

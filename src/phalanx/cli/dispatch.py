@@ -126,4 +126,6 @@ def left_uncaught(exc: BaseException) -> None:
     """Mark `exc` as the error that ended the program, where Python marks an uncaught one
     (`sys.last_value`): a script's `Run` (phalanx.init) then shuts down as failed at exit,
     without the barrier its peers would never join."""
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return  # `sys.exit(main())` of a script that succeeded
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__

@@ -26,6 +26,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused, step_of
@@ -181,8 +182,9 @@ def _launch(ns: argparse.Namespace, verb: str, dist, out: RunDir,
     ranks = dist.nproc_per_node or default_nproc()
     started = f"started {shlex.join([ns.script, *ns.args])} on {ranks} rank(s)"
     try:
-        with recorded(out, started), restarts_said(out, dist.max_restarts):
-            launch_or_work(dist, command, None, env=env)
+        with recorded(out, started):
+            launch_or_work(dist, command, None, env=env,
+                           on_failure=restarts_said(out, dist.max_restarts))
     except Interrupted as exc:  # the ranks stopped (a script's run.save committed first)
         raise Interrupted(exc.signum, stopped_line(exc.signum, out, resume_command(
             owner[0], ns, owner[1]))) from None
@@ -191,12 +193,9 @@ def _launch(ns: argparse.Namespace, verb: str, dist, out: RunDir,
     return 0
 
 
-@contextlib.contextmanager
-def restarts_said(out: RunDir, max_restarts: int):
-    """While the agent runs the ranks: each failure it restarts them after is said in one
-    line and recorded as a restart event (the last failure is the job's: not a restart)."""
-    from phalanx.launch.failures import RestartNotes
-
+def restarts_said(out: RunDir, max_restarts: int) -> Callable[[str], None]:
+    """For the agent's failures: each one it restarts the ranks after is said in one line
+    and recorded as a restart event (the last failure is the job's: not a restart)."""
     failures = 0
 
     def said(cause: str) -> None:
@@ -207,11 +206,7 @@ def restarts_said(out: RunDir, max_restarts: int):
             print(f"phalanx: {line}", file=sys.stderr, flush=True)
             record_event(out, "restart", step_now(out, logged=False), line)
 
-    RestartNotes.listeners.append(said)
-    try:
-        yield
-    finally:
-        RestartNotes.listeners.remove(said)
+    return said
 
 
 def resume_command(argv: list[str], ns: argparse.Namespace, out: str) -> str:
@@ -317,14 +312,20 @@ def _worker_out(ns: argparse.Namespace, verb: str) -> RunDir:
 
 def _job_out(verb: str) -> str:
     """`runs/run-<job>` under torchrun / srun without `--out`: named after the job (SLURM's
-    job and step, torchrun's run id, else its rendezvous port), the same on every rank."""
+    job and step, or torchrun's run id), the same on every rank. Without either (torchrun
+    without `--rdzv-id`/`--standalone`: run id "none") a fixed name would make unrelated
+    runs share a directory and resume each other's checkpoints: refused."""
     e = os.environ
     if e.get("SLURM_JOB_ID"):
         job = f"slurm-{e['SLURM_JOB_ID']}.{e.get('SLURM_STEP_ID', '0')}"
     elif e.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none"):
         job = e["TORCHELASTIC_RUN_ID"]
     else:
-        job = f"port-{e.get('MASTER_PORT', '0')}"
+        raise UserError(f"`phalanx {verb}` under torchrun found no job name to name its run "
+                        f"directory after (torchrun's run id is 'none'), and one fixed name "
+                        f"would let unrelated runs resume each other's checkpoints. Give "
+                        f"`--out DIR` (the same on every rank), or torchrun `--standalone` "
+                        f"or `--rdzv-id ID`.")
     return f"runs/{verb}-{''.join(c if c.isalnum() or c in '.-_' else '_' for c in job)}"
 
 

@@ -17,12 +17,15 @@ launcher owns the output.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from phalanx.cluster import protocol
 from phalanx.errors import UserError
@@ -84,17 +87,29 @@ def quiet_worker() -> Path | None:
     return path
 
 
-def log_traceback(exc: BaseException) -> bool:
-    """Write `exc`'s traceback to this rank's log; False when output is not quieted (the
-    caller shows it as usual)."""
+@contextlib.contextmanager
+def rank_log() -> Iterator[TextIO | None]:
+    """This rank's log, open for appending; None when output is not quieted (or the log
+    was replaced by a link: not written through)."""
     path = os.environ.get(_FILE_ENV)
     if not path:
-        return False
+        yield None
+        return
     sys.stderr.flush()
     try:
         fd = open_append(path)
-    except (OSError, UserError):  # replaced by a link: not written through
-        return False
+    except (OSError, UserError):
+        yield None
+        return
     with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as log:
+        yield log
+
+
+def log_traceback(exc: BaseException) -> bool:
+    """Write `exc`'s traceback to this rank's log; False when output is not quieted (the
+    caller shows it as usual)."""
+    with rank_log() as log:
+        if log is None:
+            return False
         log.write("".join(traceback.format_exception(exc)))
     return True

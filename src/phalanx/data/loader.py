@@ -81,7 +81,14 @@ class DeviceLoader:
         s.position = self.position = int(state["position"])
 
     def __len__(self) -> int:
+        """Batches per epoch (epoch mode), whatever the cursor."""
         return len(self.sampler)
+
+    @property
+    def remaining(self) -> int:
+        """Batches the next `for batch in loader` yields: `len(loader)`, or fewer when the
+        cursor is mid-epoch (after `run.resume`)."""
+        return self.sampler.batches_left()
 
     @property
     def epoch(self) -> int:

@@ -79,17 +79,22 @@ class ShardedBatchSampler:
                 start = self.position
                 self.position += step
                 yield self._mine(start)
-        batches = len(self)
+        batches = self.batches_left()
         epoch, offset = divmod(self.position, self.num_samples)
         self.position = (epoch + 1) * self.num_samples  # the next iteration: the next epoch
         for m in range(batches):
             yield self._mine(epoch * self.num_samples + offset + m * step)
 
     def __len__(self) -> int:
-        """Batches the next iteration yields (epoch mode): the global batches left in
-        the position's epoch; incomplete ones are dropped."""
+        """Batches in an epoch (epoch mode; incomplete global batches are dropped): the
+        same before and after a resume, so a schedule sized by it does not change."""
         if self.stream:
             raise TypeError("a stream-mode sampler is endless and has no length")
+        return self.num_samples // (self.batch_size * self.world_size)
+
+    def batches_left(self) -> int:
+        """Batches the next iteration yields (epoch mode): those left in the position's
+        epoch — fewer than `len` when it starts mid-epoch (a resumed run)."""
         left = self.num_samples - self.position % self.num_samples
         return left // (self.batch_size * self.world_size)
 

@@ -108,20 +108,13 @@ def _uncaught_into_log(exc: BaseException) -> bool:
     script's or phalanx.init's hook runs: the run is closed as failed), with what the hook
     writes to stderr going to this rank's log only. False when output is not quieted (the
     caller re-raises: the hook runs as usual)."""
-    path = os.environ.get(protocol.RANK_LOG_FILE)
-    if not path:
-        return False
-    from phalanx.errors import UserError
-    from phalanx.paths import open_append
+    from phalanx.cluster.ranklogs import rank_log
 
-    sys.stderr.flush()
-    try:
-        fd = open_append(path)
-    except (OSError, UserError):  # replaced by a link: not written through
-        return False
-    with os.fdopen(fd, "a", encoding="utf-8", errors="replace") as log, \
-            contextlib.redirect_stderr(log):
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+    with rank_log() as log:
+        if log is None:
+            return False
+        with contextlib.redirect_stderr(log):
+            sys.excepthook(type(exc), exc, exc.__traceback__)
     return True
 
 

@@ -14,6 +14,7 @@ phalanx.launch.failures.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -46,6 +47,7 @@ class LaunchPlan:
     nodes: NodePlan | None = None  # None: this machine only
     env: dict[str, str] = field(default_factory=dict)  # for the workers only
     notes: tuple[str, ...] = ()  # what the launcher says before it starts them
+    on_failure: Callable[[str], None] | None = None  # told each worker failure (RestartNotes)
 
     @property
     def world(self) -> int:
@@ -95,16 +97,18 @@ def nccl_preset(dist, ifname: str | None, env: dict[str, str]) -> list[str]:
 
 def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], int] | None,
                    *, env: dict[str, str] | None = None,
-                   check: Callable[[LaunchPlan], None] | None = None) -> int:
+                   check: Callable[[LaunchPlan], None] | None = None,
+                   on_failure: Callable[[str], None] | None = None) -> int:
     """Under a launcher: be the worker (`work(None)`). Otherwise plan the launch from
     `dist`, `check(plan)`, and run one process in-process (`work(threads)`) or start the
     ranks, each running `python PYTHON_ARGS` (e.g. `-m phalanx train ...`). `work=None`:
-    always start them (the worker is another entry point)."""
+    always start them (the worker is another entry point). `on_failure`: told each worker
+    failure the agent sees, in one line ("rank 1 was killed by SIGKILL")."""
     if under_launcher() and work is not None:
         if not protocol.phalanx_worker():  # srun/torchrun: set it before NCCL starts
             _preset_here(dist)
         return work(None)
-    plan = plan_launch(dist, env)
+    plan = dataclasses.replace(plan_launch(dist, env), on_failure=on_failure)
     if check is not None:
         check(plan)
     for line in plan.notes:
@@ -233,7 +237,7 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards
-        with _worker_env(workers_env(plan)), RestartNotes(host):
+        with _worker_env(workers_env(plan)), RestartNotes(host, plan.on_failure):
             elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None

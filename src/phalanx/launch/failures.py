@@ -12,7 +12,6 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import ClassVar
 
 from phalanx.cluster.protocol import LAST_FAILURE
 from phalanx.cluster.ranklogs import log_path
@@ -165,15 +164,14 @@ class RestartNotes(logging.Handler):
     environment that the restarted workers copy (`LAST_FAILURE`): the next attempt's rank
     0 names the rank that died, in one line with the step it resumed from. `host`: this
     machine's name when the job spans several (its ranks are then local ranks).
-    `listeners` are told each line too (`phalanx run`'s launcher says the restart itself:
+    `on_failure` is told each line too (`phalanx run`'s launcher says the restart itself:
     its script may not be Phalanx's to say it)."""
 
     LOGGER = "torch.distributed.elastic.multiprocessing.api"
-    listeners: ClassVar[list[Callable[[str], None]]] = []
-
-    def __init__(self, host: str | None) -> None:
+    def __init__(self, host: str | None,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         super().__init__(logging.ERROR)
-        self.host = host
+        self.host, self.on_failure = host, on_failure
 
     def emit(self, record: logging.LogRecord) -> None:
         if not str(record.msg).startswith("failed (exitcode") or \
@@ -189,8 +187,8 @@ class RestartNotes(logging.Handler):
         if isinstance(code, int) and code < 0 and -code in signal.valid_signals():
             how = f"was killed by {signal.Signals(-code).name}"
         os.environ[LAST_FAILURE] = f"{who} {how}"
-        for listener in list(self.listeners):
-            listener(f"{who} {how}")
+        if self.on_failure is not None:
+            self.on_failure(f"{who} {how}")
 
     def __enter__(self) -> RestartNotes:
         log = logging.getLogger(self.LOGGER)

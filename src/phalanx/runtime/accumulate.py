@@ -48,7 +48,9 @@ class Accumulator:
         if scaler is None and self.precision is not None:
             scaler = self.precision.scaler
         loss = loss / self.steps
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        # outside autocast, as torch's AMP recipe runs it (micro_step's block holds both)
+        with torch.autocast(loss.device.type, enabled=False):
+            (scaler.scale(loss) if scaler is not None else loss).backward()
 
     @property
     def boundary(self) -> bool:

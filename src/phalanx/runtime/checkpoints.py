@@ -38,6 +38,7 @@ class CheckpointMethods:
 
     _saver: Any
     _stop: Any
+    _stops_at_save: bool
     strategy: Any
     precision: Any
 
@@ -157,11 +158,15 @@ class CheckpointMethods:
 
     # -- stopping at a save point (under `phalanx run`) ----------------------------------
     def _stop_point(self) -> None:
-        """Under `phalanx run`, the script's saves become where a stop signal commits."""
+        """Under `phalanx run`, the script's saves become where a stop signal commits
+        (unless the caller handles stops itself: `catch_stop_signals`, the trainer)."""
         if self._stop is None and os.environ.get(protocol.RUN_DIR):
             self._stop = StopSignals().install()
+            self._stops_at_save = True
 
     def _stop_if_asked(self, path: Path) -> None:
+        if not self._stops_at_save:
+            return
         signum = self.stop_requested()
         if not signum:
             return

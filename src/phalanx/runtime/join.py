@@ -147,9 +147,7 @@ def fail_fast(run: Run) -> None:
         _record(plain or exc)
         if plain is not None:
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
-        deadline = threading.Timer(FAILED_EXIT_S, os._exit, (1,))
-        deadline.daemon = True
-        deadline.start()
+        _exit_within(FAILED_EXIT_S, exc)
 
     sys.excepthook = hook
     atexit.register(_close_at_exit, run)
@@ -164,9 +162,21 @@ def _record(exc: BaseException) -> None:
         record_for_agent(exc)
 
 
+def _exit_within(seconds: float, exc: BaseException | None) -> None:
+    """End the process `seconds` from now unless it has ended by itself (a daemon timer:
+    it runs during the atexit handlers); the code a shell gives `exc`."""
+    code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    deadline = threading.Timer(seconds, os._exit, (code,))
+    deadline.daemon = True
+    deadline.start()
+
+
 def _close_at_exit(run: Run) -> None:
     uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    run.close(failed=run._failed or uncaught is not None)
+    failed = run._failed or uncaught is not None
+    if failed and not run._failed:  # marked by the CLI (phalanx run under torchrun/srun)
+        _exit_within(FAILED_EXIT_S, uncaught)
+    run.close(failed=failed)
 
 
 def _strategy_choice(strategy: str | StrategyChoice | None, world: int,

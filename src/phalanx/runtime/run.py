@@ -31,6 +31,7 @@ from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.runtime.checkpoints import CheckpointMethods
+from phalanx.runtime.stepping import StepMethods
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
 from phalanx.strategies.precision import Precision
@@ -44,7 +45,7 @@ def derive_seed(*parts: int) -> int:
 
 
 @dataclass
-class Run(CheckpointMethods):
+class Run(StepMethods, CheckpointMethods):
     """This process's place in the job, and the public API for training on it."""
 
     topology: Topology
@@ -55,6 +56,7 @@ class Run(CheckpointMethods):
     _saver: Any = field(default=None, repr=False)
     _watchdog: Any = field(default=None, repr=False)
     _stop: Any = field(default=None, repr=False)
+    _stops_at_save: bool = field(default=False, repr=False)  # see CheckpointMethods.save
     log_dir: Path | None = None  # where `log` writes (phalanx.init's `log_dir`; settable)
     out: Path | None = None  # the run directory (`phalanx run --out`, or init's `out`)
     _optimizers: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False)  # model → opt
@@ -99,47 +101,6 @@ class Run(CheckpointMethods):
         optimizer = self.strategy.setup_optimizer(optimizer)
         self._optimizers[wrapped] = optimizer  # fp16: clip_grad_norm_ unscales it
         return wrapped, optimizer
-
-    def clip_grad_norm_(self, model: nn.Module, max_norm: float,
-                        optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
-        """Clip the global gradient norm to `max_norm` (over every rank's gradients,
-        sharded or not); returns the norm before clipping, equal on every rank. Under
-        fp16 the gradients are unscaled first (the optimizer `setup` built, or
-        `optimizer`), so the norm and the clip are in true units."""
-        scaler = self.precision.scaler if self.precision is not None else None
-        if scaler is not None:
-            opt = self._fp16_optimizer(model, optimizer)
-            if _stage(scaler, opt) != "unscaled":
-                scaler.unscale_(opt)
-        return self.strategy.clip_grad_norm_(model, max_norm)
-
-    def step(self, optimizer: torch.optim.Optimizer, *, zero_grad: bool = True) -> bool:
-        """The optimizer step at an accumulation boundary: under fp16 through the loss
-        scaler (unscaled if `clip_grad_norm_` did not already, skipped when a gradient
-        is inf/NaN, the scale updated); then the gradients are zeroed (set to None).
-        Returns whether the parameters were stepped (False: fp16 skipped an overflow)."""
-        scaler = self.precision.scaler if self.precision is not None else None
-        stepped = True
-        if scaler is None:
-            optimizer.step()
-        else:
-            before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            stepped = scaler.get_scale() >= before  # the scale shrinks on a skipped step
-        if zero_grad:
-            optimizer.zero_grad(set_to_none=True)
-        return stepped
-
-    def _fp16_optimizer(self, model: nn.Module,
-                        given: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
-        found = given if given is not None else self._optimizers.get(model)
-        if found is None:
-            raise UserError("run.clip_grad_norm_ under fp16 must unscale the gradients "
-                            "first, and no optimizer is known for this model: pass it to "
-                            "run.setup(model, optimizer, ...) or to "
-                            "run.clip_grad_norm_(model, max_norm, optimizer=opt).")
-        return found
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights on rank 0 ({} on other ranks); call on every rank
@@ -227,8 +188,9 @@ class Run(CheckpointMethods):
         (with `reduce=None`, each rank's own)."""
 
         if self.log_dir is None:
-            raise UserError("run.log needs a directory to write to: "
-                            "phalanx.init(..., log_dir='runs/NAME').")
+            raise UserError("run.log needs a directory to write to, and this run has "
+                            "none: phalanx.init(..., out='runs/NAME') (or log_dir=), or "
+                            "run the script with `phalanx run --out DIR`.")
         values = reduce_values(self, metrics, reduce)
         record = {"step": int(step), **values}
         if not self.is_main:
@@ -377,13 +339,6 @@ def _map_style_length(dataset: Any) -> int:
             f"memmap), or shard the stream yourself by run.rank / run.world_size and pass "
             f"it to a plain torch DataLoader.")
     return len(dataset)
-
-
-def _stage(scaler: Any, optimizer: torch.optim.Optimizer) -> str:
-    """The loss scaler's stage for `optimizer` ("ready", "unscaled", "stepped")."""
-    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer))
-    stage = state.get("stage") if state else None
-    return getattr(stage, "name", "READY").lower()
 
 
 def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -31,11 +31,10 @@ def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision
     `timing()`: a context that times data loading and forward (StragglerWatch)."""
     total = torch.zeros((), device=next(model.parameters()).device)
     for _ in range(acc.steps):
-        with acc.micro_step():
+        with acc.micro_step():  # under the run's precision (autocast)
             with timing() if timing is not None else contextlib.nullcontext():
                 x, y = next(batches)
-                with precision.autocast():
-                    _, loss = model(x, y)
+                _, loss = model(x, y)
             acc.backward(loss, precision.scaler)
         total += loss.detach().float()
     return total / acc.steps
