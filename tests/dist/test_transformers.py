@@ -253,3 +253,24 @@ def test_example_trains_resumes_and_exports(scen, tmp_path):
     assert f"exported: {tmp_path / 'model'}" in second
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_phalanx_export_rebuilds_a_two_rank_fsdp_checkpoint(scen, out, tmp_path, name):
+    """The verb on a script's checkpoint: the model rebuilt from its recorded class and
+    config, the FSDP shards gathered into it, written for `from_pretrained`."""
+    from transformers import AutoModelForCausalLM
+
+    ckpt = out / f"ckpt-{name}-fsdp" / f"step-{scen.SAVE_AT:08d}"
+    done = subprocess.run([sys.executable, "-m", "phalanx", "export", str(ckpt), "--out",
+                           str(tmp_path / "hf")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(loaded) is scen.MODELS[name][0]
+    with phalanx.init(seed=0, threads=1) as run:
+        model, opt, _ = scen.setup(run, name, seed=123)
+        run.load(ckpt, model, opt)
+        with torch.no_grad():
+            want = model(input_ids=scen.PROBE).logits
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=scen.PROBE).logits, want, **TOL)

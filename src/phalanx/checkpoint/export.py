@@ -136,6 +136,40 @@ def _user_class(module: nn.Module) -> type:
     return cls
 
 
+# -- a model `phalanx export` can rebuild from a checkpoint alone ------------------------
+MODEL_KEY = "phalanx.model"  # in a script's checkpoint meta (run.save): how to rebuild it
+
+
+def model_recipe(module: nn.Module) -> dict[str, Any] | None:
+    """How `phalanx export` rebuilds `module` from its checkpoint alone: a transformers
+    model's class and config (JSON). None for a module of no library Phalanx knows (its
+    script exports it with `run.export`)."""
+    cls = _user_class(module)
+    config = getattr(module, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not cls.__module__.startswith("transformers.") or to_dict is None:
+        return None
+    return {"library": "transformers", "class": cls.__name__, "config": to_dict()}
+
+
+def build_from_recipe(recipe: dict[str, Any], where: str) -> nn.Module:
+    """A fresh module from `model_recipe`'s record (weights to be loaded into it)."""
+    if recipe.get("library") != "transformers":
+        raise UserError(f"{where} names a model of library {recipe.get('library')!r}; "
+                        f"`phalanx export` rebuilds transformers models only.")
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"{where} holds a transformers model ({recipe.get('class')}), and "
+                        f"transformers is not installed here: pip install transformers.") \
+            from None
+    cls = getattr(transformers, str(recipe.get("class")), None)
+    if cls is None or not hasattr(cls, "config_class"):
+        raise UserError(f"{where} names transformers class {recipe.get('class')!r}, which "
+                        f"this transformers ({transformers.__version__}) does not have.")
+    return cls(cls.config_class.from_dict(recipe["config"]))
+
+
 # what an export writes (transformers' files included): a directory holding only these
 # may be replaced by a new export; anything else in it is the user's and is kept
 _EXPORT_FILES = re.compile(r"(config|generation_config|phalanx_model)\.json|"

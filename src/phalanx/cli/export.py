@@ -1,5 +1,7 @@
 """`phalanx export RUN_DIR_OR_CHECKPOINT --out model.safetensors`: consolidated weights
-from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them."""
+from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them. A
+checkpoint a script wrote (`run.save`) of a transformers model: `--out DIR`, the
+directory `from_pretrained` reads."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a run directory (its newest valid checkpoint is used) or one "
                              "checkpoint directory (…/checkpoints/step-…)")
     parser.add_argument("--out", required=True, metavar="FILE",
-                        help="the .safetensors file to write; config.json goes beside it")
+                        help="the .safetensors file to write; config.json goes beside it "
+                             "(a script's transformers model: the directory to write)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite an existing FILE or config.json beside it "
                              "(default: refuse)")
@@ -85,32 +88,66 @@ def _parents_while_writing(parent: Path):
         raise
 
 
-def _saved_config(checkpoint: Path):
-    """The checkpoint's step and config from its sidecar, or a UserError saying why not."""
+def _saved_meta(checkpoint: Path) -> dict:
+    """The checkpoint's meta from its sidecar, or a UserError saying why not."""
     from phalanx.checkpoint.store import read_sidecar
 
     try:
         meta = read_sidecar(checkpoint)["meta"]
-        step = meta.get("train_state", {}).get("step", "?")
-        config = meta.get("config", {})
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        if not isinstance(meta, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"checkpoint `{checkpoint}` has no readable training state "
                         f"(`train_state.json`); export a checkpoint written by `phalanx "
-                        f"train`.") from None
-    return step, from_dict(config, f"checkpoint `{checkpoint}`'s configuration")
+                        f"train` or by a script's `run.save`.") from None
+    return meta
+
+
+def _saved_config(checkpoint: Path, meta: dict):
+    """The trainer's step and config from the checkpoint's meta."""
+    if "config" not in meta:
+        raise UserError(
+            f"checkpoint `{checkpoint}` was written by a script (run.save) whose model "
+            f"Phalanx cannot rebuild (only MiniGPT and transformers models are). Export it "
+            f"from the script: run.export(model, DIR).")
+    step = meta.get("train_state", {}).get("step", "?")
+    return step, from_dict(meta["config"], f"checkpoint `{checkpoint}`'s configuration")
+
+
+def _export_library_model(checkpoint: Path, recipe: dict, out: str, force: bool) -> int:
+    """A script's transformers model: rebuilt from the checkpoint's recipe, its weights
+    loaded, written as its library's directory (`from_pretrained` reads it)."""
+    from phalanx.checkpoint.export import build_from_recipe, export_pretrained
+    from phalanx.checkpoint.rundir import step_of
+    from phalanx.checkpoint.store import load_checkpoint
+
+    target = Path(out).expanduser()
+    if kind(target) != "missing" and not force:
+        raise UserError(f"`{target}` already exists; `phalanx export` does not overwrite it "
+                        f"silently. Pass `--force`, or choose another `--out`.")
+    model = build_from_recipe(recipe, f"checkpoint `{checkpoint}`")
+    load_checkpoint(checkpoint, model, None)
+    path = export_pretrained(model, model.state_dict(), target)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"exported step {step_of(checkpoint)} of `{checkpoint}` → {path}/ "
+          f"({recipe['class']}, {params:,} parameters; from_pretrained reads it)")
+    return 0
 
 
 def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from safetensors import SafetensorError
 
-    from phalanx.checkpoint.export import export_weights
+    from phalanx.checkpoint.export import MODEL_KEY, export_weights
     from phalanx.checkpoint.resume import find_checkpoint
     from phalanx.checkpoint.store import load_checkpoint
     from phalanx.models import build_model
 
-    target = _target(ns.out, ns.force)
     checkpoint = find_checkpoint(ns.source, lambda message: print(message, flush=True))
-    step, cfg = _saved_config(checkpoint)
+    meta = _saved_meta(checkpoint)
+    if MODEL_KEY in meta:  # a script's transformers model: a directory from_pretrained reads
+        return _export_library_model(checkpoint, meta[MODEL_KEY], ns.out, ns.force)
+    target = _target(ns.out, ns.force)
+    step, cfg = _saved_config(checkpoint, meta)
     model = build_model(cfg)
     load_checkpoint(checkpoint, model, None)
     try:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from phalanx.checkpoint.export import MODEL_KEY, model_recipe
 from phalanx.checkpoint.resume import newest_valid
 from phalanx.checkpoint.rundir import step_of
 from phalanx.checkpoint.saver import CheckpointSaver
@@ -58,7 +59,8 @@ class CheckpointMethods:
 
         `step`: the optimizer steps done — what `resume` returns. `loader`: a
         `run.loader` whose cursor is committed with it (exact resume of the data). The
-        fp16 loss scaler's state is saved when there is one. Tensors go through
+        fp16 loss scaler's state is saved when there is one, and a transformers model's
+        class and config (`phalanx export` then rebuilds it from the checkpoint). Tensors go through
         torch.distributed.checkpoint; `meta` must be JSON-able. With `asynchronous=True`
         it returns once the state is copied to memory; the write and the commit go on in
         a background thread (the next `save` or `wait_checkpoint` waits for it, and
@@ -68,6 +70,9 @@ class CheckpointMethods:
         """
         self._stop_point()
         meta = {**(meta or {}), **self._extras(loader)}
+        recipe = model_recipe(self.strategy.unwrap(model))
+        if recipe is not None:  # `phalanx export` can rebuild it from the checkpoint alone
+            meta[MODEL_KEY] = recipe
         deferred = None
         if overlap_staging:
             deferred = {n for n, _ in self.strategy.unwrap(model).named_parameters()}
