@@ -43,7 +43,8 @@ def a_checkpoint(monkeypatch, tmp_path):
     cfg = Config()
     cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size = 1, 2, 16, 8
     monkeypatch.setattr(resume, "find_checkpoint", lambda source, warn: tmp_path)
-    monkeypatch.setattr(command, "_saved_config", lambda checkpoint: (4, cfg))
+    monkeypatch.setattr(command, "_saved_meta", lambda checkpoint: {})
+    monkeypatch.setattr(command, "_saved_config", lambda checkpoint, meta: (4, cfg))
     monkeypatch.setattr(store, "load_checkpoint", lambda *args: None)
 
 

@@ -142,6 +142,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.checkpoint.store import load_checkpoint
     from phalanx.models import build_model
 
+    _missing_parents(Path(ns.out).expanduser().parent)  # refused before anything is read
     checkpoint = find_checkpoint(ns.source, lambda message: print(message, flush=True))
     meta = _saved_meta(checkpoint)
     if MODEL_KEY in meta:  # a script's transformers model: a directory from_pretrained reads
