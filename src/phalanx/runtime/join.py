@@ -164,8 +164,14 @@ def _record(exc: BaseException) -> None:
 
 def _exit_within(seconds: float, exc: BaseException | None) -> None:
     """End the process `seconds` from now unless it has ended by itself (a daemon timer:
-    it runs during the atexit handlers); the code a shell gives `exc`."""
-    code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    it runs during the atexit handlers), with the code it would have ended with: a
+    UserError's (2), a SystemExit's, 130 for Ctrl-C, else 1."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else 1
+    elif isinstance(exc, KeyboardInterrupt):
+        code = 130
+    code = code if isinstance(code, int) else 1
     deadline = threading.Timer(seconds, os._exit, (code,))
     deadline.daemon = True
     deadline.start()
@@ -174,8 +180,8 @@ def _exit_within(seconds: float, exc: BaseException | None) -> None:
 def _close_at_exit(run: Run) -> None:
     uncaught = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     failed = run._failed or uncaught is not None
-    if failed and not run._failed:  # marked by the CLI (phalanx run under torchrun/srun)
-        _exit_within(FAILED_EXIT_S, uncaught)
+    if failed and not run._failed and dist.is_initialized():  # marked by the CLI (phalanx
+        _exit_within(FAILED_EXIT_S, uncaught)  # run under torchrun/srun), still to close
     run.close(failed=failed)
 
 
