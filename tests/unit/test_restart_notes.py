@@ -8,6 +8,8 @@ import os
 import signal
 from dataclasses import dataclass
 
+import pytest
+
 from phalanx.launch.failures import LAST_FAILURE, RestartNotes
 
 
@@ -27,8 +29,11 @@ class Context:  # stands in for torch's process context, which logs from a metho
             self._failures[first].exitcode, first, 1234, "python")
 
 
-def test_a_rank_the_agent_stopped_is_not_named_as_the_cause():
-    context = Context({0: Failure(-signal.SIGTERM), 1: Failure(-signal.SIGKILL)})
+@pytest.mark.parametrize("stopped", [-signal.SIGTERM, 128 + signal.SIGTERM])
+def test_a_rank_the_agent_stopped_is_not_named_as_the_cause(stopped):
+    """Killed by the agent's SIGTERM, or exited with 143 from a handler of it (the
+    trainer's stop path): either way not the cause."""
+    context = Context({0: Failure(stopped), 1: Failure(-signal.SIGKILL)})
     with RestartNotes(None):
         context.poll(first=0)  # the tie went to rank 0, which the agent stopped
         said = os.environ[LAST_FAILURE]

@@ -30,7 +30,7 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
     `logs`: where the ranks' logs are (phalanx.cluster.ranklogs), named for the failed ranks."""
     culprits, victims, stopped = _blame(failures)
     user = [r for r in culprits if failures[r].exitcode == 2]
-    if user and all(r in user or failures[r].exitcode == -signal.SIGTERM for r in culprits):
+    if user and all(r in user or _stopped(failures[r].exitcode) for r in culprits):
         first = min(culprits)  # a user error (a rank stopped while exiting with it too)
         message = _message(failures[first]).split(": ", 1)[-1]
         return UserError(f"[rank {first}] {message}" if message else
@@ -90,11 +90,17 @@ def _blame(failures: dict) -> tuple[list[int], list[int], list[int]]:
     victims = [r for r in ranks if any(m in messages[r] for m in PEER_LOST)]
     culprits = [r for r in ranks if messages[r] and r not in victims]
     if not culprits:
-        culprits = [r for r in ranks if failures[r].exitcode != -signal.SIGTERM
+        culprits = [r for r in ranks if not _stopped(failures[r].exitcode)
                     and r not in victims] or victims or ranks
         victims = [r for r in victims if r not in culprits]
     stopped = [r for r in ranks if r not in culprits and r not in victims]
     return culprits, victims, stopped
+
+
+def _stopped(code: int | None) -> bool:
+    """The agent's SIGTERM ended the rank: killed by it, or (Phalanx's handler, a trainer
+    stopping on it) exited with the shell's code for it, 143."""
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def _describe_all(culprits: list[int], failures: dict, reports: str | None) -> str:
