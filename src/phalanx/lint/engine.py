@@ -2,7 +2,8 @@
 give every rule the same `Context`, and collect findings minus inline suppressions.
 
 A rule is a `Rule` (code, severity, message, fix, a wrong and a right example) plus a
-function `check(ctx) -> iterable of (node, detail)`. The examples are documentation
+function `check(ctx) -> iterable of (node, detail)` or `(node, detail, related lines)`
+(one finding per root cause, naming the other lines it causes: `Finding.related`). The examples are documentation
 (`phalanx lint --explain CODE`) and the tests' fixtures: the rule must fire on `wrong`
 at the line marked `# <-`, and stay silent on `right`.
 """
@@ -13,6 +14,10 @@ import ast
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phalanx.lint.guards import Guard
 
 SEVERITIES = ("error", "warning", "info")
 SUPPRESS = re.compile(r"#\s*phalanx:\s*ignore\[([A-Z0-9, ]+)\]")
@@ -32,7 +37,8 @@ class Rule:
     fix: str  # one line: how to fix it
     wrong: str  # a short example the rule finds (the line marked `# <-`)
     right: str  # the corrected example, which it must not find
-    check: Callable[[Context], Iterable[tuple[ast.AST, str]]] = field(compare=False)
+    # (node, detail) or (node, detail, related lines): see Finding.related
+    check: Callable[[Context], Iterable[tuple]] = field(compare=False)
     family: str = ""
 
 
@@ -45,6 +51,7 @@ class Finding:
     severity: str
     message: str
     fix: str
+    related: tuple[int, ...] = ()  # other lines of the same root cause
 
 
 def dotted(node: ast.AST) -> str:
@@ -103,6 +110,12 @@ class Context:
                 for alias in node.names:
                     self.imported[alias.asname or alias.name.split(".")[0]] = alias.name
         self.uses_cuda = "cuda" in source
+        self.defined = {n.name for n in self.nodes  # names this file defines itself
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        self._caller_guards: dict | None = None  # lint.guards.caller_guards (cached)
+        self._call_index: dict | None = None  # lint.guards._index (cached)
+        self._rank_names: set[str] | None = None
+        self.external: dict[str, list] = {}  # calls from other linted files: lint.callers
 
     def calls_named(self, *names: str) -> Iterator[ast.Call]:
         """Calls whose callable's last name is one of `names` (`x.all_reduce`, `DDP`), in
@@ -160,18 +173,45 @@ class Context:
             child = parent
         return found
 
+    @property
+    def rank_names(self) -> set[str]:
+        """Names holding a rank or a test of it, beyond RANK_NAMES: `self.gpu_id =
+        int(os.environ["LOCAL_RANK"])`, `master = ddp_rank == 0` (not a device or a path
+        built from one: only plain reads, conversions and comparisons)."""
+        if self._rank_names is None:
+            self._rank_names = set()
+            assigns = [n for n in self.nodes if isinstance(n, ast.Assign)
+                       and _plain(n.value) and not _whether_distributed(n.value)]
+            for _ in range(2):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
+                self._rank_names |= {dotted(t) for n in assigns
+                                     if self.rank_dependent(n.value) for t in n.targets
+                                     if isinstance(t, (ast.Name, ast.Attribute))}
+        return self._rank_names
+
+    def rank_dependent(self, expr: ast.AST) -> bool:
+        """`rank_dependent`, also through this file's names that hold a rank."""
+        if rank_dependent(expr):
+            return True
+        names = self._rank_names if self._rank_names is not None else self.rank_names
+        return bool(names) and any(isinstance(n, (ast.Name, ast.Attribute))
+                                   and dotted(n) in names for n in ast.walk(expr))
+
+    def rank_guards(self, node: ast.AST, callers: bool = True) -> list[Guard]:
+        """Every rank condition `node` runs under, nearest first: enclosing rank-dependent
+        ifs, early exits on its path (`if rank != 0: return`), and — with `callers` — a
+        guard shared by every call site in this file of the function it is in."""
+        from phalanx.lint.guards import all_guards
+        return all_guards(self, node, callers=callers)
+
+    def rank_guard(self, node: ast.AST, callers: bool = True) -> Guard | None:
+        guards = self.rank_guards(node, callers)
+        return guards[0] if guards else None
+
     def rank_condition(self, node: ast.AST) -> ast.If | ast.IfExp | None:
-        """The nearest enclosing `if` (statement or expression) whose test depends on the
-        rank, if any."""
-        child = node
-        for parent in self.ancestors(node):
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test \
-                    and rank_dependent(parent.test):
-                return parent
-            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return None
-            child = parent
-        return None
+        """The nearest rank-dependent `if` (statement or expression) `node` runs under:
+        enclosing it, an early exit before it, or around every call of its function."""
+        guard = self.rank_guard(node)
+        return guard.cond if guard is not None else None
 
 
 def calls_in(statements: list[ast.stmt]) -> Iterator[ast.Call]:
@@ -195,6 +235,26 @@ def rank_dependent(test: ast.AST) -> bool:
     return False
 
 
+def _plain(value: ast.AST) -> bool:
+    """A value that is a rank (or a test of one) when it reads one: a name, a comparison,
+    `int(os.environ["LOCAL_RANK"])`, `dist.get_rank()` — not `torch.device(...)`."""
+    if isinstance(value, (ast.Name, ast.Attribute, ast.Compare, ast.BoolOp, ast.UnaryOp)):
+        return True
+    if isinstance(value, ast.Subscript):  # os.environ["LOCAL_RANK"], not data[rank]
+        return dotted(value.value).endswith("environ")
+    return isinstance(value, ast.Call) and (
+        dotted(value) in ("int", "os.environ.get", "os.getenv", "environ.get", "getenv")
+        or last(dotted(value)) in RANK_CALLS)
+
+
+def _whether_distributed(test: ast.AST) -> bool:
+    """`int(os.environ.get("RANK", -1)) != -1`, `rank is None`: the same on every rank."""
+    return any(isinstance(n, ast.Constant) and n.value is None or
+               isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
+               or isinstance(n, ast.Constant) and n.value == -1 and not isinstance(n.value, bool)
+               for n in ast.walk(test))
+
+
 def suppressed(ctx: Context, line: int, code: str) -> bool:
     text = ctx.lines[line - 1] if 0 < line <= len(ctx.lines) else ""
     found = SUPPRESS.search(text)
@@ -207,11 +267,12 @@ def lint_source(path: str, source: str, rules: Iterable[Rule], project=None) -> 
     ctx = project.context(path, source) if project is not None else Context(path, source)
     findings = []
     for rule in rules:
-        for node, detail in rule.check(ctx):
+        for found in rule.check(ctx):
+            node, detail = found[0], found[1]
+            related = tuple(found[2]) if len(found) > 2 else ()
             line, col = getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1
             if not suppressed(ctx, line, rule.code):
                 message = f"{rule.message} {detail}".strip()
                 findings.append(Finding(path, line, col, rule.code, rule.severity, message,
-                                        rule.fix))
+                                        rule.fix, related))
     return sorted(set(findings), key=lambda f: (f.path, f.line, f.col, f.code))
-

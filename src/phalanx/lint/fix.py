@@ -1,12 +1,11 @@
 """`phalanx lint --fix / --diff`: mechanical rewrites that keep what the code does.
 
-Only three, each the spelling torch itself documents as equivalent:
+Only two, each the spelling torch itself documents as equivalent:
 - PX603 `torch.cuda.amp.GradScaler(a, ...)` → `torch.amp.GradScaler("cuda", a, ...)`;
 - PX603 `torch.cuda.amp.autocast(a, b, c)` → `torch.autocast("cuda", enabled=a, dtype=b,
-  cache_enabled=c)` (positional arguments named: the order differs);
-- PX502 `torch.load(f)` → `torch.load(f, weights_only=True)`, only where `weights_only`
-  is not given (torch ≥ 2.6's own default; an explicit `weights_only=False` is the
-  user's choice and left alone).
+  cache_enabled=c)` (positional arguments named: the order differs).
+PX502 (`torch.load(..., weights_only=False)`) is not fixed: the file may hold objects
+that only load that way, so dropping it is the user's decision.
 A file is read as Python reads it (its bytes decoded by its BOM or `coding:` cookie;
 lines split on \r\n, \r and \n only, as the tokenizer does — not on \f, \x85 or
 \u2028, which `str.splitlines` also splits on). Each edit touches only the characters
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import StorageFull, UserError
-from phalanx.lint.engine import SUPPRESS, Context, dotted, keyword
+from phalanx.lint.engine import SUPPRESS, Context, dotted
 
 AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the tokenizer's line ends, and no others
@@ -161,18 +160,7 @@ def _deprecated_amp(source: str, ctx: Context, node: ast.AST, where: _Offsets) -
     return edits
 
 
-def _weights_only(source: str, ctx: Context, node: ast.AST, where: _Offsets) -> list[Edit]:
-    if not isinstance(node, ast.Call) or keyword(node, "weights_only") is not None or any(
-            k.arg is None for k in node.keywords):
-        return []
-    paren, close = _open_paren(source, node, where), where.end(node) - 1  # after `(`, at `)`
-    inside = source[paren:close].rstrip()
-    text = "weights_only=True" if inside.endswith(",") or not inside else ", weights_only=True"
-    at = paren + len(inside)
-    return [Edit(at, at, (" " if inside.endswith(",") else "") + text)]
-
-
-FIXERS = {"PX603": _deprecated_amp, "PX502": _weights_only}
+FIXERS = {"PX603": _deprecated_amp}
 
 
 @dataclass(frozen=True)
@@ -195,7 +183,8 @@ def _edits(path: str, source: str, rules) -> tuple[list[Edit], list[str], int]:
         fixer = FIXERS.get(rule.code)
         if fixer is None:
             continue
-        for node, _ in rule.check(ctx):
+        for item in rule.check(ctx):
+            node = item[0]
             if where.suppressed(getattr(node, "lineno", 1), rule.code):
                 continue
             try:

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.lint.callers import external_callers
 from phalanx.lint.engine import Context
+from phalanx.lint.facts import ProjectFacts
 from phalanx.lint.rules.collectives import collective_functions
 
 WORDS = ("distributed", "dist.", "DDP", "FSDP", "fully_shard", "full_tensor",
@@ -29,6 +31,8 @@ class Project:
     functions: dict[str, dict[str, str]] = field(default_factory=dict)  # file → name → what
     suffixes: dict[str, str] = field(default_factory=dict)  # `pkg.utils` → file (if unique)
     parsed: dict[str, Context] = field(default_factory=dict)  # reused by the lint itself
+    facts: ProjectFacts | None = None  # set by the CLI: lint.facts.project_facts
+    callers: dict[str, dict] = field(default_factory=dict)  # file → lint.callers sites
 
     def take(self, name: str, source: str) -> Context | None:
         """The file's parse from this pass (once), if its source is still the same."""
@@ -43,6 +47,9 @@ class Project:
         through its own imports (`Context.project`)."""
         ctx = self.take(name, source) or Context(name, source)
         ctx.project = visible(ctx, self)
+        ctx.external = self.callers.get(name, {})
+        ctx._caller_guards = None  # computed again with the callers in other files
+        ctx.facts = self.facts.of(name) if self.facts else frozenset()  # type: ignore[attr-defined]
         return ctx
 
 
@@ -64,7 +71,8 @@ def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[s
 
 
 def visible(ctx: Context, project: Project | None) -> dict[str, str]:
-    """What `ctx` imports from the other linted files: local name → collective."""
+    """What `ctx` imports from the other linted files: the name it calls them by (`f`,
+    `utils.f`) → collective."""
     seen: dict[str, str] = {}
     if not project:
         return seen
@@ -74,8 +82,9 @@ def visible(ctx: Context, project: Project | None) -> dict[str, str]:
         if source in project.functions and name in project.functions[source]:
             seen[local] = project.functions[source][name]  # from utils import f
         elif (file := project.file_of(origin)) in project.functions:  # import utils: utils.f()
+            prefix = origin if local == origin.split(".")[0] else local  # `pkg.utils`, `u`
             for function, what in project.functions[file].items():
-                seen.setdefault(function, what)
+                seen.setdefault(f"{prefix}.{function}", what)
     return seen
 
 
@@ -113,6 +122,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
         if not changed:
             break
         frontier = {f for f, targets in imports.items() if targets & project.functions.keys()}
+    project.callers = external_callers(texts, project.suffixes, contexts, _parse)
     project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
     return project
 

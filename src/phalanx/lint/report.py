@@ -3,27 +3,87 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
-from phalanx.lint.engine import Finding, Rule
+from phalanx.lint.engine import SEVERITIES, Finding, Rule
 from phalanx.version import __version__
 
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
-def text(findings: list[Finding], files: int, skipped: int = 0) -> str:
-    lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}\n"
+@dataclass(frozen=True)
+class Run:
+    """What one `phalanx lint` run checked: files, source lines, wall time, files
+    skipped as not valid Python, and the rules that ran."""
+
+    files: int
+    lines: int = 0
+    seconds: float = 0.0
+    skipped: int = 0
+    rules: list[Rule] = field(default_factory=list)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 or word == 'info' else 's'}"
+
+
+def _related(f: Finding) -> tuple[int, ...]:
+    return tuple(getattr(f, "related", ()) or ())
+
+
+def _message(f: Finding) -> str:
+    """The message, with the other lines of the same root cause (Finding.related)."""
+    related = _related(f)
+    if not related:
+        return f.message
+    return f"{f.message} (see also line{'s' if len(related) > 1 else ''} " \
+           f"{', '.join(map(str, related))})"
+
+
+def summary(findings: list[Finding], run: Run) -> str:
+    """`3 files, 120 lines in 0.04 s: 1 error, 2 warnings, 1 info (1 skipped: not valid
+    Python)` — or `…: no findings`."""
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+    found = f"{_plural(counts['error'], 'error')}, {_plural(counts['warning'], 'warning')}" \
+        + (f", {counts['info']} info" if counts["info"] else "")
+    not_python = f" ({run.skipped} skipped: not valid Python)" if run.skipped else ""
+    return (f"{_plural(run.files, 'file')}, {_plural(run.lines, 'line')} in "
+            f"{run.seconds:.2f} s: {found if findings else 'no findings'}{not_python}")
+
+
+def text(findings: list[Finding], run: Run) -> str:
+    """Ruff-like lines, a fix hint under each, and one summary line."""
+    lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {_message(f)}\n"
              f"    fix: {f.fix}" for f in findings]
-    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
-    summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-    not_python = f" ({skipped} skipped: not valid Python)" if skipped else ""
-    lines.append(f"{files} file(s) checked{not_python}: {summary or 'no findings'}.")
+    lines.append(summary(findings, run))
     return "\n".join(lines)
 
 
-def as_json(findings: list[Finding], files: int, skipped: int = 0) -> str:
-    return json.dumps({"files": files, "skipped": skipped,
-                       "findings": [asdict(f) for f in findings]}, indent=2)
+def as_json(findings: list[Finding], run: Run) -> str:
+    """The findings, the run's size and time, and every rule that ran with its count."""
+    severity = {r.code: r.severity for r in run.rules} | {f.code: f.severity for f in findings}
+    counts = Counter(f.code for f in findings)
+    rules = {code: {"severity": severity[code], "count": counts[code]}
+             for code in sorted(severity)}
+    return json.dumps({"files": run.files, "lines": run.lines,
+                       "seconds": round(run.seconds, 3), "skipped": run.skipped,
+                       "rules": rules, "findings": [asdict(f) for f in findings]}, indent=2)
+
+
+def _sarif_result(f: Finding) -> dict:
+    def location(line: int, col: int) -> dict:
+        return {"physicalLocation": {"artifactLocation": {"uri": f.path},
+                                     "region": {"startLine": line, "startColumn": col}}}
+
+    result = {"ruleId": f.code, "level": SARIF_LEVEL[f.severity],
+              "message": {"text": f"{f.message} Fix: {f.fix}"},
+              "locations": [location(f.line, f.col)]}
+    if _related(f):
+        result["relatedLocations"] = [
+            {"id": i, **location(line, 1), "message": {"text": "same root cause"}}
+            for i, line in enumerate(_related(f), 1)]
+    return result
 
 
 def sarif(findings: list[Finding], rules: list[Rule]) -> str:
@@ -33,15 +93,10 @@ def sarif(findings: list[Finding], rules: list[Rule]) -> str:
                          "help": {"text": r.fix},
                          "defaultConfiguration": {"level": SARIF_LEVEL[r.severity]}}
                         for r in rules]}
-    results = [{"ruleId": f.code, "level": SARIF_LEVEL[f.severity],
-                "message": {"text": f"{f.message} Fix: {f.fix}"},
-                "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": f.path},
-                    "region": {"startLine": f.line, "startColumn": f.col}}}]}
-               for f in findings]
     return json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json",
                        "version": "2.1.0",
-                       "runs": [{"tool": {"driver": driver}, "results": results}]}, indent=2)
+                       "runs": [{"tool": {"driver": driver},
+                                 "results": [_sarif_result(f) for f in findings]}]}, indent=2)
 
 
 def explain(rule: Rule) -> str:

@@ -1,4 +1,6 @@
-"""Rule families; `ALL` in code order."""
+"""Rule families; `ALL` in code order. `OPT_IN`: rules that run only when `--select`
+names them (by code or prefix, or `ALL`) — advice whose precision on real code does not
+earn it a place in every run."""
 
 from __future__ import annotations
 
@@ -19,3 +21,4 @@ FAMILIES = (placement, data, collectives, accumulation, checkpoints, amp, setup,
             sharded)
 ALL = sorted((rule for family in FAMILIES for rule in family.RULES), key=lambda r: r.code)
 BY_CODE = {rule.code: rule for rule in ALL}
+OPT_IN = frozenset({"PX703", "PX705"})  # find_unused_parameters; rank-0 metric

@@ -7,25 +7,81 @@ import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 
+OPTIMIZER_NAMES = ("opt", "optim", "optimizer", "optimiser", "scaler", "grad_scaler")
+OPTIMIZER_MAKERS = ("Optimizer", "GradScaler", "ZeroRedundancyOptimizer")
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
-def _accumulates(ctx: Context) -> ast.If | None:
-    """An `if step % K ...:` guarding optimizer.step() — accumulation by hand."""
+
+def _steps_optimizer(ctx: Context, call: ast.Call) -> bool:
+    """`call` is `X.step()` of an optimizer or a GradScaler — not of an LR scheduler:
+    X assigned from `torch.optim.*`/`optim.*`/a name with Optimizer/GradScaler, or
+    named like one (`opt`, `optimizer`, `self.optim`, `scaler`)."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "step"):
+        return False
+    receiver = call.func.value
+    if isinstance(receiver, ast.Subscript):  # optimizers[0].step()
+        receiver = receiver.value
+    name = dotted(receiver)
+    if not name:
+        return False
+    made = [dotted(n.value) for n in ctx.nodes if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Call) and any(dotted(t) == name for t in n.targets)]
+    if any("lr_scheduler" in m or "sched" in m.lower() for m in made):
+        return False
+    if any(m.startswith(("torch.optim.", "optim.")) or any(w in m for w in OPTIMIZER_MAKERS)
+           for m in made):
+        return True
+    short = last(name).lower()
+    return "sched" not in short and (short in OPTIMIZER_NAMES or short.endswith(
+        ("_opt", "_optim", "_optimizer", "optimizer", "_scaler")))
+
+
+def _loop_of(ctx: Context, node: ast.AST) -> ast.AST | None:
+    """The innermost loop `node` is in, within its function."""
+    for a in ctx.ancestors(node):
+        if isinstance(a, LOOPS):
+            return a
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return None
+    return None
+
+
+def _accumulation_guards(ctx: Context) -> list[tuple[ast.If, ast.AST]]:
+    """`(if step % K ...:, its loop)` guarding an optimizer's (or scaler's) step —
+    accumulation by hand — in a loop body."""
+    found = []
     for call in ctx.calls_named("step"):
+        if not _steps_optimizer(ctx, call):
+            continue
         for parent in ctx.ancestors(call):
+            if isinstance(parent, (*LOOPS, ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
             if isinstance(parent, ast.If) and any(isinstance(n, ast.BinOp) and
                                                   isinstance(n.op, ast.Mod)
                                                   for n in ast.walk(parent.test)):
-                return parent
-    return None
+                loop = _loop_of(ctx, parent)
+                if loop is not None and all(parent is not g for g, _ in found):
+                    found.append((parent, loop))
+                break
+    return found
+
+
+def _accumulated_backwards(ctx: Context):
+    """(backward call, its accumulation guard): backwards in the same loop body as an
+    accumulation guard, not under it."""
+    guards = _accumulation_guards(ctx)
+    for call in ctx.calls_named("backward"):
+        loop = _loop_of(ctx, call)
+        for guard, guarded in guards:
+            if loop is guarded and guard not in ctx.ancestors(call):
+                yield call, guard
+                break
 
 
 def _accumulation_without_no_sync(ctx: Context):
     if not ctx.mentions("DistributedDataParallel", "DDP") or ctx.mentions("no_sync"):
         return
-    guard = _accumulates(ctx)
-    if guard is None:
-        return
-    for call in ctx.calls_named("backward"):
+    for call, guard in _accumulated_backwards(ctx):
         yield call, (f"(optimizer steps every few micro-steps, `if {ast.unparse(guard.test)}` "
                      f"at line {guard.lineno}, but every backward all-reduces)")
 
@@ -76,7 +132,7 @@ def _off_by_one(ctx: Context):
             assert guard is not None  # test is guard's
             counter = test.left.left.id
             if not _backward_outside(ctx, counters[counter], guard) or \
-                    "opt" not in dotted(call).lower() and "scaler" not in dotted(call).lower():
+                    not _steps_optimizer(ctx, call):
                 continue
             yield guard, (f"(`{ast.unparse(test)}` holds at {counter} = 0, which counts from 0 "
                           f"at line {counters[counter].lineno}: the first step comes after one "
@@ -100,30 +156,62 @@ def _divided_before(ctx: Context, name: str, call: ast.Call) -> bool:
     return False
 
 
+def _returns_divided(func: ast.AST) -> bool:
+    """A function whose returned value is divided: `return loss / k`, or a name it
+    divides (`loss = loss / k`, `loss /= k`) returned."""
+    for node in ast.walk(func):
+        if isinstance(node, ast.Return) and node.value is not None:
+            if _divided(node.value):
+                return True
+            names = {dotted(n) for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            if any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Div)
+                   and dotted(a.target) in names or isinstance(a, ast.Assign)
+                   and _divided(a.value) and any(dotted(t) in names for t in a.targets)
+                   for a in ast.walk(func)):
+                return True
+    return False
+
+
+def _from_dividing_helper(ctx: Context, name: str, call: ast.Call) -> bool:
+    """`loss = compute_loss(...)` (or `loss, logs = ...`) on the backward's path, with
+    `compute_loss` a function of this file whose returns are divided."""
+    assigns = [n for stmt in ctx.before(call) for n in ast.walk(stmt)
+               if isinstance(n, ast.Assign) and any(
+                   dotted(t) == name or isinstance(t, ast.Tuple)
+                   and any(dotted(e) == name for e in t.elts) for t in n.targets)]
+    if not assigns:
+        return False
+    value = max(assigns, key=lambda n: n.lineno).value
+    value = value.value if isinstance(value, ast.Await) else value
+    if not isinstance(value, ast.Call):
+        return False
+    callee = last(dotted(value))
+    return any(_returns_divided(f) for f in ctx.nodes
+               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == callee)
+
+
 def _undivided_accumulation(ctx: Context):
     """Accumulation by hand whose `loss.backward()` adds each micro-step's full gradient."""
-    guard = _accumulates(ctx)
-    if guard is None:
-        return
-    mod = next(n for n in ast.walk(guard.test) if isinstance(n, ast.BinOp)
-               and isinstance(n.op, ast.Mod))
-    every = ast.unparse(mod.right)
-    for call in ctx.calls_named("backward"):
-        if call.args or not isinstance(call.func, ast.Attribute) or guard in ctx.ancestors(call):
+    for call, guard in _accumulated_backwards(ctx):
+        if call.args or not isinstance(call.func, ast.Attribute):
             continue  # `accelerator.backward(loss)` / `acc.backward(loss)` divide themselves
         loss = call.func.value
         if isinstance(loss, ast.Call) and last(dotted(loss)) == "scale" and loss.args:
             loss = loss.args[0]  # scaler.scale(loss).backward()
-        if _divided(loss) or (isinstance(loss, (ast.Name, ast.Attribute))
-                              and _divided_before(ctx, dotted(loss), call)):
+        if _divided(loss) or (isinstance(loss, (ast.Name, ast.Attribute)) and (
+                _divided_before(ctx, dotted(loss), call)
+                or _from_dividing_helper(ctx, dotted(loss), call))):
             continue
+        mod = next(n for n in ast.walk(guard.test) if isinstance(n, ast.BinOp)
+                   and isinstance(n.op, ast.Mod))
+        every = ast.unparse(mod.right)
         yield call, (f"(the optimizer steps every `{every}` micro-steps; each backward adds its "
                      f"whole gradient, so the update is `{every}` × the mean's)")
 
 
 def _backward_outside(ctx: Context, loop: ast.For, guard: ast.If) -> bool:
-    """A backward in the loop on every iteration, not only under the step's guard."""
-    return any(guard not in ctx.ancestors(c) and loop in ctx.ancestors(c)
+    """A backward in the loop's own body on every iteration, not only under the guard."""
+    return any(guard not in ctx.ancestors(c) and _loop_of(ctx, c) is loop
                for c in ctx.calls_named("backward"))
 
 

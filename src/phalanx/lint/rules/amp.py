@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, last
+from phalanx.lint.facts import old_torch_fallback
 
 
 def _scalers(ctx: Context) -> set[str]:
@@ -44,9 +45,12 @@ def _scaler_with_bf16(ctx: Context):
 
 
 def _deprecated_amp(ctx: Context):
+    """`torch.cuda.amp.*` — not where it is the fallback for an older torch (`except
+    ImportError/AttributeError:`, a branch of a version or `hasattr` check)."""
     for node in ctx.nodes:
         if isinstance(node, ast.Attribute) and dotted(node) in (
-                "torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"):
+                "torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler") \
+                and not old_torch_fallback(ctx, node):
             yield node, f"(`{dotted(node)}`)"
 
 

@@ -3,14 +3,19 @@
 Also the collectives that do not look like one: the forward of a DDP model (it
 broadcasts buffers) or of an FSDP model (it all-gathers parameters), an FSDP model's
 `state_dict()` and `clip_grad_norm_`, `DTensor.full_tensor()`, DCP's save/load and
-state-dict helpers, ZeRO's `consolidate_state_dict` — directly, or through helper
-functions of this file or of the other files linted with it (`Context.project`)."""
+state-dict helpers, ZeRO's `consolidate_state_dict`, and Phalanx's own `Run` methods
+that run one (RUN_COLLECTIVES) — directly, or through helper functions of this file or
+of the other files linted with it (`Context.project`). A call reaches the helper it
+names: `f()` this file's `f` (a local `gather` is no `dist.gather`), `self.f()` its
+class's `C.f`, `mod.f()` the module imported as `mod` — `torch.save` is torch's. A
+collective after an early `if rank != 0: return` is reachable only on some ranks too."""
 
 from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, Rule, dotted, keyword, last, rank_dependent
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.guards import Guard
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
@@ -22,6 +27,63 @@ DCP_CALLS = {"get_state_dict", "get_model_state_dict", "get_optimizer_state_dict
              "set_state_dict", "set_model_state_dict", "set_optimizer_state_dict", "async_save"}
 WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataParallel": "FSDP",
             "FSDP": "FSDP", "fully_shard": "FSDP"}
+# Phalanx's own `Run` (phalanx.runtime.run): every public method that runs a collective on
+# all ranks, and what it runs (tests/unit/test_lint_patterns_a.py keeps this complete).
+RUN_COLLECTIVES = {
+    "setup": "wraps the model: DDP broadcasts the parameters, FSDP shards them",
+    "full_state_dict": "gathers the whole model's weights",
+    "export": "gathers the weights, then broadcasts rank 0's outcome",
+    "all_reduce": "an all-reduce", "all_reduce_mean": "an all-reduce",
+    "all_reduce_sum": "an all-reduce", "barrier": "a barrier",
+    "log": "all-reduces the metrics", "broadcast": "a broadcast",
+    "gather_objects": "an all-gather", "check_consistency": "compares every rank's replica",
+    "stop_requested": "all-reduces the stop flag", "close": "a barrier, then destroys the group",
+    "save": "a distributed checkpoint: every rank writes its part",
+    "resume": "finds and loads a checkpoint: broadcast and collectives",
+    "load": "loads a distributed checkpoint: collectives",
+    "latest_checkpoint": "broadcasts rank 0's answer",
+    "wait_checkpoint": "commits the background save: collectives",
+    "clip_grad_norm_": "all-reduces the gradient norm",
+    "step": "steps the optimizer: ZeRO broadcasts the updated shards",
+}
+# Its public methods that run no collective (local to the rank).
+RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "end_log", "diagnose_devices",
+             "watch", "beat", "catch_stop_signals", "say_once", "print", "checkpoint_staged",
+             "poll_checkpoint"}
+
+
+def run_receivers(ctx: Context) -> set[str]:
+    """Names holding Phalanx's `Run`: assigned (or `with ... as`) from `phalanx.init(...)`
+    or an `init` imported from phalanx; and `run` in a file that imports phalanx."""
+    found = {"run"} if any(o == "phalanx" or o.startswith("phalanx.")
+                           for o in ctx.imported.values()) else set()
+    for node in ctx.nodes:
+        if isinstance(node, ast.Assign) and _is_init(ctx, node.value):
+            found |= {dotted(t) for t in node.targets}
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None \
+                and _is_init(ctx, node.context_expr):
+            found.add(dotted(node.optional_vars))
+    return found - {""}
+
+
+def _is_init(ctx: Context, value: ast.AST) -> bool:
+    if not isinstance(value, ast.Call):
+        return False
+    name = dotted(value)
+    return name == "phalanx.init" or (name == "init" and ctx.imported.get("init", "")
+                                       .startswith("phalanx"))
+
+
+def run_call(call: ast.Call, runs: set[str]) -> str | None:
+    """"`run.log()` (all-reduces the metrics)" for a collective of Phalanx's `Run`."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in RUN_COLLECTIVES
+            and dotted(func.value) in runs):
+        return None
+    reduce = keyword(call, "reduce")
+    if func.attr == "log" and isinstance(reduce, ast.Constant) and reduce.value is None:
+        return None  # rank 0's own values, no collective
+    return f"`{dotted(func)}()` ({RUN_COLLECTIVES[func.attr]})"
 
 
 def wrapped(ctx: Context) -> dict[str, str]:
@@ -64,12 +126,19 @@ def hidden(call: ast.Call, models: dict[str, str]) -> str | None:
     return None
 
 
+def qualified(ctx: Context, func: ast.AST) -> str:
+    """`f` for a function, `Class.f` for a method (helpers are known by this name)."""
+    owner = ctx.parents.get(func)
+    name = getattr(func, "name", "")
+    return f"{owner.name}.{name}" if isinstance(owner, ast.ClassDef) else name
+
+
 def collective_functions(ctx: Context) -> dict[str, str]:
-    """Functions that (transitively) run a collective → the collective: this file's,
-    and the other linted files' (`ctx.project`) that this file calls."""
-    calls = {n.name: [c for c in ast.walk(n) if isinstance(c, ast.Call)] for n in ctx.nodes
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    models = wrapped(ctx)
+    """Functions that (transitively) run a collective → the collective: this file's
+    (`f`, `Class.method`), and the other linted files' (`ctx.project`) this file sees."""
+    calls = {qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
+             for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    models, runs = wrapped(ctx), run_receivers(ctx)
     found: dict[str, str] = {k: v for k, v in ctx.project.items() if k not in calls}
     changed = True
     while changed:
@@ -78,7 +147,7 @@ def collective_functions(ctx: Context) -> dict[str, str]:
             if name in found:
                 continue
             for call in inside:
-                what = _runs(ctx, call, models, found, inside=name)
+                what = _runs(ctx, call, models, found, inside=name, runs=runs)
                 if what is not None:
                     found[name], changed = what, True
                     break
@@ -86,56 +155,79 @@ def collective_functions(ctx: Context) -> dict[str, str]:
 
 
 def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[str, str],
-          inside: str | None = None) -> str | None:
-    """The collective `call` runs: a named one, a hidden one, or a known helper's (not
-    the function `inside` calling itself)."""
+          inside: str | None = None, runs: set[str] | None = None) -> str | None:
+    """The collective `call` runs: a named one, a hidden one, Phalanx's `Run`'s, or a known
+    helper's (not the function `inside` calling itself)."""
     callee = last(dotted(call))
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
-    what = hidden(call, models)
-    if what is None and callee in helpers and callee != inside and _own(ctx, call):
-        what = helpers[callee] if inside is None else f"{helpers[callee]} (via `{callee}()`)"
+    what = hidden(call, models) or run_call(call, runs if runs is not None
+                                            else run_receivers(ctx))
+    key = helper_key(ctx, call)
+    if what is None and key in helpers and key != inside:
+        what = helpers[key] if inside is None else f"{helpers[key]} (via `{callee}()`)"
     return what
 
 
-def _own(ctx: Context, call: ast.Call) -> bool:
-    """A call that can reach a helper known by name: `f()`, `self.f()`, `cls.f()`, or
-    `module.f()` of an imported module — not `self.other.f()` (another object's `f`)."""
-    if isinstance(call.func, ast.Name):
-        return True
-    receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
-    return isinstance(receiver, ast.Name) and (receiver.id in ("self", "cls")
-                                               or receiver.id in ctx.imported)
+def helper_key(ctx: Context, call: ast.Call) -> str | None:
+    """The helper `call` reaches, by qualified name: `f()` → `f`; `self.f()`/`cls.f()` →
+    the enclosing class's `C.f`; `C.f()` of a class of this file → `C.f`; `mod.f()` of an
+    imported linted module → `mod.f` — never another object's `f`, nor torch's `save`."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if not isinstance(func, ast.Attribute):
+        return None
+    receiver = dotted(func.value)
+    if receiver in ("self", "cls"):
+        owner = next((a for a in ctx.ancestors(call) if isinstance(a, ast.ClassDef)), None)
+        return f"{owner.name}.{func.attr}" if owner is not None else None
+    if isinstance(func.value, ast.Name) and receiver in ctx.defined:
+        return f"{receiver}.{func.attr}"
+    if receiver and receiver.split(".")[0] in ctx.imported:
+        return f"{receiver}.{func.attr}"
+    return None
 
 
 def _is_dist_call(ctx: Context, call: ast.Call) -> bool:
     """`dist.all_reduce(...)`, `torch.distributed.barrier()`, or a bare name imported from
     torch.distributed (or not imported at all: a snippet) — not `functools.reduce`, nor
-    `some_list.reduce` of another library."""
+    `some_list.reduce` of another library, nor a function of this file named `gather`."""
     name = dotted(call)
     if "." not in name:
         origin = ctx.imported.get(name)
-        return origin is None or origin.startswith("torch.distributed")
-    return name.split(".")[-2] in ("dist", "distributed", "run", "accelerator")
+        if origin is None:
+            return name not in ctx.defined
+        return origin.startswith("torch.distributed")
+    return name.split(".")[-2] in ("dist", "distributed", "accelerator")
 
 
 def _rank_only_collective(ctx: Context):
-    if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, "full_tensor", "save", "load",
+    if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
                          "consolidate_state_dict") or ctx.project):
         return
-    helpers, models = collective_functions(ctx), wrapped(ctx)
+    helpers, models, runs = collective_functions(ctx), wrapped(ctx), run_receivers(ctx)
     for call in ctx.calls:
         callee = last(dotted(call))
-        what = _runs(ctx, call, models, helpers)
+        what = _runs(ctx, call, models, helpers, runs=runs)
         if what is None:
             continue
-        cond = ctx.rank_condition(call)
-        if cond is not None and not _other_branch_joins(ctx, call, callee) \
-                and not _paired(ctx, call, cond, callee):
-            test = ast.unparse(cond.test)
-            shown = what if "`" in what else f"`{what}`"
-            yield call, (f"({shown} under `if {test}:` at line {cond.lineno}: the other "
-                         f"ranks never join it)")
+        guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself
+        if guard is None or _other_branch_joins(ctx, call, callee) \
+                or _paired(ctx, call, guard, callee) or _joins_before_exit(guard, callee):
+            continue
+        shown = what if "`" in what else f"`{what}`"
+        yield call, f"({shown} {guard.describe()}: the other ranks never join it)"
+
+
+def _joins_before_exit(guard: Guard, callee: str) -> bool:
+    """`if rank != 0: dist.barrier(); return` … `dist.barrier()`: the ranks that leave
+    join the same collective on their way out."""
+    if guard.kind != "return" or not isinstance(guard.cond, ast.If):
+        return False
+    leaving = guard.cond.orelse if guard.holds else guard.cond.body
+    return any(isinstance(n, ast.Call) and last(dotted(n)) == callee
+               for s in leaving for n in ast.walk(s))
 
 
 def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
@@ -146,7 +238,7 @@ def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
         if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return False
         if isinstance(parent, ast.If) and child is not parent.test and \
-                rank_dependent(parent.test):
+                ctx.rank_dependent(parent.test):
             other = parent.orelse if child in parent.body else parent.body
             if any(isinstance(n, ast.Call) and last(dotted(n)) == callee
                    for s in other for n in ast.walk(s)):
@@ -155,15 +247,20 @@ def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
     return False
 
 
-def _paired(ctx: Context, call: ast.Call, cond: ast.If | ast.IfExp, callee: str) -> bool:
+def _paired(ctx: Context, call: ast.Call, guard: Guard, callee: str) -> bool:
     """"Rank 0 first": `if rank > 0: barrier()` … `if rank == 0: barrier()` — the same
-    collective under another rank condition in the same function: each rank joins one."""
+    collective under another rank condition in the same function (or the other side of
+    the same one: `if rank != 0: barrier(); return` … `barrier()`): each rank joins one."""
     scope = ctx.function_of(call)
     for other in ast.walk(scope):
         if isinstance(other, ast.Call) and other is not call and last(dotted(other)) == callee:
-            theirs = ctx.rank_condition(other)
-            if theirs is not None and theirs is not cond and \
-                    ast.unparse(theirs.test) != ast.unparse(cond.test):
+            theirs = ctx.rank_guard(other, callers=False)
+            if theirs is None:
+                continue
+            if theirs.cond is guard.cond and theirs.holds != guard.holds:
+                return True
+            if theirs.cond is not guard.cond and \
+                    ast.unparse(theirs.test) != ast.unparse(guard.test):
                 return True
     return False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
+from phalanx.lint.facts import distributed, holds
 
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
 
@@ -22,13 +23,59 @@ def _sharded_by_framework(ctx: Context, call: ast.Call) -> bool:
 
 
 def _loader_without_sampler(ctx: Context):
-    if not ctx.distributed:
+    if not distributed(ctx):
         return
     for call in ctx.calls_named("DataLoader"):
         if keyword(call, "sampler") is None and keyword(call, "batch_sampler") is None \
                 and len(call.args) < 4 and ctx.rank_condition(call) is None \
-                and not _sharded_by_framework(ctx, call):
+                and not _sharded_by_framework(ctx, call) \
+                and not _may_unpack(ctx, call, {"sampler", "batch_sampler"}):
             yield call, ""
+
+
+def _may_unpack(ctx: Context, call: ast.Call, keys: set[str]) -> bool:
+    """A `**mapping` of the call may hold one of `keys`: a dict whose keys are all seen
+    (`dict(batch_size=8)`, `{"batch_size": 8}`, assigned once in the function and not
+    changed after) is judged by them; any other mapping may hold anything."""
+    for kw in call.keywords:
+        if kw.arg is not None:
+            continue
+        value: ast.expr | None = kw.value
+        if isinstance(value, ast.Name):
+            value = _only_value(ctx, value.id, ctx.function_of(call))
+        seen = _dict_keys(value) if value is not None else None
+        if seen is None or seen & keys:
+            return True
+    return False
+
+
+def _only_value(ctx: Context, name: str, scope: ast.AST) -> ast.expr | None:
+    """What `name` is bound to in `scope`, when that is one plain assignment and the
+    name is never changed in place (`name[k] = v`, `name.update(...)`)."""
+    values = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and any(dotted(t) == name for t in node.targets):
+            values.append(node.value)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Subscript) and dotted(t.value) == name for t in targets):
+                return None
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                dotted(node.func.value) == name and node.func.attr in ("update", "setdefault"):
+            return None
+        elif isinstance(node, ast.arg) and node.arg == name:
+            return None  # a parameter: the caller's mapping
+    return values[0] if len(values) == 1 else None
+
+
+def _dict_keys(node: ast.expr) -> set[str] | None:
+    """The keys of a dict display or `dict(...)` call, when every one is visible."""
+    if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+        return {str(k.value) for k in node.keys if isinstance(k, ast.Constant)}
+    if isinstance(node, ast.Call) and dotted(node) == "dict" and not node.args and \
+            all(k.arg is not None for k in node.keywords):
+        return {k.arg for k in node.keywords if k.arg is not None}
+    return None
 
 
 def _sampler_and_shuffle(ctx: Context):
@@ -38,7 +85,10 @@ def _sampler_and_shuffle(ctx: Context):
 
 
 def _set_epoch_never_called(ctx: Context):
-    if ctx.mentions("set_epoch"):
+    """DistributedSampler (shuffling) where neither this file nor a linted file connected
+    to it by imports sets an epoch: `sampler.set_epoch(e)`, `loader.sampler.set_epoch(e)`,
+    a helper the sampler or its loader is passed to."""
+    if holds(ctx, "set_epoch"):
         return
     for call in ctx.calls_named("DistributedSampler"):
         if keyword(call, "shuffle") is None or is_true(keyword(call, "shuffle")):
@@ -46,7 +96,7 @@ def _set_epoch_never_called(ctx: Context):
 
 
 def _download_on_every_rank(ctx: Context):
-    if not ctx.distributed:
+    if not distributed(ctx):
         return
     for call in ctx.calls:
         if is_true(keyword(call, "download")) and ctx.rank_condition(call) is None:

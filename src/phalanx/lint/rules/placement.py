@@ -6,6 +6,7 @@ import ast
 from typing import TypeGuard
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.facts import distributed, holds, uses_rpc
 
 
 def _data_parallel(ctx: Context):
@@ -70,13 +71,15 @@ def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
 
 
 def _hard_coded_device(ctx: Context):
-    if not ctx.distributed:
+    """`cuda:N` literals, and `.cuda()` with no device chosen per rank — not in a model
+    driven through RPC (each side places its own tensors) or a one-process test."""
+    if not distributed(ctx) or uses_rpc(ctx):
         return
     for node in ctx.nodes:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 node.value.startswith("cuda:") and node.value[5:].isdigit():
             yield node, f"(`{node.value}`)"
-    has_set_device = ctx.mentions("set_device")
+    has_set_device = holds(ctx, "set_device")
     for call in ctx.calls_named("cuda"):
         if isinstance(call.func, ast.Attribute) and not call.args and not has_set_device \
                 and dotted(call.func.value) != "torch":
@@ -84,7 +87,10 @@ def _hard_coded_device(ctx: Context):
 
 
 def _missing_set_device(ctx: Context):
-    if not (ctx.distributed and ctx.uses_cuda) or ctx.mentions("set_device"):
+    """init_process_group where neither this file nor a linted file connected to it by
+    imports chooses the rank's GPU (`set_device` under any alias, `set_device_index`,
+    `with torch.cuda.device(...)`, a per-rank CUDA_VISIBLE_DEVICES)."""
+    if not (distributed(ctx) and ctx.uses_cuda) or holds(ctx, "set_device"):
         return
     for call in ctx.calls_named("init_process_group"):
         yield call, ""
@@ -106,15 +112,17 @@ def _batch_names(loop: ast.For) -> list[str]:
 
 
 def _partly_moved_batch(ctx: Context):
-    """A loop that moves some of the batch's tensors to the device but not the others."""
+    """A loop that moves some of the batch's tensors to the device but not the others
+    (not in a model driven through RPC: its inputs stay on the CPU by design)."""
+    if uses_rpc(ctx):
+        return
     for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
         names = _batch_names(loop)
         if len(names) < 2:
             continue
         body = [n for stmt in loop.body for n in ast.walk(stmt)]
-        moved = {dotted(n.func.value) for n in body if _moves(n)
-                 and isinstance(n.func, ast.Attribute)}
-        if not moved & set(names):
+        moved = _moved_names(body) & set(names)
+        if not moved:
             continue
         for name in names:
             if name in moved:
@@ -122,8 +130,37 @@ def _partly_moved_batch(ctx: Context):
             use = next((n for n in body if isinstance(n, ast.Name) and n.id == name
                         and _used_as_tensor(ctx, n)), None)
             if use is not None:
-                yield use, (f"(`{', '.join(sorted(moved & set(names)))}` moved to the device, "
+                yield use, (f"(`{', '.join(sorted(moved))}` moved to the device, "
                             f"`{name}` not)")
+
+
+def _moved_names(body: list[ast.AST]) -> set[str]:
+    """Names whose tensors the loop body moves: `x.to(d)`, `x = <anything that moves>`
+    (`batch = {k: v.to(d) for k, v in batch.items()}`), `x[k] = <...moves>` (`for k in
+    batch: batch[k] = batch[k].to(d)`), or `x` given to a helper that says it moves
+    (`to_device(batch, d)`, `move_to(batch, d)`)."""
+    moved = {dotted(n.func.value) for n in body if _moves(n)
+             and isinstance(n.func, ast.Attribute)}
+    for node in body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                moved |= _assigned_moved(target, node.value)
+        if isinstance(node, ast.Call) and any(w in last(dotted(node)).lower()
+                                              for w in ("device", "move")):
+            moved |= {dotted(a) for a in node.args}
+    return moved - {""}
+
+
+def _assigned_moved(target: ast.expr, value: ast.expr) -> set[str]:
+    """The names `target = value` gives a moved tensor: `x, y = x.to(d), y` → {x}."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and \
+            len(target.elts) == len(value.elts):
+        return {n for t, v in zip(target.elts, value.elts) for n in _assigned_moved(t, v)}
+    if not any(_moves(n) for n in ast.walk(value)):
+        return set()
+    while isinstance(target, ast.Subscript):  # batch[k] = batch[k].to(d)
+        target = target.value
+    return {dotted(e) for e in (target.elts if isinstance(target, ast.Tuple) else [target])}
 
 
 def _used_as_tensor(ctx: Context, name: ast.Name) -> bool:
@@ -136,7 +173,7 @@ def _used_as_tensor(ctx: Context, name: ast.Name) -> bool:
 
 
 RULES = [
-    Rule("PX101", "error", "nn.DataParallel: single-process, slower than DDP and not "
+    Rule("PX101", "warning", "nn.DataParallel: single-process, slower than DDP and not "
          "multi-node.", "Use DistributedDataParallel with one process per GPU (torchrun).",
          "model = nn.DataParallel(model)  # <-",
          "model = DDP(model.to(device), device_ids=[local_rank])", _data_parallel),

@@ -6,9 +6,10 @@ rank (LOCAL_RANK) 0…7 on each node. A GPU index is per node: `cuda:9` does not
 A "once per job" action (write a shared checkpoint, open the run's logger) guarded by
 the local rank runs once per node: twice here, on the same files.
 
-What a name holds is read from where it was assigned (`rank = dist.get_rank()`,
-`local_rank = int(os.environ["LOCAL_RANK"])`, `self.rank = ...`); a value taken modulo
-something (`rank % torch.cuda.device_count()`) is not judged.
+What a name holds is read from the assignment reaching its use, per scope (`rank =
+dist.get_rank()`, `local_rank = int(os.environ["LOCAL_RANK"])`, `self.rank = ...`); a
+value taken modulo something (`rank % torch.cuda.device_count()`) is not judged, nor a
+parameter (the caller's value).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import ast
 from collections.abc import Sequence
 from typing import TypeGuard
 
+from phalanx.lint.bindings import reaching
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.guards import call_sites
 
 GLOBAL_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}
 LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}
@@ -38,35 +41,74 @@ def _kind(expr: ast.AST) -> str | None:
     return found
 
 
-def _ranks(ctx: Context) -> dict[str, str]:
-    """Names (and `self.x`) assigned a rank, with its kind; a name assigned both kinds
-    (in different places) is not judged."""
-    kinds: dict[str, set[str]] = {}
-    for node in ctx.nodes:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            kind = _kind(node.value)
-            name = dotted(node.targets[0])
-            if name:
-                kinds.setdefault(name, set()).add(kind or "other")
-    return {name: next(iter(k)) for name, k in kinds.items()
-            if len(k) == 1 and next(iter(k)) != "other"}
+Root = tuple[str, tuple, int]  # (kind, what identifies the wrong value, line it is reached)
 
 
-def _is(expr: ast.AST | None, kind: str, ranks: dict[str, str]) -> TypeGuard[ast.expr]:
-    if isinstance(expr, (ast.Name, ast.Attribute)):
-        return ranks.get(dotted(expr)) == kind
-    return isinstance(expr, ast.Call) and not expr.args and _kind(expr) == kind
+def _rank_kind(ctx: Context, expr: ast.AST | None, use: ast.AST, depth: int = 0) -> Root | None:
+    """(kind, root, anchor) when `expr` at `use` holds a rank of kind 'global'/'local':
+    a call reading it, a name whose reaching assignment reads it (all agreeing, for a
+    module's or class's name), or a parameter every call of its function in this file
+    passes such a rank (the root is then the caller's, anchored at the call)."""
+    scope = ctx.function_of(use)
+    if isinstance(expr, ast.Call) and not expr.args:
+        kind = _kind(expr)
+        return (kind, (id(scope), ast.unparse(expr), expr.lineno), use.lineno) if kind else None
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return None
+    where, found = reaching(ctx, expr, use)
+    if where == "param" and depth < 3 and isinstance(expr, ast.Name):
+        return _passed(ctx, scope, expr.id, depth)
+    kinds = {_kind(value) if value is not None else None for _, value in found}
+    if where in ("local", "outer") and len(kinds) == 1 and None not in kinds:
+        line = min(line for line, _ in found)
+        return next(iter(kinds)), (id(scope), dotted(expr), line), use.lineno  # type: ignore
+    return None
+
+
+def _passed(ctx: Context, func: ast.AST, name: str, depth: int) -> Root | None:
+    """The rank every call of `func` in this file passes as its parameter `name`."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    sites = call_sites(ctx, func)
+    params = [a.arg for a in func.args.posonlyargs + func.args.args]
+    if not sites or name not in params:
+        return None
+    offset = 1 if isinstance(ctx.parents.get(func), ast.ClassDef) else 0  # self
+    roots = []
+    for site in sites:
+        position = params.index(name) - offset
+        arg = keyword(site, name) or (site.args[position] if 0 <= position < len(site.args)
+                                      and not isinstance(site.args[position], ast.Starred)
+                                      else None)
+        root = _rank_kind(ctx, arg, site, depth + 1) if arg is not None else None
+        if root is None:
+            return None
+        roots.append(root)
+    if len({(kind, key) for kind, key, _ in roots}) != 1:
+        return None
+    return roots[0]
+
+
+def _is(ctx: Context, expr: ast.AST | None, kind: str, use: ast.AST) -> TypeGuard[ast.expr]:
+    found = _rank_kind(ctx, expr, use)
+    return found is not None and found[0] == kind
+
+
+DEVICE_SETTERS = {"set_device", "set_device_index"}
 
 
 def _device_indexes(call: ast.Call) -> Sequence[ast.expr | None]:
     """The expressions `call` uses as a GPU index."""
     name = last(dotted(call))
-    if name == "set_device" or (name in ("cuda", "to") and isinstance(call.func, ast.Attribute)):
+    if name in DEVICE_SETTERS or (name in ("cuda", "to") and isinstance(call.func, ast.Attribute)):
         return call.args[:1]
     if name == "device" and len(call.args) == 2:
         return [call.args[1]]
-    if name == "device" and call.args and isinstance(call.args[0], ast.JoinedStr):
-        return [v.value for v in call.args[0].values if isinstance(v, ast.FormattedValue)]
+    if name == "device" and len(call.args) == 1 and not isinstance(call.args[0], ast.Constant):
+        arg = call.args[0]
+        if isinstance(arg, ast.JoinedStr):
+            return [v.value for v in arg.values if isinstance(v, ast.FormattedValue)]
+        return [arg]  # torch.device(i) / torch.cuda.device(i): GPU i
     if name in ("DistributedDataParallel", "DDP"):
         ids = keyword(call, "device_ids")
         out = [keyword(call, "output_device")]
@@ -75,37 +117,55 @@ def _device_indexes(call: ast.Call) -> Sequence[ast.expr | None]:
 
 
 def _global_rank_as_device(ctx: Context):
-    ranks = _ranks(ctx)
+    """One finding per wrong device variable (per scope and assignment, followed into the
+    functions it is passed to), at the use that runs first, naming the others."""
+    causes: dict[tuple, list[tuple[int, int, ast.expr]]] = {}
     for call in ctx.calls:
         for index in _device_indexes(call):
-            if _is(index, "global", ranks):
-                yield index, (f"(`{ast.unparse(index)}` is the global rank: on 2 nodes × 8 GPUs "
-                              f"it reaches 15, and the second node's ranks ask for GPUs 8…15)")
+            found = _rank_kind(ctx, index, call)
+            if found is not None and found[0] == "global":
+                causes.setdefault(found[1], []).append((found[2], index.lineno, index))
+    for uses in causes.values():
+        uses.sort(key=lambda u: (u[0], u[1], u[2].col_offset))
+        first = uses[0][2]
+        others = sorted({u[1] for u in uses[1:]} - {first.lineno})
+        also = f"; also line{'s' if len(others) > 1 else ''} " \
+            f"{', '.join(map(str, others))}" if others else ""
+        yield first, (f"(`{ast.unparse(first)}` is the global rank: on 2 nodes × 8 GPUs it "
+                      f"reaches 15, and the second node's ranks ask for GPUs 8…15{also})"), \
+            tuple(others)
 
 
-def _local_guard(test: ast.AST, ranks: dict[str, str]) -> bool:
-    """`local_rank == 0` / `0 == local_rank` / `not local_rank`."""
+def _local_zero(ctx: Context, test: ast.AST, holds: bool) -> bool:
+    """The code runs where the local rank is 0: `local_rank == 0` / `not local_rank`
+    holding, or `local_rank != 0` / `local_rank > 0` / `local_rank` not holding."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _is(test.operand, "local", ranks)
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
-        left, right = test.left, test.comparators[0]
+        return _local_zero(ctx, test.operand, not holds)
+    if _is(ctx, test, "local", test):
+        return not holds
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
         zero = [s for s in (left, right) if isinstance(s, ast.Constant) and s.value == 0]
-        return bool(zero) and any(_is(s, "local", ranks) for s in (left, right))
+        if not zero or not any(_is(ctx, s, "local", test) for s in (left, right)):
+            return False
+        if isinstance(op, ast.Eq):
+            return holds
+        return isinstance(op, (ast.NotEq, ast.Gt, ast.Lt)) and not holds
     return False
 
 
 def _job_wide_under_local_rank(ctx: Context):
-    ranks = _ranks(ctx)
-    for node in ctx.nodes:
-        if not (isinstance(node, ast.If) and _local_guard(node.test, ranks)):
+    """A job-wide action under a local-rank-0 guard: its own if, an early exit before
+    it, or a guard around every call of its function."""
+    for call in ctx.calls_named(*JOB_WIDE):
+        if last(dotted(call)) == "init" and "wandb" not in dotted(call):
             continue
-        for stmt in node.body:
-            for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
-                if last(dotted(call)) in JOB_WIDE and (last(dotted(call)) != "init"
-                                                       or "wandb" in dotted(call)):
-                    yield call, (f"(`{ast.unparse(node.test)}` holds on one process per node: "
-                                 f"on 2 nodes × 8 GPUs two processes run "
-                                 f"`{last(dotted(call))}` at once)")
+        guard = next((g for g in ctx.rank_guards(call) if _local_zero(ctx, g.test, g.holds)),
+                     None)
+        if guard is not None:
+            yield call, (f"(`{ast.unparse(guard.test)}` at line {guard.line} holds on one "
+                         f"process per node: on 2 nodes × 8 GPUs two processes run "
+                         f"`{last(dotted(call))}` at once)")
 
 
 RULES = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
+from phalanx.lint.facts import distributed, holds, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
 
 # DistributedDataParallel's keywords, torch 2.6 to 2.13.
@@ -29,7 +30,10 @@ def _hard_coded_master(ctx: Context):
 
 
 def _no_destroy(ctx: Context):
-    if ctx.mentions("destroy_process_group"):
+    """init_process_group where neither this file nor a linted file connected to it by
+    imports destroys the group (called, or registered: `atexit.register(dist.destroy_
+    process_group)`); not for a fake one-process group of a test."""
+    if holds(ctx, "destroy") or single_process(ctx):
         return
     for call in ctx.calls_named("init_process_group"):
         yield call, ""
@@ -71,7 +75,7 @@ def _reduces(ctx: Context, scope: ast.AST, helpers: dict[str, str]) -> bool:
 
 
 def _rank0_metrics(ctx: Context):
-    if not ctx.distributed:
+    if not distributed(ctx):
         return
     helpers = collective_functions(ctx)
     for call in ctx.calls_named(*LOGGERS):

@@ -1,0 +1,87 @@
+"""Which assignment of a name reaches a use of it, per scope: the last binding on the use's
+path in its function; else (when the name is not a parameter there) the module's
+bindings, or for `self.x` the class's. A value of None: bound by something other than a
+plain assignment (a loop target, `with ... as`, `x += ...`, an unpacked call result)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+
+from phalanx.lint.engine import Context, dotted
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+Binding = tuple[int, ast.expr | None]  # (line, the value bound, if known)
+
+
+def _bound(target: ast.AST, value: ast.AST | None, name: str) -> tuple[bool, ast.expr | None]:
+    """(whether `target = value` binds `name`, the value it binds it to if known)."""
+    if dotted(target) == name and isinstance(target, (ast.Name, ast.Attribute)):
+        return True, value if isinstance(value, ast.expr) else None
+    if isinstance(target, (ast.Tuple, ast.List)):
+        values: list = value.elts if isinstance(value, (ast.Tuple, ast.List)) \
+            and len(value.elts) == len(target.elts) else [None] * len(target.elts)
+        for t, v in zip(target.elts, values):
+            binds, bound = _bound(t, v, name)
+            if binds:
+                return True, bound
+    if isinstance(target, ast.Starred):
+        return _bound(target.value, None, name)
+    return False, None
+
+
+def _pairs(node: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
+    if isinstance(node, ast.Assign):
+        return [(t, node.value) for t in node.targets]
+    if isinstance(node, (ast.AnnAssign, ast.NamedExpr)):
+        return [(node.target, node.value)]
+    if isinstance(node, ast.AugAssign):
+        return [(node.target, None)]
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [(node.target, None)]
+    if isinstance(node, ast.withitem) and node.optional_vars is not None:
+        return [(node.optional_vars, None)]
+    return []
+
+
+def bindings(stmts: Sequence[ast.AST], name: str) -> list[Binding]:
+    """Every binding of `name` inside `stmts` (nested functions and classes excluded)."""
+    found: list[Binding] = []
+    todo = list(stmts)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (*FUNCTIONS, ast.Lambda, ast.ClassDef)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        for target, value in _pairs(node):
+            binds, bound = _bound(target, value, name)
+            if binds:
+                line = getattr(node, "lineno", getattr(target, "lineno", 0))
+                found.append((line, bound))
+    return found
+
+
+def parameters(scope: ast.AST) -> set[str]:
+    if not isinstance(scope, FUNCTIONS):
+        return set()
+    return {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+
+
+def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Binding]]:
+    """('local', [the last binding on `use`'s path]) when its function binds the name
+    before it; ('param', []) when the name is a parameter not rebound; ('outer', every
+    module-level binding, or for `self.x` every binding of it in the class); ('none', [])."""
+    name = dotted(expr)
+    here = bindings(ctx.before(use), name)
+    if here:
+        return "local", [max(here, key=lambda b: b[0])]
+    scope = ctx.function_of(use)
+    if isinstance(expr, ast.Name):
+        if name in parameters(scope):
+            return "param", []
+        outer = bindings(list(ctx.tree.body), name)
+    else:
+        owner = next((a for a in ctx.ancestors(use) if isinstance(a, ast.ClassDef)), ctx.tree)
+        outer = [b for f in ast.walk(owner) if isinstance(f, FUNCTIONS)
+                 for b in bindings(f.body, name)]
+    return ("outer", outer) if outer else ("none", [])

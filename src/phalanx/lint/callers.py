@@ -1,0 +1,97 @@
+"""Calls of a linted file's module-level functions from the other linted files, with the
+rank guard each call runs under: `save_hf_format` of `utils.py` called only under
+`if args.global_rank == 0:` in every `main.py` runs on rank 0 only (`Context.external`,
+read by lint.guards.caller_guards). Conservative: a function passed by name, imported
+with `*`, or named in a file that could not be analysed has an unknown caller."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from phalanx.lint.engine import Context, dotted
+from phalanx.lint.guards import Guard
+
+IMPORT = re.compile(r"^\s*(?:from\s+\.*([\w.]+)\s+import|import\s+([\w.]+))", re.M)
+Site = tuple[Guard | None, str]  # (the guard the call runs under, "main.py:389")
+UNKNOWN: Site = (None, "")
+WORD = re.compile(r"\w+")
+
+
+def _importers(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[str]]:
+    """File → the linted files that import it (read from the text)."""
+    found: dict[str, set[str]] = {}
+    for name, text in texts.items():
+        for a, b in IMPORT.findall(text):
+            target = suffixes.get(a or b)
+            if target is not None and target != name:
+                found.setdefault(target, set()).add(name)
+    return found
+
+
+def _target(ctx: Context, node: ast.AST, suffixes: dict[str, str], file: str) -> str | None:
+    """The function of `file` that `node` (a name or `module.name`) names in `ctx`."""
+    if isinstance(node, ast.Name) and node.id in ctx.imported:
+        module, _, name = ctx.imported[node.id].rpartition(".")
+        return name if module and suffixes.get(module) == file else None
+    if isinstance(node, ast.Attribute):
+        receiver = dotted(node.value)
+        root = receiver.split(".")[0]
+        if root in ctx.imported:
+            module = ctx.imported[root] if receiver == root else receiver
+            return node.attr if suffixes.get(module) == file else None
+    return None
+
+
+def _sites(ctx: Context, file: str, suffixes: dict[str, str]) -> dict[str, list[Site]]:
+    found: dict[str, list[Site]] = {}
+    if any(local == "*" and suffixes.get(o.rpartition(".")[0]) == file
+           for local, o in ctx.imported.items()):
+        return {"*": [UNKNOWN]}
+    for node in ctx.nodes:
+        if not isinstance(node, (ast.Name, ast.Attribute)) or \
+                not isinstance(node.ctx, ast.Load):
+            continue
+        name = _target(ctx, node, suffixes, file)
+        if name is None:
+            continue
+        parent = ctx.parents.get(node)
+        if isinstance(parent, ast.Call) and parent.func is node:
+            guard = ctx.rank_guard(parent)
+            where = f"{Path(ctx.path).name}:{parent.lineno}"
+            found.setdefault(name, []).append(
+                (Guard(guard.cond, guard.holds, "caller", "", where) if guard else None,
+                 where))
+        elif not isinstance(parent, ast.Attribute):  # passed by name: called anywhere
+            found.setdefault(name, []).append(UNKNOWN)
+    return found
+
+
+def external_callers(texts: dict[str, str], suffixes: dict[str, str],
+                     contexts: dict[str, Context | None],
+                     parse: Callable[[str, str], Context | None]) -> dict[str, dict]:
+    """File → function name → its call sites in the other linted files. `contexts` is
+    filled with the importers parsed here (the lint reuses them)."""
+    result: dict[str, dict[str, list[Site]]] = {}
+    words: dict[str, set[str]] = {}  # each file's identifiers, read once when needed
+    for file, importers in _importers(texts, suffixes).items():
+        seen: dict[str, list[Site]] = {}
+        for other in sorted(importers):
+            if other not in contexts:
+                contexts[other] = parse(other, texts[other])
+            ctx = contexts[other]
+            if ctx is None:
+                continue  # named in its text: unknown, below
+            for name, sites in _sites(ctx, file, suffixes).items():
+                seen.setdefault(name, []).extend(sites)
+        analysed = {o for o in importers if contexts.get(o) is not None} | {file}
+        for f in texts.keys() - analysed if seen else ():
+            if f not in words:
+                words[f] = set(WORD.findall(texts[f]))
+            for name in seen.keys() & words[f]:
+                seen[name].append(UNKNOWN)
+        if seen:
+            result[file] = seen
+    return result
