@@ -18,16 +18,16 @@ import sys
 from phalanx.cluster import protocol
 
 
-def _patch_init(watch: bool) -> None:
+def _patch_init(watch: bool) -> list:
     """Wrap `torch.distributed.init_process_group` for the script: under Phalanx's agent an
     env:// init meets in this restart attempt's own key space (`attempt_store`: after a
     restart the agent's store still holds the dead ranks' addresses); with `watch`, the
-    hang watchdog starts as soon as it returns."""
+    hang watchdog starts as soon as it returns (the list returned holds it then)."""
     import torch.distributed as dist
 
     from phalanx.hang.watchdog import start_watchdog
 
-    original = dist.init_process_group
+    original, dogs = dist.init_process_group, []
 
     def init_process_group(*args, **kwargs):
         if protocol.phalanx_worker() and len(args) <= 1 and kwargs.get("store") is None \
@@ -35,12 +35,13 @@ def _patch_init(watch: bool) -> None:
             kwargs.update(_attempt_rendezvous(kwargs.get("timeout")))
         result = original(*args, **kwargs)
         if watch:
-            start_watchdog(dist.get_rank(), dist.get_world_size(), hang_timeout(),
-                           os.environ.get(protocol.HANG_REPORT_DIR))
+            dogs.append(start_watchdog(dist.get_rank(), dist.get_world_size(),
+                                       hang_timeout(), os.environ.get(protocol.HANG_REPORT_DIR)))
             os.environ[protocol.WATCHED] = "1"  # phalanx.init in the script: no second one
         return result
 
     dist.init_process_group = init_process_group
+    return dogs
 
 
 def _attempt_rendezvous(timeout) -> dict:
@@ -77,30 +78,56 @@ def run_script(script: str, args: list[str], watch: bool = True) -> None:
     uncaught error is recorded for the agent; under quiet ranks its traceback goes to this
     rank's log only (the launcher shows it once) and the process exits with 1 (2: a
     Phalanx usage error)."""
-    _patch_init(watch)
+    dogs = _patch_init(watch)
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     from phalanx.cluster.protocol import record_for_agent
+    from phalanx.cluster.ranklogs import rank_log
     from phalanx.errors import UserError
     from phalanx.hang.mismatch import explain
 
     try:
         runpy.run_path(script, run_name="__main__")
+        _finished(dogs)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            _finished(dogs)
+        raise
     except KeyboardInterrupt as exc:  # Ctrl-C: the launcher says it once (exit 130)
         if _uncaught_into_log(exc):
             raise SystemExit(130) from None
         raise
     except Exception as exc:  # for the launcher's account: where each rank failed
-        plain = explain(exc)
+        plain = explain(exc) or _ended_early(exc, dogs)
         if plain is None:
             record_for_agent(exc)
             if _uncaught_into_log(exc):  # the launcher shows it once
                 raise SystemExit(2 if isinstance(exc, UserError) else 1) from None
             raise
-        _uncaught_into_log(exc)
+        if _uncaught_into_log(exc):  # the whole message in this rank's log too
+            with rank_log() as log:
+                print(f"phalanx: error: {plain}", file=log, flush=True)
         if not record_for_agent(plain):
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+
+
+def _finished(dogs: list) -> None:
+    for dog in dogs:
+        dog.finished()
+
+
+def _ended_early(exc: BaseException, dogs: list):
+    """A `DistributedError` saying "uneven inputs" when this rank lost a peer in a
+    collective because the peer's script had returned; None otherwise."""
+    from phalanx.hang.mismatch import PEER_LOST
+    from phalanx.hang.uneven import ended_early
+
+    if not dogs or not isinstance(exc, RuntimeError) or \
+            not any(m in str(exc) for m in PEER_LOST):
+        return None
+    done = dogs[0].finished_ranks(wait=2.0)
+    return ended_early(exc, dogs[0].rank, done, dogs[0].beat_state) if done else None
 
 
 def _uncaught_into_log(exc: BaseException) -> bool:

@@ -4,21 +4,29 @@ collective the others wait in, and the most likely cause."""
 from __future__ import annotations
 
 from phalanx.hang.stacks import Activity, Frame, describe, is_user, short
+from phalanx.hang.uneven import find_uneven, finished_cause, uneven_cause
 
 FIX_RANK_ONLY = ("Run the collective on every rank and keep only the printing/saving "
                  "under the rank condition (see `phalanx lint`, PX301).")
 
 
 def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
-                 timeout: float, world_size: int) -> tuple[str, str]:
-    """(the full report, a one-line summary) from every rank's main-thread stack."""
-    acts = {r: describe(s) for r, s in stacks.items() if s is not None}
+                 timeout: float, world_size: int,
+                 wrappers: dict[int, frozenset[str]] | None = None,
+                 finished: dict[int, dict] | None = None) -> tuple[str, str]:
+    """(the full report, a one-line summary) from every rank's main-thread stack;
+    `wrappers`: each rank's live torch wrappers (see stacks.live_wrappers); `finished`:
+    the ranks whose script returned, with their counts (Watchdog.finished_ranks)."""
+    wrappers, finished = wrappers or {}, finished or {}
+    acts = {r: describe(s, wrappers.get(r)) for r, s in stacks.items() if s is not None}
     silent = sorted(r for r, s in stacks.items() if s is None)
     lines = [f"phalanx: the job is hung: no rank made progress for {timeout:g} s "
              f"({world_size} ranks).", ""]
     for r in range(world_size):
-        lines.append(_rank_line(r, acts.get(r), beats.get(r)))
-    cause = likely_cause(acts, silent, world_size)
+        line = _rank_line(r, acts.get(r), beats.get(r))
+        lines.append(line if r not in finished or r in acts else
+                     f"  rank {r}: finished the script (it has exited)")
+    cause = likely_cause(acts, silent, world_size, beats, finished)
     lines += ["", f"Most likely cause: {cause}"]
     lines += ["", "Stacks (user code, outermost first):"]
     for r in sorted(acts):
@@ -42,7 +50,15 @@ def _rank_line(rank: int, act: Activity | None, beat: dict | None) -> str:
     return f"  rank {rank}: {what}{act.context()}{hb}"
 
 
-def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int) -> str:
+def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int,
+                 beats: dict[int, dict] | None = None,
+                 finished: dict[int, dict] | None = None) -> str:
+    finished = finished or {}
+    if silent and set(silent) <= set(finished):
+        done = {r: finished[r] for r in silent}
+        cause = finished_cause(done, acts, beats or {})
+        if cause:
+            return cause
     if silent:
         return (f"rank(s) {', '.join(map(str, silent))} did not answer: a process that died "
                 f"or is stuck outside Python; the others wait for it.")
@@ -63,8 +79,11 @@ def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int) 
         others = [q for q in range(world_size) if q not in same]
         elsewhere = "; ".join(f"rank {q} is {_where(acts[q])}" for q in others)
         return (f"rank(s) {', '.join(map(str, same))} are in {act.collective} at "
-                f"{act.where()}, reached only under {act.condition}; {elsewhere} — they never "
-                f"join it. {FIX_RANK_ONLY}")
+                f"{act.where()}{act.called_from()}, reached only under {act.condition}; "
+                f"{elsewhere} — they never join it. {FIX_RANK_ONLY}")
+    uneven = find_uneven(acts)
+    if uneven is not None:
+        return uneven_cause(uneven, acts, beats or {})
     parts = "; ".join(f"rank(s) {', '.join(map(str, ranks))} {_where(acts[ranks[0]])}"
                       for ranks in groups.values())
     return (f"the ranks are in different places: {parts}. Every rank must call the same "

@@ -15,8 +15,8 @@ import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from phalanx.hang.collectives import module_called, name_collective, phase
 from phalanx.lint.engine import Context
-from phalanx.lint.rules.collectives import COLLECTIVES
 
 _TORCH = os.sep + "torch" + os.sep
 _INTERNAL = tuple(os.sep + os.path.join("phalanx", d) + os.sep
@@ -41,6 +41,14 @@ class Activity:
     site: Frame | None  # the innermost user frame
     chain: list[str] = field(default_factory=list)  # user functions, outermost first
     condition: str | None = None  # "`if is_main():` at train.py:145"
+    user: list[Frame] = field(default_factory=list)  # the user frames, outermost first
+
+    def called_from(self) -> str:
+        """` (called from train.py:32)`: the user frame that called the innermost one."""
+        if len(self.user) < 2:
+            return ""
+        caller = self.user[-2]
+        return f" (called from {short(caller.file)}:{caller.line})"
 
     def where(self) -> str:
         if self.site is None:
@@ -62,12 +70,48 @@ def main_frame():
     return sys._current_frames().get(ident) if ident is not None else None
 
 
-def main_thread_stack() -> list[Frame]:
-    frame = main_frame()
-    if frame is None:
-        return []
+def _frames(frame) -> list[Frame]:
     return [Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
             for f in traceback.extract_stack(frame)]
+
+
+def main_thread_stack() -> list[Frame]:
+    frame = main_frame()
+    return [] if frame is None else _frames(frame)
+
+
+def rank_stack() -> list[Frame]:
+    """The main thread's stack; when it waits in autograd's engine, followed by the frames
+    of a thread in torch.distributed (on a GPU, autograd runs FSDP's backward hooks on its
+    device thread while the main thread waits in `_engine_run_backward`)."""
+    import threading
+
+    stack = main_thread_stack()
+    if not stack or stack[-1].function not in ("_engine_run_backward", "run_backward"):
+        return stack
+    main, me = threading.main_thread().ident, threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        if ident in (main, me):
+            continue
+        other = _frames(frame)
+        if any(_TORCH in f.file and "distributed" in f.file for f in other):
+            return stack + other
+    return stack
+
+
+# torch's wrappers, by class name, that tell a backward's collective apart
+WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "FSDPModule",
+            "ZeroRedundancyOptimizer")
+
+
+def live_wrappers() -> list[str]:
+    """The torch wrapper classes with an instance alive in this process (one pass over
+    the garbage collector's objects: only when a hang is reported)."""
+    import gc
+
+    kinds = {type(obj) for obj in gc.get_objects()}
+    return sorted({c.__name__ for kind in kinds for c in kind.__mro__
+                   if c.__name__ in WRAPPERS})
 
 
 def short(path: str) -> str:
@@ -80,23 +124,12 @@ def is_user(frame: Frame) -> bool:
         and not frame.file.startswith("<")
 
 
-def _collective(stack: list[Frame]) -> str | None:
-    for frame in reversed(stack):
-        if _TORCH in frame.file and "distributed" in frame.file and \
-                frame.function in COLLECTIVES:
-            return frame.function
-    names = {(f.function, os.path.basename(f.file)) for f in stack if _TORCH in f.file}
-    if any(name in ("backward", "_engine_run_backward") for name, _ in names):
-        return "backward (DDP all-reduces gradients in it)"
-    if ("forward", "distributed.py") in names or ("_pre_forward", "distributed.py") in names:
-        return "DDP forward (buffer broadcast)"
-    return None
-
-
-def describe(stack: list[Frame]) -> Activity:
+def describe(stack: list[Frame], wrappers: frozenset[str] | None = None) -> Activity:
+    """Where the rank is; `wrappers`: the torch wrapper classes alive in its process
+    (see `live_wrappers`; None: not known)."""
     user = [f for f in stack if is_user(f)]
-    activity = Activity(_collective(stack), user[-1] if user else None,
-                        [f.function for f in user if f.function != "<module>"])
+    activity = Activity(_named(stack, user, wrappers), user[-1] if user else None,
+                        [f.function for f in user if f.function != "<module>"], user=user)
     for frame in reversed(user):  # the innermost rank condition on the way
         cond = rank_condition_at(frame.file, frame.line)
         if cond:
@@ -104,6 +137,23 @@ def describe(stack: list[Frame]) -> Activity:
             activity.condition = f"`if {test}:` at {short(frame.file)}:{cond[1]}"
             break
     return activity
+
+
+def _named(stack: list[Frame], user: list[Frame], wrappers) -> str | None:
+    """The collective's name, with the module whose forward runs it when the call line
+    names one ("FSDP all-gather in the forward of `model`")."""
+    name = name_collective(stack, wrappers)
+    if name and name.endswith("in the forward") and user and phase(stack) == "forward":
+        module = module_called(user[-1].code or _source_line(user[-1]))
+        if module:
+            name += f" of `{module}`"
+    return name
+
+
+def _source_line(frame: Frame) -> str:
+    import linecache
+
+    return linecache.getline(frame.file, frame.line).strip()
 
 
 @lru_cache(maxsize=64)

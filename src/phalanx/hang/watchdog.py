@@ -15,6 +15,7 @@ every rank for its stack, writes the report and stops the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.protocol import record_for_agent
@@ -30,7 +32,7 @@ from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang.crash import CrashRecorder
 from phalanx.hang.report import build_report
-from phalanx.hang.stacks import Frame, main_frame, main_thread_stack
+from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
 from phalanx.paths import HANG_REPORT
 
 HANG_EXIT_CODE = 3
@@ -42,6 +44,7 @@ class Beat:
     step: int = -1
     phase: str = "start"
     at: float = 0.0  # time.monotonic() of the last progress
+    optimizer_steps: int = 0  # torch optimizers' `step()` calls in this process
 
 
 class Watchdog:
@@ -57,6 +60,7 @@ class Watchdog:
         self._answered = False
         self._stop = threading.Event()
         self.crashes: CrashRecorder | None = None  # from start_watchdog
+        self.hook: Any = None  # the optimizer step hook's handle, from start_watchdog
         self._thread = threading.Thread(target=self._loop, name="phalanx-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
@@ -65,9 +69,40 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
         if self.crashes is not None:
             self.crashes.close()
             self.crashes = None
+
+    def count_optimizer_step(self, *_) -> None:
+        """A global optimizer step hook: how many steps this rank took, for a report of
+        uneven inputs in a script that reports no steps itself."""
+        self.beat_state.optimizer_steps += 1
+
+    def finished(self) -> None:
+        """The script returned on this rank: say so in the store, with its counts, for a
+        peer still in a collective to tell uneven inputs from a crash."""
+        b = self.beat_state
+        with contextlib.suppress(Exception):  # the store is gone: the job is ending
+            self.store.set(f"done/{self.rank}", json.dumps(
+                {"step": b.step, "optimizer_steps": b.optimizer_steps}))
+
+    def finished_ranks(self, wait: float = 0.0) -> dict[int, dict]:
+        """The other ranks whose script returned (see `finished`): rank → its counts,
+        waiting up to `wait` seconds for one."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                done = {r: json.loads(self.store.get(f"done/{r}"))
+                        for r in range(self.world_size)
+                        if r != self.rank and self.store.check([f"done/{r}"])}
+            except Exception:  # the store is gone
+                return {}
+            if done or time.monotonic() >= deadline:
+                return done
+            time.sleep(0.1)
 
     def beat(self, step: int | None = None, phase: str | None = None) -> None:
         """Record progress (cheap: no I/O; the thread publishes it)."""
@@ -94,11 +129,11 @@ class Watchdog:
         self._seq += 1
         self.store.set(f"hb/{self.rank}", json.dumps({
             "step": b.step, "phase": b.phase, "idle": time.monotonic() - b.at,
-            "seq": self._seq, "pid": os.getpid(), "host": socket.gethostname()}))
+            "seq": self._seq, "pid": os.getpid(), "host": socket.gethostname(),
+            "optimizer_steps": b.optimizer_steps}))
         if not self._answered and self.store.check(["dump"]):
             self._answered = True
-            stack = [f.__dict__ for f in main_thread_stack()]
-            self.store.set(f"stack/{self.rank}", json.dumps(stack))
+            self.store.set(f"stack/{self.rank}", _stack_answer())
             self._await_abort()
         if self.store.check(["abort"]):
             self._exit(report=None)
@@ -147,8 +182,10 @@ class Watchdog:
 
     def _report_and_exit(self, beats: dict[int, dict]) -> None:
         self.store.set("dump", "1")
-        stacks = self._collect_stacks(deadline=time.monotonic() + max(5.0, 3 * self.poll))
-        text, summary = build_report(stacks, beats, self.timeout, self.world_size)
+        stacks, wrappers = self._collect_stacks(
+            deadline=time.monotonic() + max(5.0, 3 * self.poll))
+        text, summary = build_report(stacks, beats, self.timeout, self.world_size, wrappers,
+                                     finished=self.finished_ranks())
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -159,19 +196,21 @@ class Watchdog:
         print(text, file=sys.stderr, flush=True)
         self._exit(report=f"{summary} Full report: {path}")
 
-    def _collect_stacks(self, deadline: float) -> dict[int, list[Frame] | None]:
+    def _collect_stacks(self, deadline: float) -> tuple[dict, dict]:
+        """Every rank's stack (None: no answer) and its live torch wrappers."""
         if not self._answered:  # our own, directly
             self._answered = True
-            self.store.set(f"stack/{self.rank}", json.dumps(
-                [f.__dict__ for f in main_thread_stack()]))
+            self.store.set(f"stack/{self.rank}", _stack_answer())
         stacks: dict[int, list[Frame] | None] = {}
+        wrappers: dict[int, frozenset[str]] = {}
         while time.monotonic() < deadline and len(stacks) < self.world_size:
             for r in range(self.world_size):
                 if r not in stacks and self.store.check([f"stack/{r}"]):
                     raw = json.loads(self.store.get(f"stack/{r}"))
-                    stacks[r] = [Frame(**f) for f in raw]
+                    stacks[r] = [Frame(**f) for f in raw["frames"]]
+                    wrappers[r] = frozenset(raw["wrappers"])
             time.sleep(0.1)
-        return {r: stacks.get(r) for r in range(self.world_size)}
+        return {r: stacks.get(r) for r in range(self.world_size)}, wrappers
 
     def _await_abort(self) -> None:
         """A hang is being reported: the job is ending. Wait for the reporter to go first
@@ -194,6 +233,11 @@ class Watchdog:
         else:
             time.sleep(0.5)
         os._exit(HANG_EXIT_CODE)
+
+
+def _stack_answer() -> str:
+    return json.dumps({"frames": [f.__dict__ for f in rank_stack()],
+                       "wrappers": live_wrappers()})
 
 
 def _silence_stderr() -> None:
@@ -239,4 +283,7 @@ def start_watchdog(rank: int, world_size: int, timeout: float,
     dog = Watchdog(job_store(world_size), rank, world_size, timeout, report_dir)
     dog.crashes = CrashRecorder(dog.report_dir, rank)
     atexit.register(dog.stop)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    dog.hook = register_optimizer_step_post_hook(dog.count_optimizer_step)
     return dog.start()

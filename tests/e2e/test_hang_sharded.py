@@ -1,0 +1,210 @@
+"""Hang reports that name the collective behind the call, on 2 gloo ranks under `phalanx
+watch`: an FSDP2 model evaluated only on rank 0 between epochs, DDP with one batch more
+on rank 1 (uneven inputs), ZeroRedundancyOptimizer.consolidate_state_dict only on rank 0,
+and a DDP forward (its bucket rebuild) only on rank 0. Each report must come within the
+timeout + 10 s of the last rank's last progress (each script marks the time just before
+its blocking call; the report file's time is when it came)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from test_hang import watch
+
+TIMEOUT = 4
+MARK = '''import time
+import torch
+import torch.distributed as dist
+
+
+def mark(rank):  # the test times the report from the last rank's last mark
+    with open(f"mark-rank{rank}", "w") as f:
+        f.write(str(time.time()))
+
+
+'''
+
+FSDP2_EVAL_ON_RANK_0 = MARK + '''from torch.distributed.fsdp import fully_shard
+
+from evaluation import evaluate
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+for layer in (model[0], model[2]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for step in range(2):
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    mark(rank)
+    if rank == 0:
+        print("eval loss", evaluate(model, torch.randn(4, 8)))
+    dist.barrier()
+dist.destroy_process_group()
+'''
+
+EVALUATION = '''import torch
+
+
+def evaluate(model, batch):
+    with torch.no_grad():
+        return model(batch).sum().item()
+'''
+
+DDP_UNEVEN = MARK + '''from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = [torch.randn(4, 8) for _ in range(3 + rank)]  # rank 1 has one batch more
+for batch in batches:
+    mark(rank)
+    loss = model(batch).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+mark(rank)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+ZERO_CONSOLIDATE_ON_RANK_0 = MARK + '''from torch.distributed.optim import ZeroRedundancyOptimizer
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+
+
+def save_checkpoint(optimizer):
+    optimizer.consolidate_state_dict(to=0)
+    torch.save(optimizer.state_dict(), "opt.pt")
+
+
+for step in range(2):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+mark(rank)
+if rank == 0:
+    save_checkpoint(opt)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+DDP_FORWARD_ON_RANK_0 = MARK + '''from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                          torch.nn.Linear(16, 4))
+model = DDP(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(4, 8)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    mark(rank)
+    if rank == 0:
+        print("probe", model(torch.randn(4, 8)).mean().item())
+    dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def _at(source: str, text: str) -> str:
+    """`train.py:N`, the first line of `source` that contains `text`."""
+    return f"train.py:{next(i for i, line in enumerate(source.splitlines(), 1) if text in line)}"
+
+
+def _hang(tmp_path: Path, source: str, **files: str) -> tuple[str, str]:
+    """Run `source` as train.py on 2 ranks; (the report, stderr), with the timing
+    checked."""
+    (tmp_path / "train.py").write_text(source)
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    started = time.monotonic()
+    proc = watch(tmp_path / "train.py", "--hang-timeout-s", str(TIMEOUT), cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    path = tmp_path / "hang-report.txt"
+    report = path.read_text()
+    stuck = max(float((tmp_path / f"mark-rank{r}").read_text()) for r in (0, 1))
+    assert path.stat().st_mtime - stuck < TIMEOUT + 10, (path.stat().st_mtime - stuck, report)
+    assert elapsed < 60, elapsed
+    return report, proc.stderr
+
+
+def test_fsdp2_evaluated_on_rank_0_names_the_all_gather_and_the_condition(tmp_path):
+    src = FSDP2_EVAL_ON_RANK_0
+    report, stderr = _hang(tmp_path, src, evaluation=EVALUATION)
+    cause = (f"rank(s) 0 are in FSDP all-gather in the forward of `model` at evaluation.py:6 "
+             f"in evaluate() (called from {_at(src, 'evaluate(model')}), reached only under "
+             f"`if rank == 0:` at {_at(src, 'if rank == 0')}; rank 1 is in barrier at "
+             f"{_at(src, 'barrier()')} in <module>() — they never join it.")
+    assert f"Most likely cause: {cause}" in report, report
+    assert cause in stderr
+    assert "DDP" not in report
+
+
+def test_uneven_inputs_with_ddp_say_who_ran_more_and_the_fix(tmp_path):
+    src = DDP_UNEVEN
+    report, _ = _hang(tmp_path, src)
+    backward = _at(src, "loss.backward()")
+    assert f"rank 1: in DDP gradient all-reduce in the backward at {backward}" in report
+    assert (f"Most likely cause: uneven inputs: rank 0 left the loop at "
+            f"{_at(src, 'for batch in')} and is in barrier at {_at(src, 'barrier()')} in "
+            f"<module>(), while rank 1 is still in it, in DDP gradient all-reduce in the "
+            f"backward at {backward} in <module>() — the ranks ran a different number of "
+            f"iterations and rank 1 ran more (optimizer steps taken: rank 0: 3, rank 1: 3; "
+            f"rank 1 is in iteration 4).") in report, report
+    assert "drop_last=True" in report and "torch.distributed.algorithms.Join" in report
+
+
+def test_zero_consolidate_state_dict_on_rank_0_only_is_named(tmp_path):
+    src = ZERO_CONSOLIDATE_ON_RANK_0
+    report, _ = _hang(tmp_path, src)
+    assert (f"Most likely cause: rank(s) 0 are in ZeroRedundancyOptimizer.consolidate_state_"
+            f"dict's broadcast of optimizer state at {_at(src, 'consolidate_state_dict(')} in "
+            f"save_checkpoint() (called from {_at(src, 'save_checkpoint(opt)')}), reached only "
+            f"under `if rank == 0:` at {_at(src, 'if rank == 0')}; rank 1 is in barrier at "
+            f"{_at(src, 'barrier()')} in <module>()") in report, report
+
+
+def test_a_ddp_forward_on_rank_0_only_names_the_bucket_rebuild(tmp_path):
+    src = DDP_FORWARD_ON_RANK_0
+    report, _ = _hang(tmp_path, src)
+    assert (f"Most likely cause: rank(s) 0 are in DDP bucket rebuild (broadcast) in the "
+            f"forward of `model` at {_at(src, 'probe')} in <module>(), reached only under "
+            f"`if rank == 0:` at {_at(src, 'if rank == 0')}; rank 1 is in barrier at "
+            f"{_at(src, 'barrier()')}") in report, report
+
+
+DDP_UNEVEN_TO_THE_END = DDP_UNEVEN.replace("mark(rank)\ndist.barrier()\n", "")
+
+
+def test_uneven_inputs_to_the_script_end_are_named_by_the_rank_left_behind(tmp_path):
+    """gloo fails the longer rank's all-reduce at once when the other rank's script ends
+    ("Connection closed by peer"): that rank's error says uneven inputs, not a crash."""
+    src = DDP_UNEVEN_TO_THE_END
+    (tmp_path / "train.py").write_text(src)
+    proc = watch(tmp_path / "train.py", "--hang-timeout-s", str(TIMEOUT), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert (f"uneven inputs: rank 0 finished the script while rank 1 was still in DDP "
+            f"gradient all-reduce in the backward at {_at(src, 'loss.backward()')} in "
+            f"<module>() — rank 1 ran more iterations (optimizer steps taken: rank 0: 3, "
+            f"rank 1: 3; rank 1 is in iteration 4).") in last, last
+    assert "drop_last=True" in (tmp_path / "logs" / "rank-1.log").read_text()
