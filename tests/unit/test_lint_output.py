@@ -46,13 +46,20 @@ def test_the_text_ends_with_one_summary_line(codes, skipped, tail):
     assert sum(bool(SUMMARY.match(line)) for line in out) == 1
 
 
-def test_related_lines_are_part_of_the_text_and_sarif_relatedlocations():
+def test_related_lines_are_said_once_in_the_text_and_are_sarif_relatedlocations():
+    """The rule's message names the other lines (`; also lines 9, 12`); the text prints
+    the message as it is, SARIF and JSON carry them as data."""
     import importlib.resources
 
     import jsonschema
 
     one = finding("PX301", line=4, related=(9, 12))
-    assert "(see also lines 9, 12)" in report.text([one], report.Run(files=1))
+    one = Finding(one.path, one.line, one.col, one.code, one.severity,
+                  one.message + " (`x`; also lines 9, 12)", one.fix, one.related)
+    shown = report.text([one], report.Run(files=1))
+    assert shown.count("9, 12") == 1 and "see also" not in shown
+    assert json.loads(report.as_json([one], report.Run(files=1)))["findings"][0][
+        "related"] == [9, 12]
     log = json.loads(report.sarif([one, finding("PX702")], ALL))
     first, second = log["runs"][0]["results"]
     assert [r["physicalLocation"]["region"]["startLine"]

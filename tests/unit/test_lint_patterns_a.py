@@ -294,3 +294,104 @@ def test_weights_only_false_is_found_and_never_rewritten():
               "c = torch.load('c.pt', weights_only=False)\n")
     assert found("PX502", source) == [5]
     assert fixmod._edits("t.py", HEAD + source, [BY_CODE["PX502"]]) == ([], [], 0)
+
+
+# -- 7. the study's false findings, next to the true ones of the same shape -----------
+EVAL = ("model = DDP(net)\n@torch.no_grad()\ndef estimate_loss():\n    return model(x)\n"
+        "if step % 100 == 0 and master_process:\n    losses = estimate_loss()\n")
+
+
+def test_a_ddp_forward_on_one_rank_is_a_warning_not_an_error():
+    """nanoGPT's estimate_loss() under `master_process`: a deadlock only when the model has
+    buffers (PX302); a helper that also all-reduces stays an error (PX301)."""
+    assert found("PX301", EVAL) == [] and found("PX302", EVAL) == [8]
+    assert found("PX302", EVAL.replace("model(x)", "model.module(x)")) == []
+    both = EVAL.replace("    return model(x)", "    dist.all_reduce(x)\n    return model(x)")
+    assert found("PX301", both) == [9] and found("PX302", both) == []
+
+
+SYNC = ("for micro_step in range(accum):\n    model.require_backward_grad_sync = {value}\n"
+        "    loss.backward()\n")
+
+
+def test_the_private_sync_flag_set_per_micro_step_is_no_syncs_semantics():
+    assert found("PX402", SYNC.format(value="(micro_step == accum - 1)")) == []
+    assert found("PX402", SYNC.format(value="False")) == [4]  # left off
+    assert found("PX402", "model.require_backward_grad_sync = flag\n") == [3]  # not in a loop
+
+
+WRAPPED = ("model = Net()\nmodel = DDP(model)\ndef save():\n"
+           "    torch.save({'model': model.state_dict()}, 'ckpt.pt')\n")
+
+
+@pytest.mark.parametrize("source", [
+    "model = Net()\nsd = model.state_dict()\ntorch.save(sd, 'n.pt')\nmodel = DDP(model)\n",
+    "model = DDP(net)\nclass GPT:\n    @classmethod\n    def load(cls):\n"
+    "        model = GPT()\n        torch.save(model.state_dict(), 'g.pt')\n",  # a local
+    "model = DDP(net)\nshapes = {k: v.shape for k, v in model.state_dict().items()}\n",
+    WRAPPED + "def load(sd):\n    return {k.replace('module.', ''): v "
+    "for k, v in sd.items()}\n",  # the project strips the prefix: on purpose
+])
+def test_the_wrappers_state_dict_not_saved_or_not_the_wrapper_is_not_found(source):
+    assert found("PX503", source) == []
+
+
+def test_the_wrappers_state_dict_saved_is_found():
+    assert found("PX503", WRAPPED) == [6]
+    helper = ("model = DDP(net)\ndef save_checkpoint(state, path):\n    torch.save(state, path)\n"
+              "state = {'state_dict': model.state_dict()}\nsave_checkpoint(state, 'c.pt')\n")
+    assert found("PX503", helper) == [6]
+
+
+def test_the_prefix_stripped_in_another_linted_file(tmp_path, capsys):
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(net)\ntorch.save(model.state_dict(), 'm.pt')\n")
+    (tmp_path / "other.py").write_text("x = 1\n")
+    assert _lint_dir(capsys, tmp_path, "PX503") == [("train.py", 4)]
+    (tmp_path / "other.py").write_text("def load(sd):\n    return {k[len('module.'):]: v "
+                                       "for k, v in sd.items()}\n")
+    assert _lint_dir(capsys, tmp_path, "PX503") == []
+
+
+@pytest.mark.parametrize("body, lines", [
+    ("def shard_name():\n    return f'optim_rank{dist.get_rank()}.pt'\n"
+     "torch.save(x, shard_name())\n", []),
+    ("class S:\n    def _path(self):\n        return f'o{dist.get_rank()}.pt'\n"
+     "    def save(self, x):\n        torch.save(x, self._path())\n", []),
+    ("def shard_name():\n    return 'optim.pt'\ntorch.save(x, shard_name())\n", [6]),
+])
+def test_a_per_rank_file_name_from_a_helper(body, lines):
+    assert found("PX504", "dist.init_process_group('nccl')\n" + body) == lines
+
+
+TRAINER = ("class Trainer:\n    def __init__(self, rank):\n        self.local_rank = {value}\n"
+           "    def _save(self):\n        torch.save(self.state, 'snap.pt')\n"
+           "    def train(self, epoch):\n        if self.local_rank == 0 and epoch % 5 == 0:\n"
+           "            self._save()\n")
+
+
+def test_a_local_rank_guard_through_attributes_modulo_and_callers():
+    """minGPT-ddp's trainer (`self.local_rank == 0 and ...` around `_save_snapshot`) and
+    imagenet's `args.rank % ngpus_per_node == 0`: once per node, not once per job."""
+    assert found("PX802", TRAINER.format(value="int(os.environ['LOCAL_RANK'])")) == [7]
+    assert found("PX802", TRAINER.format(value="int(os.environ['RANK'])")) == []
+    imagenet = ("def save_checkpoint(state):\n    torch.save(state, 'c.pt')\n"
+                "def main_worker(gpu, ngpus_per_node, args):\n"
+                "    if not args.multiprocessing_distributed or ("
+                "args.multiprocessing_distributed and args.rank % ngpus_per_node == 0):\n"
+                "        save_checkpoint(s)\n")
+    assert found("PX802", imagenet) == [4]
+    assert found("PX802", imagenet.replace(" % ngpus_per_node", "")) == []
+
+
+def test_a_parameter_every_caller_passes_a_rank_is_a_rank():
+    """ddp-tutorial-series multigpu.py: `Trainer(model, data, rank)` stores the rank as
+    `self.gpu_id`; `if self.gpu_id == 0: self._save_checkpoint()` saves on one rank."""
+    source = ("dist.init_process_group('nccl')\nclass Trainer:\n"
+              "    def __init__(self, gpu_id):\n        self.gpu_id = gpu_id\n"
+              "    def _save(self):\n        torch.save(self.state, 'c.pt')\n"
+              "    def train(self):\n        if self.gpu_id == 0:\n            self._save()\n"
+              "def main(rank):\n    Trainer({arg}).train()\n")
+    assert found("PX504", source.format(arg="rank")) == []
+    assert found("PX504", source.format(arg="0")) == [8]

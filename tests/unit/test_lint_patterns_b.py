@@ -1,8 +1,10 @@
 """`phalanx lint`'s model of the code against the false positives found on public training
 code: facts established in another linted file or through an alias (PX104, PX702,
 PX203), a sampler inside `**kwargs` (PX201), batches moved value by value (PX105), RPC
-models, fake one-process groups, the old AMP API as a fallback (PX603) — each silent
-case next to the true one that must still be found."""
+models, fake one-process groups, the old AMP API as a fallback (PX603); then DataParallel
+only in a distributed program, loopback MASTER_ADDR, unused FSDP policies, imports
+through an unlinted package, evaluation samplers, rank-0-first downloads, datasets split
+by rank, opt-in torch.load advice — each silent case next to the true one still found."""
 
 from __future__ import annotations
 
@@ -240,3 +242,150 @@ def test_fix_leaves_the_old_torch_fallback_alone(tmp_path):
                           capture_output=True, text=True, timeout=60).stdout
     added = [line for line in diff.splitlines() if line[:1] == "+" and line[:3] != "+++"]
     assert added == ['+scaler = torch.amp.GradScaler("cuda")']
+
+
+# -- the study's second round: each silent case next to the true one ------------------
+def test_data_parallel_only_in_a_distributed_program_and_not_as_the_alternative():
+    chain = (INIT + "if args.distributed:\n    model = DDP(model)\n"
+             "elif torch.cuda.is_available():\n    model = nn.DataParallel(model)\n")
+    assert codes(chain, "PX101") == []
+    assert codes(INIT + "model = DDP(m) if args.ddp else nn.DataParallel(m)\n", "PX101") == []
+    assert codes("import torch\nmodel = nn.DataParallel(model)\n", "PX101") == []  # one process
+    same_arm = INIT + "if args.gpus > 1:\n    model = nn.DataParallel(model)\n"
+    assert codes(same_arm, "PX101") == [("PX101", 5)]
+
+
+def test_data_parallel_in_a_module_of_a_distributed_program(tmp_path):
+    """Being distributed flows from an importer down, not up from a module imported."""
+    lib = "import torch.nn as nn\n\n\ndef wrap(m):\n    return nn.DataParallel(m)\n"
+    train = INIT + "from lib import wrap\nmodel = wrap(model)\n"
+    assert ("lib.py", "PX101") in lint_tree(tmp_path / "a", {"lib.py": lib, "train.py": train})
+    validate = ("import torch\nimport utils\nmodel = nn.DataParallel(model)\n"
+                "acc = utils.evaluate(model)\n")
+    utils = INIT.replace("dist.init", "def init():\n    dist.init") + \
+        "    torch.cuda.set_device(0)\n    dist.destroy_process_group()\n"
+    assert lint_tree(tmp_path / "b", {"utils.py": utils, "validate.py": validate}) == set()
+
+
+@pytest.mark.parametrize("addr, found", [
+    ("localhost", False), ("127.0.0.1", False), ("::1", False), ("10.0.0.7", True)])
+def test_a_loopback_master_addr_is_right_for_one_machine(addr, found):
+    source = (f"import os\nos.environ['MASTER_ADDR'] = '{addr}'\n"
+              "os.environ['MASTER_PORT'] = '12355'\n")
+    assert codes(source, "PX701") == [("PX701", 2)] * found + [("PX701", 3)]
+
+
+POLICIES = ("import torch\nfrom torch.distributed.fsdp import MixedPrecision\n"
+            "bf16 = MixedPrecision(param_dtype=torch.bfloat16)\n"
+            "bf16_unused = MixedPrecision(param_dtype=torch.bfloat16)\n")
+
+
+def test_a_16_bit_reduce_policy_only_when_it_is_passed_on(tmp_path):
+    train = "import policies\nmodel = FSDP(model, mixed_precision=policies.bf16)\n"
+    assert lint_tree(tmp_path, {"policies.py": POLICIES, "train.py": train}) >= {
+        ("policies.py", "PX108")}
+    lines = [f.line for f in lint_source(str(tmp_path / "policies.py"), POLICIES,
+                                         [BY_CODE["PX108"]], build_project(
+                                             sorted(tmp_path.glob("*.py"))))]
+    assert lines == [3]  # bf16_unused: no linted file reads it
+    assert codes(POLICIES, "PX108") == []  # linted alone: nothing uses either
+    head = "import torch\n"
+    assert codes(head + "m = FSDP(m, mixed_precision=MixedPrecision(param_dtype=torch.half))\n",
+                 "PX108") == [("PX108", 2)]
+    kwargs = head + "kw = {}\nkw['mp_policy'] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)\n"
+    assert codes(kwargs + "fully_shard(m, **kw)\n", "PX108") == [("PX108", 3)]
+    assert codes(head + "def policy():\n    return MixedPrecisionPolicy(param_dtype=torch.half)\n",
+                 "PX108") == [("PX108", 3)]
+
+
+LOADER = ("import torch.distributed as dist\nfrom torch.utils.data import DataLoader, "
+          "DistributedSampler\n\n\ndef create_loader(ds):\n"
+          "    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))\n")
+
+
+@pytest.mark.parametrize("epoch", ["    loader.sampler.set_epoch(epoch)\n", "    pass\n"])
+def test_set_epoch_through_a_package_whose_init_is_not_linted(tmp_path, epoch):
+    """`from timm.data import create_loader`: the package's `__init__.py` is not linted,
+    so the import reaches the one file of that package that defines the name."""
+    train = ("from timm.data import create_loader\nloader = create_loader(ds)\n"
+             "for epoch in range(3):\n" + epoch)
+    found = lint_tree(tmp_path, {"timm/data/loader.py": LOADER, "train.py": train})
+    assert found == (set() if "set_epoch" in epoch else {("timm/data/loader.py", "PX203")})
+
+
+def test_an_import_resolves_next_to_the_script_first(tmp_path):
+    """Two folders with a `utils` package each: `from utils import train` in
+    `fsdp/train.py` is `fsdp/utils/`, where the epoch is set."""
+    main = ("import torch.distributed as dist\nfrom torch.utils.data import DistributedSampler\n"
+            "from utils import train\nsampler = DistributedSampler(ds)\n"
+            "for epoch in range(3):\n    train(model, sampler, epoch)\n")
+    files = {"fsdp/train.py": main, "fsdp/utils/__init__.py": "from .steps import train\n",
+             "fsdp/utils/steps.py": "def train(model, sampler, epoch):\n"
+                                    "    sampler.set_epoch(epoch)\n",
+             "ddp/utils/__init__.py": "def train(model, sampler, epoch):\n    pass\n"}
+    assert ("fsdp/train.py", "PX203") not in lint_tree(tmp_path, files)
+    files["fsdp/utils/steps.py"] = "def train(model, sampler, epoch):\n    pass\n"
+    assert ("fsdp/train.py", "PX203") in lint_tree(tmp_path / "again", files)
+
+
+@pytest.mark.parametrize("sampler, silent", [
+    ("eval_sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=eval_sampler)\n",
+     True),
+    ("s = DistributedSampler(val_set)\nloader = DataLoader(val_set, sampler=s)\n", True),
+    ("s = DistributedSampler(ds)\ntestLoader = DataLoader(ds, sampler=s)\n", True),
+    ("s = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=s)\n"
+     "with torch.no_grad():\n    for x in loader:\n        model(x)\n", True),
+    ("train_sampler = DistributedSampler(train_ds)\n"
+     "loader = DataLoader(train_ds, sampler=train_sampler)\n", False),
+    ("s = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=s)\n"
+     "for x in loader:\n    model(x).backward()\n", False),
+])
+def test_an_evaluation_sampler_needs_no_set_epoch(sampler, silent):
+    assert codes(INIT + sampler, "PX203") == ([] if silent else [("PX203", 4)])
+
+
+@pytest.mark.parametrize("wait, release, silent", [
+    ("if dist.get_rank() != 0:\n    dist.barrier()\n",
+     "if dist.get_rank() == 0:\n    dist.barrier()\n", True),
+    ("if args.local_rank not in [-1, 0]:\n    torch.distributed.barrier()\n",
+     "if args.local_rank == 0:\n    torch.distributed.barrier()\n", True),
+    ("if not is_main_process():\n    wait_all()\n", "if is_main_process():\n    wait_all()\n",
+     True),
+    ("if dist.get_rank() != 0:\n    dist.barrier()\n", "", False),  # nobody releases them
+    ("", "dist.barrier()\n", False),
+])
+def test_rank_zero_downloads_first_inside_a_barrier_sandwich(wait, release, silent):
+    helper = "def wait_all():\n    dist.barrier()\n"
+    body = wait + "ds = CIFAR10('data', download=True)\n" + release
+    source = INIT + helper + "def load():\n" + "".join(
+        "    " + line + "\n" for line in body.splitlines())
+    assert [c for c, _ in codes(source, "PX204")] == ([] if silent else ["PX204"])
+
+
+def test_a_download_inside_main_process_first():
+    source = INIT + "with accelerator.main_process_first():\n    ds = MNIST('d', download=True)\n"
+    assert codes(source, "PX204") == []
+    assert codes(source.replace("main_process_first", "autocast"), "PX204") == [("PX204", 5)]
+
+
+@pytest.mark.parametrize("dataset, silent", [
+    ("Subset(ds, range(len(sampler) * args.world_size, len(ds)))", True),
+    ("ds.shard(num_shards=world, index=rank)", True),
+    ("split_dataset_by_node(ds, rank=r, world_size=w)", True),
+    ("Subset(ds, range(100, len(ds)))", False),
+    ("ds", False),
+])
+def test_a_dataset_already_split_by_rank_needs_no_sampler(dataset, silent):
+    direct = INIT + f"loader = DataLoader({dataset}, batch_size=8)\n"
+    named = INIT + f"part = {dataset}\nloader = DataLoader(part, batch_size=8)\n"
+    assert codes(direct, "PX201") == ([] if silent else [("PX201", 4)])
+    assert codes(named, "PX201") == ([] if silent else [("PX201", 5)])
+
+
+def test_torch_load_advice_is_opt_in():
+    from phalanx.cli.lint import chosen_rules
+    from phalanx.lint.rules import OPT_IN
+
+    assert {"PX501", "PX502"} <= OPT_IN
+    assert not {"PX501", "PX502"} & {r.code for r in chosen_rules("", "")}
+    assert {"PX501", "PX502"} <= {r.code for r in chosen_rules("PX5", "")}

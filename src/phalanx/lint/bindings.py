@@ -85,3 +85,20 @@ def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bind
         outer = [b for f in ast.walk(owner) if isinstance(f, FUNCTIONS)
                  for b in bindings(f.body, name)]
     return ("outer", outer) if outer else ("none", [])
+
+
+def may_reach(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Binding]]:
+    """Like `reaching`, with every binding that may reach `use` on its path, not only the
+    last one: going back from `use`, the bindings inside preceding compound statements
+    (an `if`'s either branch, a loop's body) until a plain assignment of the name at the
+    path's own level, which ends the search."""
+    where, found = reaching(ctx, expr, use)
+    if where != "local":
+        return where, found
+    name, may = dotted(expr), []
+    for stmt in sorted(ctx.before(use), key=lambda s: s.lineno, reverse=True):
+        here = bindings([stmt], name)
+        may += here
+        if here and isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            break
+    return "local", may

@@ -16,14 +16,22 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from phalanx.lint.syntax import (  # noqa: F401  (re-exported: the rules import them from here)
+    RANK_CALLS,
+    RANK_NAMES,
+    dotted,
+    is_true,
+    keyword,
+    last,
+    rank_dependent,
+    whether_distributed,
+)
+
 if TYPE_CHECKING:
     from phalanx.lint.guards import Guard
 
 SEVERITIES = ("error", "warning", "info")
 SUPPRESS = re.compile(r"#\s*phalanx:\s*ignore\[([A-Z0-9, ]+)\]")
-RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process", "is_master",
-              "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process"}
-RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
 DISTRIBUTED_MARKERS = {"init_process_group", "DistributedDataParallel", "DDP",
                        "DistributedSampler", "all_reduce", "LOCAL_RANK", "barrier",
                        "get_rank", "get_world_size"}
@@ -54,36 +62,14 @@ class Finding:
     related: tuple[int, ...] = ()  # other lines of the same root cause
 
 
-def dotted(node: ast.AST) -> str:
-    """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr}" if base else node.attr
-    if isinstance(node, ast.Call):
-        return dotted(node.func)
-    return ""
-
-
-def last(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def keyword(call: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
-
-
-def is_true(node: ast.AST | None) -> bool:
-    return isinstance(node, ast.Constant) and node.value is True
-
-
 class Context:
     """One parsed file and the questions rules ask about it."""
 
     def __init__(self, path: str, source: str, project: dict[str, str] | None = None) -> None:
         self.path, self.source = path, source
         self.project = project or {}  # other linted files' functions that run collectives
+        self.forward_only: set[str] = set()  # those of them whose one is a DDP forward
+        self.module_prefix_stripped: bool | None = None  # by any linted file (None: unknown)
         self.tree = ast.parse(source, filename=path)
         self.lines = source.splitlines()
         self.nodes = list(ast.walk(self.tree))  # every node, walked once
@@ -181,12 +167,23 @@ class Context:
         if self._rank_names is None:
             self._rank_names = set()
             assigns = [n for n in self.nodes if isinstance(n, ast.Assign)
-                       and _plain(n.value) and not _whether_distributed(n.value)]
+                       and _plain(n.value) and not whether_distributed(n.value)]
             for _ in range(2):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
                 self._rank_names |= {dotted(t) for n in assigns
-                                     if self.rank_dependent(n.value) for t in n.targets
+                                     if self._holds_rank(n) for t in n.targets
                                      if isinstance(t, (ast.Name, ast.Attribute))}
         return self._rank_names
+
+    def _holds_rank(self, assign: ast.Assign) -> bool:
+        """The assigned value reads a rank, or is a parameter that every call of its
+        function passes one (`self.gpu_id = gpu_id` with `Trainer(..., rank, ...)`)."""
+        if self.rank_dependent(assign.value):
+            return True
+        from phalanx.lint.guards import passed_rank
+        func = self.function_of(assign)
+        return isinstance(assign.value, ast.Name) and \
+            isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+            passed_rank(self, func, assign.value.id)
 
     def rank_dependent(self, expr: ast.AST) -> bool:
         """`rank_dependent`, also through this file's names that hold a rank."""
@@ -222,19 +219,6 @@ def calls_in(statements: list[ast.stmt]) -> Iterator[ast.Call]:
                 yield node
 
 
-def rank_dependent(test: ast.AST) -> bool:
-    for node in ast.walk(test):
-        if isinstance(node, ast.Name) and node.id.lower() in RANK_NAMES:
-            return True
-        if isinstance(node, ast.Attribute) and node.attr.lower() in RANK_NAMES:
-            return True
-        if isinstance(node, ast.Call) and last(dotted(node)) in RANK_CALLS:
-            return True
-        if isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK"):
-            return True
-    return False
-
-
 def _plain(value: ast.AST) -> bool:
     """A value that is a rank (or a test of one) when it reads one: a name, a comparison,
     `int(os.environ["LOCAL_RANK"])`, `dist.get_rank()` — not `torch.device(...)`."""
@@ -245,14 +229,6 @@ def _plain(value: ast.AST) -> bool:
     return isinstance(value, ast.Call) and (
         dotted(value) in ("int", "os.environ.get", "os.getenv", "environ.get", "getenv")
         or last(dotted(value)) in RANK_CALLS)
-
-
-def _whether_distributed(test: ast.AST) -> bool:
-    """`int(os.environ.get("RANK", -1)) != -1`, `rank is None`: the same on every rank."""
-    return any(isinstance(n, ast.Constant) and n.value is None or
-               isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
-               or isinstance(n, ast.Constant) and n.value == -1 and not isinstance(n.value, bool)
-               for n in ast.walk(test))
 
 
 def suppressed(ctx: Context, line: int, code: str) -> bool:

@@ -5,15 +5,32 @@ this file) is itself rank-guarded. Built once per file (`Context.rank_guards`)."
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from phalanx.lint.engine import Context
+from phalanx.lint.syntax import dotted, whether_distributed
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 EXITS = {"exit", "sys.exit", "os._exit", "quit"}
+
+
+class Context(Protocol):
+    """What guards reads of `lint.engine.Context` (named structurally: the engine imports
+    this module, not the other way round)."""
+
+    nodes: list[ast.AST]
+    parents: dict[ast.AST, ast.AST]
+    imported: dict[str, str]
+    external: dict[str, list]
+    _call_index: dict | None
+    _caller_guards: dict | None
+
+    def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
+    def before(self, node: ast.AST) -> list[ast.stmt]: ...
+    def function_of(self, node: ast.AST) -> ast.AST: ...
+    def rank_dependent(self, expr: ast.AST) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +70,6 @@ def _exits(block: list[ast.stmt], cond: ast.If, node: ast.AST, ctx: Context) -> 
     if isinstance(end, ast.Return):  # not `raise`: a rank that fails ends the job
         return True
     if isinstance(end, ast.Expr) and isinstance(end.value, ast.Call):
-        from phalanx.lint.engine import dotted
         return dotted(end.value) in EXITS
     if isinstance(end, (ast.Continue, ast.Break)):
         loop = next((a for a in ctx.ancestors(cond) if isinstance(a, (*LOOPS, *FUNCTIONS))),
@@ -65,8 +81,7 @@ def _exits(block: list[ast.stmt], cond: ast.If, node: ast.AST, ctx: Context) -> 
 def _real_rank_test(test: ast.expr) -> bool:
     """A test that lets some ranks past: not "distributed at all?" (`rank is None`,
     `local_rank == -1`), nor a split of work over ranks (`i % world != rank: continue`)."""
-    from phalanx.lint.engine import _whether_distributed
-    return not _whether_distributed(test) and not any(isinstance(n, ast.BinOp)
+    return not whether_distributed(test) and not any(isinstance(n, ast.BinOp)
                                                       for n in ast.walk(test))
 
 
@@ -95,24 +110,20 @@ def own_guards(ctx: Context, node: ast.AST) -> list[Guard]:
 
 def _index(ctx: Context) -> dict[str, dict[str, list[ast.AST]]]:
     """Calls and other loads of every name and attribute, in one pass (cached)."""
-    from phalanx.lint.engine import dotted
-
     if ctx._call_index is not None:
         return ctx._call_index
     index: dict[str, dict[str, list[ast.AST]]] = {k: {} for k in ("f", "m", "fref", "mref")}
     for node in ctx.nodes:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            parent = ctx.parents.get(node)
-            called = isinstance(parent, ast.Call) and parent.func is node
-            index["f" if called else "fref"].setdefault(node.id, []).append(
-                parent if called else node)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            parent = ctx.parents.get(node)
-            called = isinstance(parent, ast.Call) and parent.func is node
-            if called and dotted(node.value).split(".")[0] in ctx.imported:
-                continue  # `module.f()`: another module's f
-            index["m" if called else "mref"].setdefault(node.attr, []).append(
-                parent if called else node)
+        if not isinstance(node, (ast.Name, ast.Attribute)) or \
+                not isinstance(node.ctx, ast.Load):
+            continue
+        parent = ctx.parents.get(node)
+        call = parent if isinstance(parent, ast.Call) and parent.func is node else None
+        if isinstance(node, ast.Name):
+            index["f" if call else "fref"].setdefault(node.id, []).append(call or node)
+        elif call is None or dotted(node.value).split(".")[0] not in ctx.imported:
+            # (not `module.f()`: another module's f)
+            index["m" if call else "mref"].setdefault(node.attr, []).append(call or node)
     ctx._call_index = index
     return index
 
@@ -126,6 +137,34 @@ def call_sites(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef) -> li
     if func.name in refs:
         return None
     return [c for c in calls.get(func.name, []) if isinstance(c, ast.Call)]
+
+
+def passed_rank(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    """Every call of `func` in this file (of its class, for `__init__`) passes a rank as
+    its parameter `name`: `Trainer(model, data, rank)` for `__init__(self, m, d, gpu_id)`."""
+    params = [a.arg for a in func.args.posonlyargs + func.args.args]
+    owner = ctx.parents.get(func)
+    if name not in params:
+        return False
+    sites: list[ast.Call] | None
+    if isinstance(owner, ast.ClassDef) and func.name == "__init__":
+        index = _index(ctx)
+        sites = None if owner.name in index["fref"] else [
+            c for c in index["f"].get(owner.name, []) if isinstance(c, ast.Call)]
+    else:
+        sites = call_sites(ctx, func)
+    position = params.index(name) - (1 if isinstance(owner, ast.ClassDef) else 0)
+    return bool(sites) and all(
+        (arg := _argument(site, name, position)) is not None and ctx.rank_dependent(arg)
+        for site in sites or ())
+
+
+def _argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
+    keyword = next((k.value for k in call.keywords if k.arg == name), None)
+    if keyword is not None or not 0 <= position < len(call.args):
+        return keyword
+    arg = call.args[position]
+    return None if isinstance(arg, ast.Starred) else arg
 
 
 def caller_guards(ctx: Context) -> dict[ast.AST, Guard]:

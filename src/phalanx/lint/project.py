@@ -17,10 +17,12 @@ from pathlib import Path
 from phalanx.lint.callers import external_callers
 from phalanx.lint.engine import Context
 from phalanx.lint.facts import ProjectFacts
-from phalanx.lint.rules.collectives import collective_functions
+from phalanx.lint.rules.checkpoints import strips_module_prefix
+from phalanx.lint.rules.collectives import collective_kinds
 
 WORDS = ("distributed", "dist.", "DDP", "FSDP", "fully_shard", "full_tensor",
          "consolidate_state_dict", "dcp", "accelerator", "fabric")  # where a collective can be
+PREFIX = re.compile(r"[\"']\^?module\\?\.[\"']")
 IMPORT = re.compile(r"^\s*(?:from\s+\.*([\w.]+)\s+import|import\s+([\w.]+))", re.M)
 
 
@@ -33,6 +35,8 @@ class Project:
     parsed: dict[str, Context] = field(default_factory=dict)  # reused by the lint itself
     facts: ProjectFacts | None = None  # set by the CLI: lint.facts.project_facts
     callers: dict[str, dict] = field(default_factory=dict)  # file → lint.callers sites
+    forward_only: dict[str, set[str]] = field(default_factory=dict)  # file → DDP-forward-only
+    module_prefix_stripped: bool = False  # some linted file strips DDP's `module.` prefix
 
     def take(self, name: str, source: str) -> Context | None:
         """The file's parse from this pass (once), if its source is still the same."""
@@ -46,8 +50,9 @@ class Project:
         """The file's parse, with what it sees of the other files' collective functions
         through its own imports (`Context.project`)."""
         ctx = self.take(name, source) or Context(name, source)
-        ctx.project = visible(ctx, self)
+        ctx.project, ctx.forward_only = visible(ctx, self), visible_forward_only(ctx, self)
         ctx.external = self.callers.get(name, {})
+        ctx.module_prefix_stripped = self.module_prefix_stripped
         ctx._caller_guards = None  # computed again with the callers in other files
         ctx.facts = self.facts.of(name) if self.facts else frozenset()  # type: ignore[attr-defined]
         return ctx
@@ -70,22 +75,39 @@ def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[s
             for f, t in texts.items() if "def " in t}
 
 
-def visible(ctx: Context, project: Project | None) -> dict[str, str]:
-    """What `ctx` imports from the other linted files: the name it calls them by (`f`,
-    `utils.f`) → collective."""
-    seen: dict[str, str] = {}
-    if not project:
-        return seen
+def _imports_of(ctx: Context, project: Project) -> list[tuple[str, str, str]]:
+    """(the name `ctx` calls it by — `f`, `utils.f` —, file, function) for every function
+    of a linted file with a collective that `ctx` imports."""
+    found = []
     for local, origin in ctx.imported.items():
         module, _, name = origin.rpartition(".")
         source = project.file_of(module) if module else None
         if source in project.functions and name in project.functions[source]:
-            seen[local] = project.functions[source][name]  # from utils import f
+            found.append((local, source, name))  # from utils import f
         elif (file := project.file_of(origin)) in project.functions:  # import utils: utils.f()
             prefix = origin if local == origin.split(".")[0] else local  # `pkg.utils`, `u`
-            for function, what in project.functions[file].items():
-                seen.setdefault(f"{prefix}.{function}", what)
+            found += [(f"{prefix}.{function}", file, function)
+                      for function in project.functions[file]]
+    return found
+
+
+def visible(ctx: Context, project: Project | None) -> dict[str, str]:
+    """What `ctx` imports from the other linted files: the name it calls them by (`f`,
+    `utils.f`) → collective."""
+    seen: dict[str, str] = {}
+    if project is None:
+        return seen
+    for local, file, function in _imports_of(ctx, project):
+        seen.setdefault(local, project.functions[file][function])
     return seen
+
+
+def visible_forward_only(ctx: Context, project: Project | None) -> set[str]:
+    """The names of `visible(ctx, project)` whose only collective is a DDP forward."""
+    if project is None:
+        return set()
+    return {local for local, file, function in _imports_of(ctx, project)
+            if function in project.forward_only.get(file, ())}
 
 
 def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
@@ -101,7 +123,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     imports = _imports(texts, project.suffixes)
     frontier = {f for f in imports if any(word in texts[f] for word in WORDS)}
     contexts: dict[str, Context | None] = {}
-    seen: dict[str, dict[str, str]] = {}  # what each file saw of the others when judged
+    seen: dict[str, tuple] = {}  # what each file saw of the others when judged
     for _ in range(rounds):
         changed = False
         for name in sorted(frontier):
@@ -110,21 +132,47 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
             if ctx is None:
                 continue
             ctx.project = visible(ctx, project)
-            if name in seen and seen[name] == ctx.project:
+            ctx.forward_only = visible_forward_only(ctx, project)
+            if name in seen and seen[name] == (ctx.project, ctx.forward_only):
                 continue
-            seen[name] = ctx.project
-            top = {n.name for n in ctx.tree.body
-                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            found = {f: w if "(in " in w else f"{w} (in {Path(name).name})"
-                     for f, w in collective_functions(ctx).items() if f in top}
-            if found and found != project.functions.get(name):
-                project.functions[name], changed = found, True
+            seen[name] = (ctx.project, ctx.forward_only)
+            changed |= _judge(ctx, name, project)
         if not changed:
             break
         frontier = {f for f, targets in imports.items() if targets & project.functions.keys()}
+    project.module_prefix_stripped = _strips(texts, contexts)
     project.callers = external_callers(texts, project.suffixes, contexts, _parse)
     project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
     return project
+
+
+def _strips(texts: dict[str, str], contexts: dict[str, Context | None]) -> bool:
+    """Whether a linted file strips DDP's `module.` prefix (parsed only if it names it)."""
+    for name, text in texts.items():
+        if not PREFIX.search(text):
+            continue
+        ctx = contexts.get(name)
+        try:
+            tree = ctx.tree if ctx is not None else ast.parse(text, filename=name)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        if strips_module_prefix(tree):
+            return True
+    return False
+
+
+def _judge(ctx: Context, name: str, project: Project) -> bool:
+    """Record the file's module-level functions that run a collective; whether that changed."""
+    top = {n.name for n in ctx.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    definite, forward = collective_kinds(ctx)
+    found = {f: w if "(in " in w else f"{w} (in {Path(name).name})"
+             for f, w in {**forward, **definite}.items() if f in top}
+    only = set(forward) & top - set(definite)
+    if not found or (found, only) == (project.functions.get(name),
+                                      project.forward_only.get(name, set())):
+        return False
+    project.functions[name], project.forward_only[name] = found, only
+    return True
 
 
 def _parse(name: str, text: str) -> Context | None:

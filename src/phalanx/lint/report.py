@@ -32,15 +32,6 @@ def _related(f: Finding) -> tuple[int, ...]:
     return tuple(getattr(f, "related", ()) or ())
 
 
-def _message(f: Finding) -> str:
-    """The message, with the other lines of the same root cause (Finding.related)."""
-    related = _related(f)
-    if not related:
-        return f.message
-    return f"{f.message} (see also line{'s' if len(related) > 1 else ''} " \
-           f"{', '.join(map(str, related))})"
-
-
 def summary(findings: list[Finding], run: Run) -> str:
     """`3 files, 120 lines in 0.04 s: 1 error, 2 warnings, 1 info (1 skipped: not valid
     Python)` — or `…: no findings`."""
@@ -53,8 +44,9 @@ def summary(findings: list[Finding], run: Run) -> str:
 
 
 def text(findings: list[Finding], run: Run) -> str:
-    """Ruff-like lines, a fix hint under each, and one summary line."""
-    lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {_message(f)}\n"
+    """Ruff-like lines, a fix hint under each, and one summary line. (A finding's other
+    lines of the same root cause are in its message already, as the rule wrote it.)"""
+    lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}\n"
              f"    fix: {f.fix}" for f in findings]
     lines.append(summary(findings, run))
     return "\n".join(lines)

@@ -49,7 +49,7 @@ def _loop_of(ctx: Context, node: ast.AST) -> ast.AST | None:
 def _accumulation_guards(ctx: Context) -> list[tuple[ast.If, ast.AST]]:
     """`(if step % K ...:, its loop)` guarding an optimizer's (or scaler's) step —
     accumulation by hand — in a loop body."""
-    found = []
+    found: list[tuple[ast.If, ast.AST]] = []
     for call in ctx.calls_named("step"):
         if not _steps_optimizer(ctx, call):
             continue
@@ -88,11 +88,14 @@ def _accumulation_without_no_sync(ctx: Context):
 
 def _private_sync_flag(ctx: Context):
     """Setting the flag; not reported where the file also sets it back (a framework's
-    own context manager that restores it: Accelerate, Lightning, torch's replicate)."""
+    own context manager that restores it: Accelerate, Lightning, torch's replicate), nor
+    where it is set inside a loop to a value computed there (`= micro_step == last`, on
+    every micro-step: no_sync()'s semantics, never left off) — only a constant can be."""
     sets = [node for node in ctx.nodes if isinstance(node, ast.Assign) and any(
         isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
         for t in node.targets)]
-    if len(sets) == 1:
+    if len(sets) == 1 and (isinstance(sets[0].value, ast.Constant)
+                           or _loop_of(ctx, sets[0]) is None):
         yield sets[0], ""
 
 

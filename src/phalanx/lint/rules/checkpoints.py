@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import re
 
-from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.bindings import may_reach, parameters
+from phalanx.lint.engine import Context, Rule, calls_in, dotted, keyword, last
 
 
 def _load_without_map_location(ctx: Context):
@@ -27,10 +29,87 @@ def _load_weights_only_false(ctx: Context):
             yield call, ""
 
 
+DDP_NAMES = {"DistributedDataParallel", "DDP"}
+SAVERS = {"save", "save_file"}  # torch.save, safetensors' save_file, `x.save(...)`
+STRIPS = {"replace", "startswith", "removeprefix", "lstrip", "len", "sub"}
+PREFIX = re.compile(r"^\^?module\\?\.$")
+
+
+def strips_module_prefix(tree: ast.AST) -> bool:
+    """The code strips DDP's `module.` prefix somewhere: the string "module." given to
+    `replace`/`startswith`/`removeprefix`/`lstrip`/`len`/`re.sub`, or sliced off."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and last(dotted(node)) in STRIPS and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and PREFIX.match(a.value) for a in node.args):
+            return True
+    return False
+
+
+def _wraps(value: ast.expr | None) -> bool:
+    """`DDP(net)`, `DDP(net).to(device)`: a value holding the DDP wrapper."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("to", "cuda"):
+        value = value.func.value
+    return isinstance(value, ast.Call) and last(dotted(value)) in DDP_NAMES
+
+
+def _saving_functions(ctx: Context) -> set[str]:
+    """This file's functions that pass one of their parameters to a save (the
+    `save_checkpoint(state, ...)` of a training script), and those calling them so."""
+    found: set[str] = set()
+    for _ in range(2):
+        for func in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            params = parameters(func)
+            if any(_is_save(c, found) and any(isinstance(n, ast.Name) and n.id in params
+                                               for a in c.args for n in ast.walk(a))
+                   for c in ast.walk(func) if isinstance(c, ast.Call)):
+                found.add(func.name)
+    return found
+
+
+def _is_save(call: ast.Call, savers: set[str]) -> bool:
+    """`torch.save(...)`, `x.save(...)`, `save_file(...)`, or a call of one of `savers`
+    (this file's functions that save their parameter: `f(...)`, `self.f(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr in SAVERS or (dotted(func.value) in ("self", "cls")
+                                       and func.attr in savers)
+    return isinstance(func, ast.Name) and (func.id in savers or func.id == "save_file")
+
+
+def _reaches_save(ctx: Context, call: ast.Call, savers: set[str]) -> bool:
+    """The state dict `call` returns is given to a save: as an argument (inside a dict or
+    list literal, too), or through the name it is assigned to, saved later."""
+    node: ast.AST = call
+    parent = ctx.parents.get(node)
+    while isinstance(parent, (ast.Dict, ast.List, ast.Tuple, ast.keyword, ast.Starred)):
+        node, parent = parent, ctx.parents.get(parent)
+    if isinstance(parent, ast.Call) and parent.func is not node:
+        return _is_save(parent, savers)
+    if not isinstance(parent, ast.Assign):
+        return False
+    names = {dotted(t) for t in parent.targets} - {""}
+    return any(_is_save(c, savers) and any(dotted(n) in names for a in [*c.args, *(
+        k.value for k in c.keywords)] for n in ast.walk(a))
+        for c in calls_in(ctx.after(parent)))
+
+
 def _wrapper_state_dict(ctx: Context):
-    wrapped = ctx.assigned_from("DistributedDataParallel", "DDP")
+    """`model.state_dict()` saved while `model` holds the DDP wrapper (per scope and
+    flow: not a local of the same name, not before the wrap) — unless the linted code
+    strips the `module.` prefix somewhere (it loads such checkpoints on purpose)."""
+    stripped = ctx.module_prefix_stripped
+    if not ctx.mentions(*DDP_NAMES) or (stripped if stripped is not None
+                                        else strips_module_prefix(ctx.tree)):
+        return
+    savers = _saving_functions(ctx)
     for call in ctx.calls_named("state_dict"):
-        if isinstance(call.func, ast.Attribute) and dotted(call.func.value) in wrapped:
+        if not isinstance(call.func, ast.Attribute) or \
+                not isinstance(call.func.value, (ast.Name, ast.Attribute)):
+            continue
+        _, found = may_reach(ctx, call.func.value, call)
+        if any(_wraps(value) for _, value in found) and _reaches_save(ctx, call, savers):
             yield call, f"(keys of `{dotted(call.func.value)}.state_dict()` start with `module.`)"
 
 
@@ -55,15 +134,35 @@ def _in_memory(target: ast.AST, buffers: set[str]) -> bool:
 
 
 def _per_rank(ctx: Context, target: ast.AST, call: ast.Call) -> bool:
-    """`f"ckpt_{rank}.pt"`, `"x" + str(rank)`, or a name assigned such a path before."""
-    if ctx.rank_dependent(target):
+    """`f"ckpt_{rank}.pt"`, `"x" + str(rank)`, a call of this file's function returning
+    such a path (`shard_name()`, `self._path()`), or a name assigned one of those before."""
+    if ctx.rank_dependent(target) or _rank_path_function(ctx, target):
         return True
     if isinstance(target, (ast.Name, ast.Attribute)):
         name = dotted(target)
         return any(isinstance(n, ast.Assign) and any(dotted(t) == name for t in n.targets)
-                   and ctx.rank_dependent(n.value)
+                   and (ctx.rank_dependent(n.value) or _rank_path_function(ctx, n.value))
                    for stmt in ctx.before(call) for n in ast.walk(stmt))
     return False
+
+
+def _rank_path_function(ctx: Context, value: ast.AST) -> bool:
+    """`value` calls a function of this file (`f()`, or `self.f()` of its class) that
+    returns an expression reading the rank."""
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    owner: ast.AST | None = None
+    if isinstance(func, ast.Name):
+        owner, name = ctx.tree, func.id
+    elif isinstance(func, ast.Attribute) and dotted(func.value) in ("self", "cls"):
+        owner = next((a for a in ctx.ancestors(value) if isinstance(a, ast.ClassDef)), None)
+        name = func.attr
+    return owner is not None and any(
+        isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name
+        and any(isinstance(r, ast.Return) and r.value is not None
+                and ctx.rank_dependent(r.value) for r in ast.walk(f))
+        for f in getattr(owner, "body", []))
 
 
 RULES = [

@@ -136,22 +136,51 @@ def qualified(ctx: Context, func: ast.AST) -> str:
 def collective_functions(ctx: Context) -> dict[str, str]:
     """Functions that (transitively) run a collective → the collective: this file's
     (`f`, `Class.method`), and the other linted files' (`ctx.project`) this file sees."""
+    definite, forward = collective_kinds(ctx)
+    return {**forward, **definite}
+
+
+def collective_kinds(ctx: Context) -> tuple[dict[str, str], dict[str, str]]:
+    """(functions that run a definite collective, functions whose only one is a DDP
+    forward — a collective when the model has buffers or rebuilds its buckets), each →
+    what it runs. A function that runs both is definite."""
     calls = {qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
              for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     models, runs = wrapped(ctx), run_receivers(ctx)
-    found: dict[str, str] = {k: v for k, v in ctx.project.items() if k not in calls}
+    outside = {k: v for k, v in ctx.project.items() if k not in calls}
+    definite = {k: v for k, v in outside.items() if k not in ctx.forward_only}
+    forward = {k: v for k, v in outside.items() if k in ctx.forward_only}
     changed = True
-    while changed:
+    while changed:  # each function changes at most twice: found, then found definite
         changed = False
         for name, inside in calls.items():
-            if name in found:
+            if name in definite:
                 continue
             for call in inside:
-                what = _runs(ctx, call, models, found, inside=name, runs=runs)
-                if what is not None:
-                    found[name], changed = what, True
+                what = _runs(ctx, call, models, {**forward, **definite}, inside=name, runs=runs)
+                if what is None:
+                    continue
+                if not _forward_only(ctx, call, models, runs, forward, definite):
+                    definite[name], changed = what, True
+                    forward.pop(name, None)
                     break
-    return found
+                if name not in forward:
+                    forward[name], changed = what, True
+    return definite, forward
+
+
+def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: set[str],
+                  forward: dict[str, str], definite: dict[str, str]) -> bool:
+    """The collective `call` runs (as `_runs` finds it) is a DDP model's forward, or a
+    helper's whose only collective is one."""
+    if last(dotted(call)) in COLLECTIVES and _is_dist_call(ctx, call):
+        return False
+    if models.get(dotted(call)) == "DDP":
+        return True
+    if hidden(call, models) or run_call(call, runs):
+        return False
+    key = helper_key(ctx, call)
+    return key in forward and key not in definite
 
 
 def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[str, str],
@@ -202,15 +231,18 @@ def _is_dist_call(ctx: Context, call: ast.Call) -> bool:
     return name.split(".")[-2] in ("dist", "distributed", "accelerator")
 
 
-def _rank_only_collective(ctx: Context):
+def _rank_only(ctx: Context, forward: bool):
+    """Calls running a collective under a rank guard: a definite one, or (`forward`) one
+    whose only collective is a DDP model's forward."""
     if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
                          "consolidate_state_dict") or ctx.project):
         return
-    helpers, models, runs = collective_functions(ctx), wrapped(ctx), run_receivers(ctx)
+    (definite, forwards), models, runs = collective_kinds(ctx), wrapped(ctx), run_receivers(ctx)
+    helpers = {**forwards, **definite}
     for call in ctx.calls:
         callee = last(dotted(call))
         what = _runs(ctx, call, models, helpers, runs=runs)
-        if what is None:
+        if what is None or _forward_only(ctx, call, models, runs, forwards, definite) != forward:
             continue
         guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself
         if guard is None or _other_branch_joins(ctx, call, callee) \
@@ -218,6 +250,14 @@ def _rank_only_collective(ctx: Context):
             continue
         shown = what if "`" in what else f"`{what}`"
         yield call, f"({shown} {guard.describe()}: the other ranks never join it)"
+
+
+def _rank_only_collective(ctx: Context):
+    yield from _rank_only(ctx, forward=False)
+
+
+def _rank_only_forward(ctx: Context):
+    yield from _rank_only(ctx, forward=True)
 
 
 def _joins_before_exit(guard: Guard, callee: str) -> bool:
@@ -273,4 +313,13 @@ RULES = [
          "if rank == 0:\n    log_metrics(loss)  # <-",
          "def log_metrics(loss):\n    dist.all_reduce(loss)\n    return loss.item()\n\n"
          "value = log_metrics(loss)\nif rank == 0:\n    print(value)", _rank_only_collective),
+    Rule("PX302", "warning", "A DDP model's forward reachable only on some ranks: a deadlock "
+         "when the model has buffers (DDP broadcasts them at every forward) or when it "
+         "rebuilds its buckets.",
+         "Evaluate on the unwrapped module, `model.module(x)`, on the ranks that need it (it "
+         "runs no collective), or run the forward on every rank.",
+         "model = DDP(net)\nif rank == 0:\n    with torch.no_grad():\n"
+         "        out = model(x)  # <-",
+         "model = DDP(net)\nif rank == 0:\n    with torch.no_grad():\n"
+         "        out = model.module(x)", _rank_only_forward),
 ]

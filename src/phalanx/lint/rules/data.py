@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ast
+import re
 
-from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
+from phalanx.lint.engine import Context, Rule, calls_in, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, holds
 
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
+WORLD_NAMES = {"world", "num_replicas", "num_shards", "num_processes", "num_nodes"}
+EVAL_WORDS = {"eval", "evaluation", "val", "valid", "validation", "test", "testing"}
+WORD_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # `val_loader`, `valLoader` → val
+NO_GRAD = {"no_grad", "inference_mode"}
 
 
 def _sharded_by_framework(ctx: Context, call: ast.Call) -> bool:
@@ -29,8 +34,37 @@ def _loader_without_sampler(ctx: Context):
         if keyword(call, "sampler") is None and keyword(call, "batch_sampler") is None \
                 and len(call.args) < 4 and ctx.rank_condition(call) is None \
                 and not _sharded_by_framework(ctx, call) \
-                and not _may_unpack(ctx, call, {"sampler", "batch_sampler"}):
+                and not _may_unpack(ctx, call, {"sampler", "batch_sampler"}) \
+                and not _partitioned(ctx, call):
             yield call, ""
+
+
+def _partitioned(ctx: Context, call: ast.Call) -> bool:
+    """The loader's dataset is already this rank's part: its expression, or the
+    assignments of the name it is, depend on the rank or the world size (`Subset(ds,
+    range(len(sampler) * world_size, len(ds)))`, `ds.shard(num_shards=w, index=r)`,
+    `split_dataset_by_node(ds, rank=r, world_size=w)`)."""
+    dataset = call.args[0] if call.args else keyword(call, "dataset")
+    if dataset is None:
+        return False
+    values = [dataset]
+    if isinstance(dataset, ast.Name):
+        values += [n.value for n in ast.walk(ctx.function_of(call)) if isinstance(n, ast.Assign)
+                   and any(dotted(t) == dataset.id for t in n.targets)]
+    return any(_by_rank_or_world(ctx, v) for v in values)
+
+
+def _by_rank_or_world(ctx: Context, expr: ast.AST) -> bool:
+    if ctx.rank_dependent(expr):
+        return True
+    for node in ast.walk(expr):
+        name = (node.attr if isinstance(node, ast.Attribute) else
+                node.id if isinstance(node, ast.Name) else
+                node.arg if isinstance(node, ast.keyword) else None) or ""
+        if "world_size" in name.lower() or name in WORLD_NAMES or \
+                isinstance(node, ast.Constant) and node.value == "WORLD_SIZE":
+            return True
+    return False
 
 
 def _may_unpack(ctx: Context, call: ast.Call, keys: set[str]) -> bool:
@@ -87,20 +121,82 @@ def _sampler_and_shuffle(ctx: Context):
 def _set_epoch_never_called(ctx: Context):
     """DistributedSampler (shuffling) where neither this file nor a linted file connected
     to it by imports sets an epoch: `sampler.set_epoch(e)`, `loader.sampler.set_epoch(e)`,
-    a helper the sampler or its loader is passed to."""
+    a helper the sampler or its loader is passed to; not one that feeds evaluation."""
     if holds(ctx, "set_epoch"):
         return
     for call in ctx.calls_named("DistributedSampler"):
-        if keyword(call, "shuffle") is None or is_true(keyword(call, "shuffle")):
+        if (keyword(call, "shuffle") is None or is_true(keyword(call, "shuffle"))) \
+                and not _for_evaluation(ctx, call):
             yield call, ""
+
+
+def _for_evaluation(ctx: Context, sampler: ast.Call) -> bool:
+    """The sampler feeds evaluation, where the order does not matter: it, its dataset or
+    the loader it goes into is named for it (`eval_sampler`, `DistributedSampler(
+    val_set)`, `test_loader = DataLoader(ds, sampler=s)`), or that loader is only
+    iterated under `torch.no_grad()`/`inference_mode()`."""
+    names = _assigned(ctx, sampler)
+    dataset = sampler.args[0] if sampler.args else keyword(sampler, "dataset")
+    loaders = [c for c in ctx.calls_named("DataLoader") if (s := keyword(c, "sampler"))
+               is not None and (s is sampler or dotted(s) in names)]
+    loader_names = {n for c in loaders for n in _assigned(ctx, c)}
+    named = names | loader_names | ({dotted(dataset)} if dataset is not None else set())
+    if any(EVAL_WORDS & {w.lower() for w in WORD_PARTS.findall(n)} for n in named):
+        return True
+    loops = [n for n in ctx.nodes if isinstance(n, (ast.For, ast.AsyncFor)) and any(
+        dotted(m) in loader_names for m in ast.walk(n.iter))]
+    return bool(loops) and all(_without_grad(ctx, loop) for loop in loops)
+
+
+def _assigned(ctx: Context, call: ast.Call) -> set[str]:
+    parent = ctx.parents.get(call)
+    return {dotted(t) for t in parent.targets} - {""} if isinstance(parent, ast.Assign) \
+        else set()
+
+
+def _without_grad(ctx: Context, node: ast.AST) -> bool:
+    """Under `with torch.no_grad():`/`inference_mode()`, or in a function decorated so."""
+    for parent in ctx.ancestors(node):
+        calls = [i.context_expr for i in parent.items] if isinstance(parent, ast.With) else \
+            parent.decorator_list if isinstance(parent, ast.FunctionDef) else []
+        if any(last(dotted(c)) in NO_GRAD for c in calls):
+            return True
+    return False
 
 
 def _download_on_every_rank(ctx: Context):
     if not distributed(ctx):
         return
     for call in ctx.calls:
-        if is_true(keyword(call, "download")) and ctx.rank_condition(call) is None:
+        if is_true(keyword(call, "download")) and ctx.rank_condition(call) is None \
+                and not _rank_zero_first(ctx, call):
             yield call, ""
+
+
+def _rank_zero_first(ctx: Context, call: ast.Call) -> bool:
+    """Rank 0 downloads while the others wait: a rank-guarded barrier before the call and
+    another after it in the same function (`if rank != 0: dist.barrier()` … `if rank ==
+    0: dist.barrier()`), or a `with …_first():` block (`main_process_first()`,
+    `torch_distributed_zero_first(rank)`)."""
+    for parent in ctx.ancestors(call):
+        if isinstance(parent, ast.With) and any(
+                last(dotted(i.context_expr)).lower().endswith("first") for i in parent.items):
+            return True
+    waits = _barrier_functions(ctx)
+    return any(_guarded_barrier(ctx, s, waits) for s in ctx.before(call)) and \
+        any(_guarded_barrier(ctx, s, waits) for s in ctx.after(call))
+
+
+def _barrier_functions(ctx: Context) -> set[str]:
+    """Names of this file's functions that wait at a barrier, and `barrier` itself."""
+    return {"barrier"} | {f.name for f in ctx.nodes if isinstance(f, ast.FunctionDef) and any(
+        isinstance(c, ast.Call) and "barrier" in last(dotted(c)) for c in ast.walk(f))}
+
+
+def _guarded_barrier(ctx: Context, stmt: ast.stmt, waits: set[str]) -> bool:
+    return isinstance(stmt, ast.If) and ctx.rank_dependent(stmt.test) and any(
+        last(dotted(c)) in waits or "barrier" in last(dotted(c))
+        for c in calls_in(stmt.body))
 
 
 RULES = [

@@ -6,12 +6,39 @@ import ast
 from typing import TypeGuard
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
-from phalanx.lint.facts import distributed, holds, uses_rpc
+from phalanx.lint.facts import distributed, distributed_program, holds, uses_rpc
+
+MULTI_PROCESS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP",
+                 "fully_shard", "init_process_group"}
 
 
 def _data_parallel(ctx: Context):
+    """nn.DataParallel in a distributed program (the file, or a linted file importing
+    it, sets up several processes) — not on a branch that is the alternative to one
+    building DDP/FSDP or the process group (`if args.distributed: DDP … else: DataParallel`)."""
+    if not distributed_program(ctx):
+        return
     for call in ctx.calls_named("DataParallel"):
-        yield call, ""
+        if not _alternative_to_multi_process(ctx, call):
+            yield call, ""
+
+
+def _alternative_to_multi_process(ctx: Context, node: ast.AST) -> bool:
+    """`node` is on one side of an `if`/`elif`/`else` chain or a conditional expression
+    (in its own function) whose other side builds DDP/FSDP or the process group."""
+    child = node
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+            body = parent.body if isinstance(parent, ast.If) else [parent.body]
+            orelse = parent.orelse if isinstance(parent, ast.If) else [parent.orelse]
+            other = orelse if child in body else body
+            if any(last(dotted(c)) in MULTI_PROCESS for s in other for c in ast.walk(s)
+                   if isinstance(c, ast.Call)):
+                return True
+        child = parent
+    return False
 
 
 def _moves(node: ast.AST) -> TypeGuard[ast.Call]:
@@ -175,7 +202,8 @@ def _used_as_tensor(ctx: Context, name: ast.Name) -> bool:
 RULES = [
     Rule("PX101", "warning", "nn.DataParallel: single-process, slower than DDP and not "
          "multi-node.", "Use DistributedDataParallel with one process per GPU (torchrun).",
-         "model = nn.DataParallel(model)  # <-",
+         "dist.init_process_group('nccl')\nmodel = nn.DataParallel(model)  # <-",
+         "dist.init_process_group('nccl')\n"
          "model = DDP(model.to(device), device_ids=[local_rank])", _data_parallel),
     Rule("PX102", "error", "DDP wraps a model that is not on its device yet.",
          "Move first: `DDP(model.to(device), device_ids=[local_rank])`.",

@@ -8,8 +8,9 @@ the local rank runs once per node: twice here, on the same files.
 
 What a name holds is read from the assignment reaching its use, per scope (`rank =
 dist.get_rank()`, `local_rank = int(os.environ["LOCAL_RANK"])`, `self.rank = ...`); a
-value taken modulo something (`rank % torch.cuda.device_count()`) is not judged, nor a
-parameter (the caller's value).
+value taken modulo something (`rank % torch.cuda.device_count()`) is no GPU index to
+judge, nor is a parameter (the caller's value) — but a rank modulo the GPUs per node
+tested against 0 is a local-rank-0 guard (`args.rank % ngpus_per_node == 0`).
 """
 
 from __future__ import annotations
@@ -52,17 +53,19 @@ def _rank_kind(ctx: Context, expr: ast.AST | None, use: ast.AST, depth: int = 0)
     scope = ctx.function_of(use)
     if isinstance(expr, ast.Call) and not expr.args:
         kind = _kind(expr)
-        return (kind, (id(scope), ast.unparse(expr), expr.lineno), use.lineno) if kind else None
+        anchor = getattr(use, "lineno", expr.lineno)
+        return (kind, (id(scope), ast.unparse(expr), expr.lineno), anchor) if kind else None
     if not isinstance(expr, (ast.Name, ast.Attribute)):
         return None
     where, found = reaching(ctx, expr, use)
     if where == "param" and depth < 3 and isinstance(expr, ast.Name):
         return _passed(ctx, scope, expr.id, depth)
     kinds = {_kind(value) if value is not None else None for _, value in found}
-    if where in ("local", "outer") and len(kinds) == 1 and None not in kinds:
-        line = min(line for line, _ in found)
-        return next(iter(kinds)), (id(scope), dotted(expr), line), use.lineno  # type: ignore
-    return None
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    if where not in ("local", "outer") or kind is None:
+        return None
+    line = min(line for line, _ in found)
+    return kind, (id(scope), dotted(expr), line), getattr(use, "lineno", line)
 
 
 def _passed(ctx: Context, func: ast.AST, name: str, depth: int) -> Root | None:
@@ -122,6 +125,8 @@ def _global_rank_as_device(ctx: Context):
     causes: dict[tuple, list[tuple[int, int, ast.expr]]] = {}
     for call in ctx.calls:
         for index in _device_indexes(call):
+            if index is None:
+                continue
             found = _rank_kind(ctx, index, call)
             if found is not None and found[0] == "global":
                 causes.setdefault(found[1], []).append((found[2], index.lineno, index))
@@ -136,17 +141,51 @@ def _global_rank_as_device(ctx: Context):
             tuple(others)
 
 
+PER_NODE_WORDS = ("gpus", "gpu_count", "per_node", "device_count", "nproc")
+
+
+def _per_node_count(ctx: Context, expr: ast.AST, use: ast.AST) -> bool:
+    """`torch.cuda.device_count()`, or a name holding it or named for it (`ngpus_per_node`,
+    `args.gpus`: a parameter passed through `mp.spawn` is read by its name)."""
+    if isinstance(expr, ast.Call):
+        return last(dotted(expr)) == "device_count"
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return False
+    _, found = reaching(ctx, expr, use)
+    if any(isinstance(v, ast.Call) and last(dotted(v)) == "device_count" for _, v in found):
+        return True
+    return any(word in last(dotted(expr)).lower() for word in PER_NODE_WORDS)
+
+
+def _local_rank_value(ctx: Context, expr: ast.AST, use: ast.AST) -> bool:
+    """A local rank: read from LOCAL_RANK (directly or through the name holding it), or
+    any rank modulo the GPUs per node (`args.rank % ngpus_per_node`: on 2 nodes × 8 GPUs
+    it is 0 on one process per node)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
+        return ctx.rank_dependent(expr.left) and _per_node_count(ctx, expr.right, use)
+    return _is(ctx, expr, "local", use)
+
+
 def _local_zero(ctx: Context, test: ast.AST, holds: bool) -> bool:
     """The code runs where the local rank is 0: `local_rank == 0` / `not local_rank`
-    holding, or `local_rank != 0` / `local_rank > 0` / `local_rank` not holding."""
+    holding, or `local_rank != 0` / `local_rank > 0` / `local_rank` not holding; through
+    `and`/`or` whose other operands do not read a rank (they pick a mode, the same on
+    every rank: `not args.distributed or rank % ngpus == 0`)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _local_zero(ctx, test.operand, not holds)
-    if _is(ctx, test, "local", test):
+    if isinstance(test, ast.BoolOp):
+        # `a and b` holding (`a or b` failing): every operand holds (fails) — one suffices
+        if holds == isinstance(test.op, ast.And):
+            return any(_local_zero(ctx, v, holds) for v in test.values)
+        # `a or b` holding (`a and b` failing): one of them, the others pick no ranks
+        return any(_local_zero(ctx, v, holds) and not any(
+            ctx.rank_dependent(o) for o in test.values if o is not v) for v in test.values)
+    if _local_rank_value(ctx, test, test):
         return not holds
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, left, right = test.ops[0], test.left, test.comparators[0]
         zero = [s for s in (left, right) if isinstance(s, ast.Constant) and s.value == 0]
-        if not zero or not any(_is(ctx, s, "local", test) for s in (left, right)):
+        if not zero or not any(_local_rank_value(ctx, s, test) for s in (left, right)):
             return False
         if isinstance(op, ast.Eq):
             return holds
@@ -154,16 +193,28 @@ def _local_zero(ctx: Context, test: ast.AST, holds: bool) -> bool:
     return False
 
 
+def _into_memory(ctx: Context, call: ast.Call) -> bool:
+    """`torch.save(obj, buffer)` into an `io.BytesIO`: nothing is written yet."""
+    target = call.args[1] if len(call.args) > 1 else keyword(call, "f")
+    if isinstance(target, ast.Call):
+        return last(dotted(target)) == "BytesIO"
+    return isinstance(target, ast.Name) and any(
+        isinstance(v, ast.Call) and last(dotted(v)) == "BytesIO"
+        for _, v in reaching(ctx, target, call)[1])
+
+
 def _job_wide_under_local_rank(ctx: Context):
     """A job-wide action under a local-rank-0 guard: its own if, an early exit before
     it, or a guard around every call of its function."""
     for call in ctx.calls_named(*JOB_WIDE):
-        if last(dotted(call)) == "init" and "wandb" not in dotted(call):
+        if last(dotted(call)) == "init" and "wandb" not in dotted(call) or _into_memory(ctx, call):
             continue
         guard = next((g for g in ctx.rank_guards(call) if _local_zero(ctx, g.test, g.holds)),
                      None)
         if guard is not None:
-            yield call, (f"(`{ast.unparse(guard.test)}` at line {guard.line} holds on one "
+            where = guard.where or f"line {guard.line}"
+            via = f" (around the call of `{guard.via}()`)" if guard.via else ""
+            yield call, (f"(`{ast.unparse(guard.test)}` at {where}{via} holds on one "
                          f"process per node: on 2 nodes × 8 GPUs two processes run "
                          f"`{last(dotted(call))}` at once)")
 

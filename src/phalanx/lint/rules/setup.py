@@ -18,14 +18,18 @@ DDP_KEYWORDS = {"module", "device_ids", "output_device", "dim", "broadcast_buffe
 LOGGERS = {"print", "log", "info", "add_scalar", "add_scalars", "log_metrics", "log_dict",
            "set_postfix", "write"}
 METRIC_WORDS = ("loss", "acc", "ppl", "perplexity")
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 
 def _hard_coded_master(ctx: Context):
+    """A constant MASTER_PORT, or a constant MASTER_ADDR other than the loopback address
+    (the right one for a job on one machine: only the port can collide there)."""
     for node in ctx.nodes:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets:
                 if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
-                        and target.slice.value in ("MASTER_PORT", "MASTER_ADDR"):
+                        and target.slice.value in ("MASTER_PORT", "MASTER_ADDR") and not (
+                        target.slice.value == "MASTER_ADDR" and node.value.value in LOOPBACK):
                     yield node, f"(`{target.slice.value}` = {node.value.value!r})"
 
 

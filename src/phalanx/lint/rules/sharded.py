@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.facts import named_elsewhere
 
 FSDP1 = {"FullyShardedDataParallel", "FSDP"}
 LOW = {"float16", "bfloat16", "half", "bf16", "fp16"}
@@ -50,8 +51,49 @@ def _plain_clip_on_fsdp1(ctx: Context):
             yield call, "(each rank sees only its shards: a different norm on every rank)"
 
 
+def _passed_on(ctx: Context, call: ast.Call) -> bool:
+    """The policy reaches a wrapper: an argument (or part of one), returned, or assigned
+    to a name some linted file reads (`mp = …` then `FSDP(m, mixed_precision=mp)`, or
+    `policies.mp` from another file) — not a definition nothing uses."""
+    node: ast.AST = call
+    while (parent := ctx.parents.get(node)) is not None:
+        if isinstance(parent, (ast.Dict, ast.Tuple, ast.List, ast.IfExp, ast.Starred)):
+            node = parent
+        elif isinstance(parent, (ast.Assign, ast.AnnAssign)):
+            targets: list[ast.expr] = [*parent.targets] if isinstance(parent, ast.Assign) \
+                else [parent.target]
+            return any(_read(ctx, name, targets) for t in targets for name in _names(t))
+        else:
+            return not isinstance(parent, ast.Expr)
+    return True
+
+
+def _names(target: ast.expr) -> list[str]:
+    """The names an assignment target binds or changes: `mp`, `self.mp` → mp,
+    `kwargs["mp_policy"]` → kwargs, `a, b` → both."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _names(e)]
+    while isinstance(target, ast.Subscript):
+        target = target.value
+    return [last(dotted(target))] if dotted(target) else []
+
+
+def _read(ctx: Context, name: str, targets: list[ast.expr]) -> bool:
+    """`name` is read in this file (outside the assignment's own targets) or named in
+    another linted file (lint.facts.named_elsewhere)."""
+    skip = {id(n) for t in targets for n in ast.walk(t)}
+    for node in ctx.nodes:
+        load = isinstance(getattr(node, "ctx", None), ast.Load) and id(node) not in skip
+        if load and (isinstance(node, ast.Name) and node.id == name or
+                     isinstance(node, ast.Attribute) and node.attr == name):
+            return True
+    return named_elsewhere(ctx, name)
+
+
 def _low_precision_reduce(ctx: Context):
     for call in ctx.calls_named("MixedPrecision", "MixedPrecisionPolicy"):
+        if not _passed_on(ctx, call):
+            continue
         param, reduce = keyword(call, "param_dtype"), keyword(call, "reduce_dtype")
         low = [n for n in (reduce,) if n is not None and last(dotted(n)) in LOW]
         if low or (reduce is None and param is not None and last(dotted(param)) in LOW):
@@ -88,8 +130,10 @@ RULES = [
     Rule("PX108", "warning", "FSDP mixed precision reduces gradients in 16-bit: the sum over "
          "many ranks loses precision.", "Pass `reduce_dtype=torch.float32` (compute stays "
          "in `param_dtype`).",
-         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # <-",
-         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # <-\n"
+         "fully_shard(model, mp_policy=mp)",
+         "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+         "fully_shard(model, mp_policy=mp)",
          _low_precision_reduce, family="sharded"),
     Rule("PX505", "error", "`ZeroRedundancyOptimizer.state_dict()` without "
          "`consolidate_state_dict()`: it raises, the state is spread over the ranks.",

@@ -1,0 +1,57 @@
+"""Pure-syntax questions about `ast` nodes, shared by the engine and the analyses built on
+it (guards, bindings, callers): what a callable is named, a call's keyword, whether an
+expression reads a rank. Imports nothing from phalanx.lint."""
+
+from __future__ import annotations
+
+import ast
+
+RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process", "is_master",
+              "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process"}
+RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
+
+
+def dotted(node: ast.AST) -> str:
+    """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Call):
+        return dotted(node.func)
+    return ""
+
+
+def last(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def is_true(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def rank_dependent(test: ast.AST) -> bool:
+    """`test` reads a rank: a rank-named name or attribute, `get_rank()`, `"RANK"`."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and node.id.lower() in RANK_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr.lower() in RANK_NAMES:
+            return True
+        if isinstance(node, ast.Call) and last(dotted(node)) in RANK_CALLS:
+            return True
+        if isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK"):
+            return True
+    return False
+
+
+def whether_distributed(test: ast.AST) -> bool:
+    """`int(os.environ.get("RANK", -1)) != -1`, `rank is None`: the same on every rank."""
+    return any(isinstance(n, ast.Constant) and n.value is None or
+               isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
+               or isinstance(n, ast.Constant) and n.value == -1 and not isinstance(n.value, bool)
+               for n in ast.walk(test))
