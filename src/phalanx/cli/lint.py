@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="more exclusions, added to the defaults or to --exclude")
     fixing = parser.add_mutually_exclusive_group()
     fixing.add_argument("--fix", action="store_const", const="fix", dest="fixing",
-                        help="rewrite what can be fixed without changing behaviour (PX603 "
-                             "torch.amp; PX502 weights_only=True when selected), each file "
+                        help="rewrite what can be fixed without changing behaviour (PX603: "
+                             "torch.cuda.amp → torch.amp), each file "
                              "replaced atomically and only once every file's fix parses, then "
                              "report what is left")
     fixing.add_argument("--diff", action="store_const", const="diff", dest="fixing",

@@ -220,7 +220,7 @@ def _job_wide_under_local_rank(ctx: Context):
 
 
 RULES = [
-    Rule("PX801", "error", "The global rank used as a GPU index: right on one node only.",
+    Rule("PX801", "warning", "The global rank used as a GPU index: right on one node only.",
          "Index GPUs by the local rank: `local_rank = int(os.environ['LOCAL_RANK'])`, "
          "`torch.cuda.set_device(local_rank)`, `device_ids=[local_rank]`.",
          "import torch.distributed as dist\nrank = dist.get_rank()\n"
