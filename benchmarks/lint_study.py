@@ -8,12 +8,19 @@ DIR/owner+name/<git dir>, else a blob-less clone from GitHub), runs
 `python -m phalanx lint --format json` on them and scores the findings against
 benchmarks/lint_study/judgments.json ({repo, path, line, code, text, verdict, why}).
 
-Every error is judged; warnings are judged on a seeded sample (up to --per-project each,
-raised until the sample holds --min-total). A sample is ordered by a hash of
+Projects marked "held_out": true in projects.json were added after the linter was tuned
+(it never saw them): the script prints the tuned set, the held-out set and both together,
+each with its error and warning precision. Precision on the tuned set is optimistic; the
+held-out numbers are the honest estimate.
+
+Every error is judged; warnings are judged on a seeded sample, drawn per set: up to
+--per-project each, raised until the sample holds --min-total, and every warning of a set
+with at most --all-up-to of them (--all: every warning everywhere). A sample is ordered by a hash of
 (seed, repo, path, code, source text), so it survives line shifts and a vanished
 finding is replaced by the next one. A judgment matches a finding by repo+path+line+code,
 else by repo+path+code+stripped source line. Findings without one are listed as
-"unjudged"; judgments that match nothing any more as "gone".
+"unjudged"; judgments that match nothing any more are counted as "gone" (listed with
+--verbose).
 To pin a linter version: `git archive REV src | tar -x -C DIR` and run with PYTHONPATH=DIR/src.
 """
 
@@ -124,13 +131,18 @@ def sample_key(seed: int, repo: str, f: dict) -> str:
     return hashlib.sha1(raw.encode()).hexdigest()
 
 
-def choose_samples(results: list[dict], seed: int, per_project: int, min_total: int) -> None:
-    """Mark f['sampled'] on every error and on a seeded sample of each project's warnings."""
+def choose_samples(results: list[dict], seed: int, per_project: int, min_total: int,
+                   all_up_to: int = 0) -> None:
+    """Mark f['sampled'] on every error and on a seeded sample of each project's warnings.
+
+    Every warning when the results hold at most `all_up_to` of them."""
     for r in results:
         r["warnings"] = sorted((f for f in r["findings"] if f["severity"] == "warning"),
                                key=lambda f: sample_key(seed, r["repo"], f))
     k = per_project
     most = max((len(r["warnings"]) for r in results), default=0)
+    if sum(len(r["warnings"]) for r in results) <= all_up_to:
+        k = most
     while sum(min(k, len(r["warnings"])) for r in results) < min_total and k < most:
         k += 1
     for r in results:
@@ -184,7 +196,9 @@ def pct(num: int, den: int) -> str:
     return f"{100 * num / den:.0f}%" if den else "-"
 
 
-def print_table(results: list[dict]) -> dict:
+def print_table(results: list[dict], title: str = "") -> dict:
+    if title:
+        print(f"### {title}\n")
     cols = ["files", "lines", "errors", "warnings", "infos", "err T/F", "warn T/F", "unjudged",
             "precision"]
     print("| project | " + " | ".join(cols) + " |")
@@ -209,7 +223,15 @@ def print_table(results: list[dict]) -> dict:
     et, ef = tot.get("err_true", 0), tot.get("err_false", 0)
     wt, wf = tot.get("warn_true", 0), tot.get("warn_false", 0)
     print(f"\nfalse errors: {ef} of {et + ef} (error precision {pct(et, et + ef)}); "
-          f"sampled warnings: {wt} true / {wf} false (warning precision {pct(wt, wt + wf)})")
+          f"sampled warnings: {wt} true / {wf} false of {tot.get('warnings', 0)} "
+          f"(warning precision {pct(wt, wt + wf)})")
+    per_rule: dict[str, list[int]] = {}
+    for r in results:
+        for f in r["findings"]:
+            if f.get("sampled") and f.get("verdict") in ("true", "false"):
+                per_rule.setdefault(f["code"], [0, 0])[f["verdict"] == "false"] += 1
+    print("judged per rule (true/false): " + ", ".join(
+        f"{code} {t}/{fl}" for code, (t, fl) in sorted(per_rule.items())) + "\n")
     return tot
 
 
@@ -222,9 +244,12 @@ def print_lists(results: list[dict], gone: list[dict], verbose: bool) -> None:
             elif verbose and f.get("sampled"):
                 print(f"{f['verdict']:5} {r['repo']} {f['path']}:{f['line']} {f['code']}: "
                       f"{f.get('why', '')}")
-    for j in gone:
+    for j in gone if verbose else []:
         print(f"gone: {j['repo']} {j['path']}:{j['line']} {j['code']} ({j['verdict']}): "
               f"{j.get('text', '')[:80]}")
+    if gone and not verbose:
+        print(f"{len(gone)} judgments match no finding any more (kept: they judge the finding "
+              f"if it comes back); --verbose lists them")
 
 
 def parse_args() -> argparse.Namespace:
@@ -236,7 +261,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--only", action="append", help="only this repo (repeatable)")
     ap.add_argument("--seed", type=int, default=20261124)
     ap.add_argument("--per-project", type=int, default=6)
-    ap.add_argument("--min-total", type=int, default=30)
+    ap.add_argument("--min-total", type=int, default=30,
+                    help="raise the per-project cap until a set's sample holds this many")
+    ap.add_argument("--all-up-to", type=int, default=100,
+                    help="judge every warning of a set (tuned, held-out) with at most this many")
+    ap.add_argument("--all", action="store_true", help="judge every warning")
     ap.add_argument("--json", type=Path, help="write scores and findings here")
     ap.add_argument("--verbose", action="store_true", help="list the judged findings too")
     return ap.parse_args()
@@ -257,8 +286,14 @@ def main() -> int:
             failed = True
         attach_text(dest, findings)
         results.append({"repo": p["repo"], "commit": p["commit"], "files": files,
+                        "held_out": bool(p.get("held_out")),
                         "lines": count_lines(dest, p["paths"]), "findings": findings})
-    choose_samples(results, args.seed, args.per_project, args.min_total)
+    groups = [("tuned set (the linter was tuned on these: optimistic)",
+               [r for r in results if not r["held_out"]]),
+              ("held-out set (added after tuning)", [r for r in results if r["held_out"]])]
+    for _title, rs in groups:
+        choose_samples(rs, args.seed, args.per_project, args.min_total,
+                       10**9 if args.all else args.all_up_to)
     considered = {r["repo"] for r in results}
     gone = [j for j in match_judgments(results, judgments) if j["repo"] in considered]
     for r in results:
@@ -266,7 +301,12 @@ def main() -> int:
     proc = subprocess.run([sys.executable, "-c", "import phalanx; print(phalanx.__file__)"],
                           capture_output=True, text=True)
     print(f"linter: {proc.stdout.strip() or proc.stderr.strip()[-200:]}\n")
-    totals = print_table(results)
+    totals = {}
+    for title, rs in groups:
+        if rs:
+            totals[title.split(" (")[0]] = print_table(rs, title)
+    if all(rs for _t, rs in groups):
+        totals["overall"] = print_table(results, "overall")
     print_lists(results, gone, args.verbose)
     if args.json:
         for r in results:
