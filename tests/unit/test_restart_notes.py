@@ -46,3 +46,21 @@ def test_the_logged_record_is_used_when_no_context_is_found():
         logging.getLogger(RestartNotes.LOGGER).error(
             "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", 1, 3, 99, "python")
         assert os.environ[LAST_FAILURE] == "local rank 3 on node-b exited with code 1"
+
+
+def test_a_usage_error_stays_one_when_the_agent_stopped_its_rank():
+    """Rank 0 recorded a full disk (a UserError) and the agent stopped it before it could
+    exit with 2, because rank 1 lost the connection at the same moment (seen once in a
+    full run of tests/e2e/test_resume_cli.py): still the usage error, exit 2."""
+    from phalanx.errors import UserError
+    from phalanx.launch.failures import job_failed
+
+    full = "StorageFull: No space left on device writing into `run`. Free space."
+    lost = "DistributedError: [rank 1] Connection closed by peer [127.0.0.1]:1234"
+    error = job_failed({0: Failure(-signal.SIGTERM, {"message": full}),
+                        1: Failure(1, {"message": lost})}, max_restarts=0)
+    assert isinstance(error, UserError), error
+    assert str(error).startswith("[rank 0] No space left on device"), error
+    crash = job_failed({0: Failure(-signal.SIGTERM, {"message": "RuntimeError: boom"}),
+                        1: Failure(1, {"message": lost})}, max_restarts=0)
+    assert not isinstance(crash, UserError), crash

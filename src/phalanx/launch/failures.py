@@ -29,7 +29,8 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
     when the job spans several. `reports`: where crash records are (phalanx.hang.crash);
     `logs`: where the ranks' logs are (phalanx.cluster.ranklogs), named for the failed ranks."""
     culprits, victims, stopped = _blame(failures)
-    user = [r for r in culprits if failures[r].exitcode == 2]
+    user = [r for r in culprits if failures[r].exitcode == 2 or
+            (_stopped(failures[r].exitcode) and _usage_error(failures[r]))]
     if user and all(r in user or _stopped(failures[r].exitcode) for r in culprits):
         first = min(culprits)  # a user error (a rank stopped while exiting with it too)
         message = _message(failures[first]).split(": ", 1)[-1]
@@ -45,6 +46,22 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
     where = f" on {host}" if host else ""
     return DistributedError(f"the job failed{restarts}{where}: {detail.rstrip('.')}."
                             + _logs_of(culprits + victims, logs), culprits)
+
+
+def _usage_error(failure) -> bool:
+    """The rank recorded a usage error (a `UserError`: a full disk, a bad path) and was
+    stopped by the agent before it could exit with 2 — a peer failed at the same moment,
+    losing the connection to it."""
+    import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
+    import phalanx.checkpoint.store  # noqa: F401
+
+    kind = _message(failure).split("] ", 1)[-1].split(":", 1)[0].strip()
+    todo, names = [UserError], set()
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return kind in names
 
 
 def _logs_of(ranks: list[int], logs: str | None) -> str:
