@@ -166,7 +166,7 @@ def test_a_tuple_assignment_moves_only_what_it_moves():
 
 
 def test_a_model_driven_through_rpc_takes_cpu_inputs():
-    loop = ("for x, y in loader:\n    y = y.to('cpu')\n    out = model(x, y)\n")
+    loop = ("for x, y in loader:\n    y = y.to('cpu')\n    loss = loss_fn(model(x), y)\n")
     assert codes(loop, "PX105") == [("PX105", 3)]
     rpc = "import torch.distributed.rpc as rpc\nmodel = rpc.remote('ps', Net)\n"
     assert codes(rpc + loop, "PX105") == []

@@ -2,7 +2,8 @@
 rank guard each call runs under: `save_hf_format` of `utils.py` called only under
 `if args.global_rank == 0:` in every `main.py` runs on rank 0 only (`Context.external`,
 read by lint.guards.caller_guards). Conservative: a function passed by name, imported
-with `*`, or named in a file that could not be analysed has an unknown caller."""
+with `*`, or named in a file that could not be analysed has an unknown caller — not a
+file that binds the name to a function of another module (`from ckpt_moe import f`)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,24 @@ def _sites(ctx: Context, file: str, suffixes: dict[str, str]) -> dict[str, list[
     return found
 
 
+def _elsewhere(ctx: Context | None, name: str, file: str) -> bool:
+    """In a file that does not import `file`, `name` is another function: one the file
+    defines at its top level, or imports from a module that is neither `file` nor a
+    package `file` is in (which could re-export it) — and it is never used as an
+    attribute (`x.name`: possibly `file`'s, through a module object)."""
+    if ctx is None or any(isinstance(n, ast.Attribute) and n.attr == name for n in ctx.nodes):
+        return False
+    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+           and n.name == name for n in ctx.tree.body):
+        return name not in ctx.imported
+    module = ctx.imported.get(name, "").rpartition(".")[0].split(".")
+    if module == [""]:
+        return False
+    path = Path(file).with_suffix("").parts
+    here = path[:-1] if path[-1] == "__init__" else path
+    return tuple(module) != here[-len(module):] and tuple(module) != path[-len(module) - 1:-1]
+
+
 def external_callers(texts: dict[str, str], suffixes: dict[str, str],
                      contexts: dict[str, Context | None],
                      parse: Callable[[str, str], Context | None]) -> dict[str, dict]:
@@ -91,7 +110,10 @@ def external_callers(texts: dict[str, str], suffixes: dict[str, str],
             if f not in words:
                 words[f] = set(WORD.findall(texts[f]))
             for name in seen.keys() & words[f]:
-                seen[name].append(UNKNOWN)
+                if f not in contexts:
+                    contexts[f] = parse(f, texts[f])
+                if not _elsewhere(contexts[f], name, file):
+                    seen[name].append(UNKNOWN)
         if seen:
             result[file] = seen
     return result

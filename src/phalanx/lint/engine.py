@@ -28,6 +28,7 @@ from phalanx.lint.syntax import (  # noqa: F401  (re-exported: the rules import 
 )
 
 if TYPE_CHECKING:
+    from phalanx.lint.gates import Gate
     from phalanx.lint.guards import Guard
 
 SEVERITIES = ("error", "warning", "info")
@@ -102,6 +103,8 @@ class Context:
         self._call_index: dict | None = None  # lint.guards._index (cached)
         self._rank_names: set[str] | None = None
         self.external: dict[str, list] = {}  # calls from other linted files: lint.callers
+        self.gates: dict[str, Gate] = {}  # the other files' helpers seen: lint.gates
+        self.memo: dict[str, dict] = {}  # analyses' caches, per analysis
 
     def calls_named(self, *names: str) -> Iterator[ast.Call]:
         """Calls whose callable's last name is one of `names` (`x.all_reduce`, `DDP`), in

@@ -12,12 +12,14 @@ through it: two entry scripts sharing `utils.py` do not lend each other their fa
 (neither is the other's ancestor, nor imported by one). Only files whose text names a
 fact are parsed for it.
 
-Imports are read from the text and matched to linted files: relative ones by the
-file's folder; absolute ones first by the importing file's own folder (where Python
-looks first for a script: `from utils import setup` next to `train.py`), then by the
-module path's ending when only one linted file has it; and `from pkg import name`, when
-`pkg`'s `__init__.py` is not linted, by the one linted file of `pkg`'s folder that
-defines `name` at its top level (what the package re-exports).
+Imports are read from a file's parse where there is one, else from its text (name lists
+in parentheses over several lines, Black's layout, and backslash continuations included),
+and matched to linted files: relative ones by the file's folder; absolute ones first by
+the importing file's own folder (where Python looks first for a script: `from utils
+import setup` next to `train.py`), then by the module path's ending when only one linted
+file has it; and `from pkg import name`, when `pkg`'s `__init__.py` is not linted, by
+the one linted file of `pkg`'s folder that defines `name` at its top level (what the
+package re-exports).
 
 Being part of a distributed program is a fact too, and it flows only downwards: a file
 is in one when it names a process group, DDP, a DistributedSampler … itself, or when a
@@ -38,11 +40,11 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last
+from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,
@@ -50,20 +52,29 @@ from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, l
 FACT_NAMES = {"set_device": {"set_device", "set_device_index"},
               "destroy": {"destroy_process_group"},
               "set_epoch": {"set_epoch"}}
+# launchers' per-process variables (beyond RANK, LOCAL_RANK: syntax.rank_dependent)
+PER_PROCESS_ENV = {"SLURM_LOCALID", "SLURM_PROCID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_RANK"}
 RPC_NAMES = {"RRef", "remote", "rpc_sync", "rpc_async", "init_rpc"}
 FAKE_STORES = {"FakeStore", "HashStore"}
-OLD_TORCH_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
-FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t]+)", re.M)
-IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w., \t]+)", re.M)
+# `from a import b, c`, `from . import (\n    b,  # why\n    c,\n)` (Black's layout for long
+# imports), `from a import b, \\\n c`: the names run to the closing parenthesis or over
+# backslash-continued lines
+FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)[ \t]*([\w.]*)[ \t]+import[ \t]*"
+                  r"(\((?:[^)#]|#[^\n]*\n)*\)|(?:[\w.,* \t]|\\\r?\n)+)", re.M)
+IMPORT = re.compile(r"^[ \t]*import[ \t]+((?:[\w., \t]|\\\r?\n)+)", re.M)
+COMMENT = re.compile(r"#[^\n]*")
 TOP_LEVEL = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=[^=]",
                        re.M)
 WORD = re.compile(r"[A-Za-z_]\w*")
 DISTRIBUTED = frozenset({"distributed"})  # the fact: part of a distributed program
+INIT = "init_process_group"  # FileFacts.initializing
 
 
 def facts_of_tree(tree: ast.AST) -> frozenset[str]:
     """The facts a parsed file establishes itself."""
     names: set[str] = set()
+    facts: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             names.add(node.attr)
@@ -75,7 +86,17 @@ def facts_of_tree(tree: ast.AST) -> frozenset[str]:
                 isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
                 and t.slice.value == "CUDA_VISIBLE_DEVICES" for t in node.targets):
             names.add("set_device")  # each rank sees only its own GPU
-    return frozenset(fact for fact, words in FACT_NAMES.items() if words & names)
+            if per_rank_value(node.value):
+                facts.add("own_gpu")
+    return frozenset(facts | {fact for fact, words in FACT_NAMES.items() if words & names})
+
+
+def per_rank_value(value: ast.AST) -> bool:
+    """A value that differs from process to process: it reads a rank (`str(rank)`,
+    `devices[rank]`, `os.environ["LOCAL_RANK"]`) or a launcher's per-process variable
+    (`os.environ["SLURM_LOCALID"]`)."""
+    return rank_dependent(value) or any(
+        isinstance(n, ast.Constant) and n.value in PER_PROCESS_ENV for n in ast.walk(value))
 
 
 def holds(ctx: Context, fact: str) -> bool:
@@ -90,16 +111,62 @@ def holds(ctx: Context, fact: str) -> bool:
 
 
 class FileFacts(frozenset):
-    """The facts that hold for one file (a frozenset of names, as `holds` asks), and
-    `mentions`: how many linted files name each identifier in their text."""
+    """The facts that hold for one file (a frozenset of names, as `holds` asks);
+    `mentions`: how many linted files name each identifier in their text; `referenced`:
+    how many may use it (`references`); `initializing`: the linted files that call
+    init_process_group."""
 
     mentions: Mapping[str, int]
+    referenced: Mapping[str, int]
+    initializing: frozenset[str]
 
-    def __new__(cls, facts: Iterable[str] = (), mentions: Mapping[str, int] | None = None
-                ) -> FileFacts:
+    def __new__(cls, facts: Iterable[str] = (), mentions: Mapping[str, int] | None = None,
+                referenced: Mapping[str, int] | None = None,
+                initializing: frozenset[str] = frozenset()) -> FileFacts:
         made = super().__new__(cls, facts)
         made.mentions = mentions if mentions is not None else {}
+        made.referenced = referenced if referenced is not None else made.mentions
+        made.initializing = initializing
         return made
+
+
+def init_functions(tree: ast.AST) -> frozenset[str]:
+    """The functions of a parsed file that call init_process_group themselves ("": at
+    module level, or in a decorated function, which a framework may call)."""
+    found: set[str] = set()
+    todo: list[tuple[ast.AST, str]] = [(tree, "")]
+    while todo:
+        node, func = todo.pop()
+        if isinstance(node, ast.Call) and last(dotted(node)) == INIT:
+            found.add(func)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            func = "" if node.decorator_list else node.name
+        todo += [(child, func) for child in ast.iter_child_nodes(node)]
+    return frozenset(found)
+
+
+def references(nodes: Sequence[ast.AST]) -> frozenset[str]:
+    """The identifiers a parsed file (`nodes`: every node of its tree) may use to reach a
+    linted file's function: names, imported names, attributes, identifier strings
+    (`getattr(m, "f")`) — not what it takes from torch (`dist.init_process_group` is
+    torch's function, not a linted file's `def init_process_group`)."""
+    from_torch = {a.asname or a.name.split(".")[0] for n in nodes
+                  if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+                  if (getattr(n, "module", None) or a.name).split(".")[0] == "torch"}
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {a.name.split(".")[-1] for a in node.names
+                      if (a.asname or a.name.split(".")[0]) not in from_torch}
+        elif isinstance(node, ast.Name) and node.id not in from_torch:
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute) and \
+                dotted(node.value).split(".")[0] not in from_torch:
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.isidentifier():
+            found.add(node.value)
+    return frozenset(found)
 
 
 @dataclass
@@ -110,6 +177,8 @@ class ProjectFacts:
     own: dict[str, frozenset[str]] = field(default_factory=dict)
     imports: dict[str, set[str]] = field(default_factory=dict)  # file → linted files
     words: dict[str, frozenset[str]] = field(default_factory=dict)  # file → identifiers
+    refs: dict[str, frozenset[str]] = field(default_factory=dict)  # file → `references`
+    inits: dict[str, frozenset[str]] = field(default_factory=dict)  # `init_functions`
 
     def __post_init__(self) -> None:
         importers: dict[str, set[str]] = {}
@@ -126,12 +195,18 @@ class ProjectFacts:
                   else frozenset() for f in files}
         self.launched = _spread(marked, self.imports)
         self.mentions = Counter(w for names in self.words.values() for w in names)
+        self.referenced = Counter(w for f, names in self.words.items()
+                                  for w in self.refs.get(f, names))
+        # files with an init that runs: at module level, or in a function something names
+        self.initializing = frozenset(f for f, funcs in self.inits.items() if any(
+            not func or self.referenced[func] for func in funcs))
 
     def of(self, name: str) -> FileFacts:
         """The facts that hold for file `name`: those of every linted file that runs in a
         program with it — its importers (transitively) and everything they import."""
         return FileFacts(self.program.get(name, frozenset()) |
-                         self.launched.get(name, frozenset()), self.mentions)
+                         self.launched.get(name, frozenset()), self.mentions,
+                         self.referenced, self.initializing)
 
 
 def _spread(facts: dict[str, frozenset[str]], edges: dict[str, set[str]]
@@ -157,7 +232,7 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
     `parsed`: files already parsed (their trees are reused)."""
     parsed = parsed or {}
     fact_words = {w for names in FACT_NAMES.values() for w in names} | {
-        "cuda.device", "CUDA_VISIBLE_DEVICES"}
+        "cuda.device", "CUDA_VISIBLE_DEVICES", INIT}
     texts: dict[str, str] = {}
     for name in sorted({str(p) for p in paths}):
         try:
@@ -165,18 +240,24 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
         except (OSError, UnicodeDecodeError):
             continue  # reported when the file itself is linted
     files = Modules(set(texts), suffixes, {f: defined_names(t) for f, t in texts.items()})
+    trees = {name: ctx.tree for name, ctx in parsed.items()
+             if name in texts and ctx.source == texts[name]}
+    walks = {name: parsed[name].nodes for name in trees}  # every node, walked once
     own: dict[str, frozenset[str]] = {}
     for name, text in texts.items():
         if any(w in text for w in fact_words):
-            try:
-                ctx = parsed.get(name)
-                tree = ctx.tree if ctx is not None and ctx.source == text else \
-                    ast.parse(text, filename=name)
-                own[name] = facts_of_tree(tree)
-            except (SyntaxError, ValueError, RecursionError):
-                continue
-    return ProjectFacts(own, {f: imported_files(f, t, files) for f, t in texts.items()},
-                        {f: frozenset(WORD.findall(t)) for f, t in texts.items()})
+            if name not in trees:
+                try:
+                    trees[name] = ast.parse(text, filename=name)
+                except (SyntaxError, ValueError, RecursionError):
+                    continue
+                walks[name] = list(ast.walk(trees[name]))
+            own[name] = facts_of_tree(trees[name])
+    return ProjectFacts(own, {f: imported_files(f, t, files, walks.get(f))
+                              for f, t in texts.items()},
+                        {f: frozenset(WORD.findall(t)) for f, t in texts.items()},
+                        {f: references(nodes) for f, nodes in walks.items()},
+                        {f: init_functions(tree) for f, tree in trees.items() if INIT in texts[f]})
 
 
 def defined_names(text: str) -> frozenset[str]:
@@ -220,15 +301,36 @@ class Modules:
         return found
 
 
-def imported_files(name: str, text: str, modules: Modules) -> set[str]:
-    """The linted files that file `name` imports (read from its text): `import a.b`,
-    `from a import b` (module `a`, or module `a.b`, or the file of package `a` that
-    defines `b`), `from .b import c`, `from . import b` — see the module docstring."""
-    found: set[str] = set()
-    for module in IMPORT.findall(text):
-        found |= {modules.absolute(m.strip().split(" ")[0], name) for m in module.split(",")}
-    for dots, module, names in FROM.findall(text):
-        members = [m.strip().split(" ")[0] for m in names.split(",") if m.strip()]
+def import_statements(text: str, nodes: Sequence[ast.AST] | None = None
+                      ) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
+    """The modules of the file's `import a.b` statements, and (leading dots, module,
+    imported names) of its `from` imports: from its parse when there is one (`nodes`:
+    every node of the tree), else read from the text (parenthesised and
+    backslash-continued name lists included)."""
+    if nodes is not None:
+        plain = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+        froms = [("." * n.level, n.module or "", [a.name for a in n.names])
+                 for n in nodes if isinstance(n, ast.ImportFrom)]
+        return plain, froms
+    plain = [m for found in IMPORT.findall(text) for m in _names(found)]
+    return plain, [(dots, module, _names(names)) for dots, module, names in FROM.findall(text)]
+
+
+def _names(listed: str) -> list[str]:
+    """`a as b, c` (within parentheses, with comments and line continuations) → [a, c]."""
+    listed = COMMENT.sub("", listed).strip().strip("()").replace("\\", " ")
+    return [m.split()[0] for m in listed.split(",") if m.strip()]
+
+
+def imported_files(name: str, text: str, modules: Modules,
+                   nodes: Sequence[ast.AST] | None = None) -> set[str]:
+    """The linted files that file `name` imports (`nodes`: its parse's, if there is one,
+    else read from its text): `import a.b`, `from a import b` (module `a`, or module `a.b`, or
+    the file of package `a` that defines `b`), `from .b import c`, `from . import b` —
+    see the module docstring."""
+    plain, froms = import_statements(text, nodes)
+    found = {modules.absolute(module, name) for module in plain}
+    for dots, module, members in froms:
         if dots:
             folder = Path(name).parent
             for _ in range(len(dots) - 1):
@@ -286,26 +388,3 @@ def named_elsewhere(ctx: Context, name: str) -> bool:
     mentions = getattr(getattr(ctx, "facts", None), "mentions", None) or {}
     own = re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", ctx.source) is not None
     return mentions.get(name, 0) > (1 if own else 0)
-
-
-def old_torch_fallback(ctx: Context, node: ast.AST) -> bool:
-    """`node` is in code for an older torch: an `except ImportError/AttributeError:`
-    handler, or a branch of an `if` that asks for the torch version or `hasattr`."""
-    for parent in ctx.ancestors(node):
-        if isinstance(parent, ast.ExceptHandler) and parent.type is not None and {
-                last(dotted(n)) for n in ast.walk(parent.type)} & OLD_TORCH_ERRORS:
-            return True
-        if isinstance(parent, (ast.If, ast.IfExp)) and node is not parent.test and \
-                _version_test(parent.test):
-            return True
-    return False
-
-
-def _version_test(test: ast.AST) -> bool:
-    for n in ast.walk(test):
-        if isinstance(n, ast.Call) and last(dotted(n)) == "hasattr":
-            return True
-        name = n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
-        if "version" in name.lower():
-            return True
-    return False

@@ -1,6 +1,8 @@
 """Where a statement runs on some ranks only: under a rank-dependent `if`, after an early
 `if rank != 0: return` on its path, or inside a function every call site of which (in
-this file) is itself rank-guarded. Built once per file (`Context.rank_guards`)."""
+this file) is itself rank-guarded, or defined where only some ranks get (a closure
+after the early exit), or decorated by a decorator that calls it only under a rank test
+(`@master_only`). Built once per file (`Context.rank_guards`)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from phalanx.lint.syntax import dotted, whether_distributed
+from phalanx.lint.syntax import dotted, last, whether_distributed
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 EXITS = {"exit", "sys.exit", "os._exit", "quit"}
+# Frameworks' decorators that run the function on global rank 0 only (Lightning's,
+# mmengine's), when imported: the test they stand for
+KNOWN_DECORATORS = {"rank_zero_only": "get_rank() == 0", "master_only": "get_rank() == 0"}
 
 
 class Context(Protocol):
@@ -25,6 +30,8 @@ class Context(Protocol):
     imported: dict[str, str]
     external: dict[str, list]
     _call_index: dict | None
+    memo: dict[str, dict]
+    tree: ast.Module
     _caller_guards: dict | None
 
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
@@ -40,8 +47,9 @@ class Guard:
 
     cond: ast.If | ast.IfExp
     holds: bool
-    kind: str  # "if" | "return" (an early exit before it) | "caller"
-    via: str = ""  # kind "caller": the function whose call sites are all guarded
+    kind: str  # "if" | "return" (an early exit before it) | "caller" | "decorator"
+    via: str = ""  # kind "caller": the function whose call sites are all guarded;
+    # kind "decorator": the decorator that calls the function only under `cond`
     where: str = ""  # kind "caller", a call from another file: "main.py:389"
 
     @property
@@ -57,6 +65,8 @@ class Guard:
         test = ast.unparse(self.test)
         if self.kind == "return":
             return f"after `if {test}: return` at line {self.line}"
+        if self.kind == "decorator":
+            return f"decorated with `@{self.via}`, which runs it only if `{test}`"
         where = f"under `if {test}:` at " + (self.where or f"line {self.line}")
         return f"in `{self.via}()`, called only {where}" if self.kind == "caller" else where
 
@@ -105,7 +115,72 @@ def own_guards(ctx: Context, node: ast.AST) -> list[Guard]:
                 found.append(Guard(stmt, False, "return"))
             elif _exits(stmt.orelse, stmt, node, ctx):
                 found.append(Guard(stmt, True, "return"))
+    func = ctx.function_of(node)
+    if isinstance(func, FUNCTIONS):
+        found += definition_guards(ctx, func)
     return found
+
+
+def definition_guards(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef
+                      ) -> list[Guard]:
+    """The rank conditions every run of `func` is under, from its definition: the guards
+    of its `def` statement (a closure defined after `if rank != 0: return` exists on rank
+    0 only), and a decorator that calls it only under a rank test (cached)."""
+    memo = ctx.memo.setdefault("definition_guards", {})
+    if func not in memo:
+        memo[func] = []  # (a decorator decorating itself: no loop)
+        memo[func] = _decorator_guards(ctx, func) + own_guards(ctx, func)
+    return memo[func]
+
+
+def _decorator_guards(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef
+                      ) -> list[Guard]:
+    """`@master_only` defined in this file, whose wrapper calls the function only under a
+    rank test; one of another linted file (`ctx.memo["decorators"]`, lint.project); or a
+    framework's rank-zero decorator, imported (KNOWN_DECORATORS)."""
+    found = []
+    for decorator in func.decorator_list:
+        name = dotted(decorator)
+        local = next((f for f in ctx.tree.body if isinstance(f, FUNCTIONS)
+                      and f.name == name and f is not func), None)
+        if local is not None:
+            guard = _wrapper_guard(ctx, local)
+            found += [Guard(guard.cond, guard.holds, "decorator", name)] if guard else []
+            continue
+        test = ctx.memo.get("decorators", {}).get(name)
+        root = name.split(".")[0]
+        origin = ctx.imported.get(root, "") if "." in name else ctx.imported.get(name, "")
+        if test is None and origin and last(name if "." in name else origin) in KNOWN_DECORATORS:
+            test = KNOWN_DECORATORS[last(name if "." in name else origin)]
+        if test is not None:
+            cond = ast.parse(f"if {test}:\n    pass").body[0]
+            assert isinstance(cond, ast.If)
+            found.append(Guard(ast.copy_location(cond, decorator), True, "decorator", name))
+    return found
+
+
+def rank_decorators(ctx: Context) -> dict[str, str]:
+    """This file's module-level decorators that call their function only under a rank
+    test → that test (as source: the condition the decorated function runs under)."""
+    found = {}
+    for func in ctx.tree.body:
+        if isinstance(func, FUNCTIONS) and func.args.args and \
+                (guard := _wrapper_guard(ctx, func)) is not None:
+            test = ast.unparse(guard.test)
+            found[func.name] = test if guard.holds else f"not ({test})"
+    return found
+
+
+def _wrapper_guard(ctx: Context, decorator: ast.FunctionDef | ast.AsyncFunctionDef
+                   ) -> Guard | None:
+    """The guard every call of a decorator's function parameter runs under (its first)."""
+    params = decorator.args.posonlyargs + decorator.args.args
+    if not params:
+        return None
+    calls = [c for c in ast.walk(decorator) if isinstance(c, ast.Call)
+             and isinstance(c.func, ast.Name) and c.func.id == params[0].arg]
+    guards = [next(iter(own_guards(ctx, c)), None) for c in calls]
+    return guards[0] if guards and all(guards) else None
 
 
 def _index(ctx: Context) -> dict[str, dict[str, list[ast.AST]]]:
@@ -155,11 +230,11 @@ def passed_rank(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef, name
         sites = call_sites(ctx, func)
     position = params.index(name) - (1 if isinstance(owner, ast.ClassDef) else 0)
     return bool(sites) and all(
-        (arg := _argument(site, name, position)) is not None and ctx.rank_dependent(arg)
+        (arg := argument(site, name, position)) is not None and ctx.rank_dependent(arg)
         for site in sites or ())
 
 
-def _argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
+def argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
     keyword = next((k.value for k in call.keywords if k.arg == name), None)
     if keyword is not None or not 0 <= position < len(call.args):
         return keyword

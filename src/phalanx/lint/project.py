@@ -17,8 +17,10 @@ from pathlib import Path
 from phalanx.lint.callers import external_callers
 from phalanx.lint.engine import Context
 from phalanx.lint.facts import ProjectFacts
+from phalanx.lint.gates import Gate
+from phalanx.lint.guards import rank_decorators
 from phalanx.lint.rules.checkpoints import strips_module_prefix
-from phalanx.lint.rules.collectives import collective_kinds
+from phalanx.lint.rules.collectives import kinds_and_gates
 
 WORDS = ("distributed", "dist.", "DDP", "FSDP", "fully_shard", "full_tensor",
          "consolidate_state_dict", "dcp", "accelerator", "fabric")  # where a collective can be
@@ -37,6 +39,8 @@ class Project:
     callers: dict[str, dict] = field(default_factory=dict)  # file → lint.callers sites
     forward_only: dict[str, set[str]] = field(default_factory=dict)  # file → DDP-forward-only
     module_prefix_stripped: bool = False  # some linted file strips DDP's `module.` prefix
+    gates: dict[str, dict[str, Gate]] = field(default_factory=dict)  # file → name → gate
+    decorators: dict[str, dict[str, str]] = field(default_factory=dict)  # lint.guards'
 
     def take(self, name: str, source: str) -> Context | None:
         """The file's parse from this pass (once), if its source is still the same."""
@@ -51,6 +55,8 @@ class Project:
         through its own imports (`Context.project`)."""
         ctx = self.take(name, source) or Context(name, source)
         ctx.project, ctx.forward_only = visible(ctx, self), visible_forward_only(ctx, self)
+        ctx.gates = visible_gates(ctx, self)
+        see_decorators(ctx, self)
         ctx.external = self.callers.get(name, {})
         ctx.module_prefix_stripped = self.module_prefix_stripped
         ctx._caller_guards = None  # computed again with the callers in other files
@@ -110,6 +116,34 @@ def visible_forward_only(ctx: Context, project: Project | None) -> set[str]:
             if function in project.forward_only.get(file, ())}
 
 
+def visible_gates(ctx: Context, project: Project | None) -> dict[str, Gate]:
+    """The gates (lint.gates) of the functions of `visible(ctx, project)` that have one."""
+    if project is None:
+        return {}
+    return {local: gate for local, file, function in _imports_of(ctx, project)
+            if (gate := project.gates.get(file, {}).get(function)) is not None}
+
+
+def see_decorators(ctx: Context | None, project: Project) -> Context | None:
+    """Give `ctx` the rank-only decorators (lint.guards.rank_decorators) it imports from
+    the other linted files, by the name it uses them by (`master_only`, `dist.master_only`)."""
+    if ctx is None or not project.decorators:
+        return ctx
+    seen: dict[str, str] = {}
+    for local, origin in ctx.imported.items():
+        module, _, name = origin.rpartition(".")
+        file = project.file_of(module) if module else None
+        if file is not None and name in project.decorators.get(file, {}):
+            seen[local] = project.decorators[file][name]
+        for function, test in project.decorators.get(project.file_of(origin) or "", {}).items():
+            seen[f"{local}.{function}"] = test  # import utils: @utils.master_only
+    if seen != ctx.memo.get("decorators"):
+        ctx.memo["decorators"] = seen
+        ctx.memo.pop("definition_guards", None)
+        ctx._caller_guards = None
+    return ctx
+
+
 def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     """Every linted file's module-level functions that run a collective. Parsed: files
     that mention one (round 1), then files importing a file found to have some."""
@@ -133,6 +167,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
                 continue
             ctx.project = visible(ctx, project)
             ctx.forward_only = visible_forward_only(ctx, project)
+            ctx.gates = visible_gates(ctx, project)
             if name in seen and seen[name] == (ctx.project, ctx.forward_only):
                 continue
             seen[name] = (ctx.project, ctx.forward_only)
@@ -141,7 +176,15 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
             break
         frontier = {f for f, targets in imports.items() if targets & project.functions.keys()}
     project.module_prefix_stripped = _strips(texts, contexts)
-    project.callers = external_callers(texts, project.suffixes, contexts, _parse)
+    project.decorators = {n: found for n, ctx in contexts.items()
+                          if ctx is not None and (found := rank_decorators(ctx))}
+    for ctx in contexts.values():
+        see_decorators(ctx, project)
+
+    def parse(name: str, text: str) -> Context | None:
+        return see_decorators(_parse(name, text), project)
+
+    project.callers = external_callers(texts, project.suffixes, contexts, parse)
     project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
     return project
 
@@ -164,7 +207,8 @@ def _strips(texts: dict[str, str], contexts: dict[str, Context | None]) -> bool:
 def _judge(ctx: Context, name: str, project: Project) -> bool:
     """Record the file's module-level functions that run a collective; whether that changed."""
     top = {n.name for n in ctx.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    definite, forward = collective_kinds(ctx)
+    definite, forward, gates = kinds_and_gates(ctx)
+    project.gates[name] = {f: g for f, g in gates.items() if f in top}
     found = {f: w if "(in " in w else f"{w} (in {Path(name).name})"
              for f, w in {**forward, **definite}.items() if f in top}
     only = set(forward) & top - set(definite)

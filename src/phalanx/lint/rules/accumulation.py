@@ -73,9 +73,40 @@ def _accumulated_backwards(ctx: Context):
     for call in ctx.calls_named("backward"):
         loop = _loop_of(ctx, call)
         for guard, guarded in guards:
-            if loop is guarded and guard not in ctx.ancestors(call):
+            if loop is guarded and guard not in ctx.ancestors(call) \
+                    and not _steps_every_time(ctx, call, loop):
                 yield call, guard
                 break
+
+
+def _steps_every_time(ctx: Context, call: ast.Call, loop: ast.AST) -> bool:
+    """The backward is in a block (a branch, or the loop's body) that also steps the
+    optimizer unconditionally: `if K > 1: ... else: loss.backward(); opt.step()` — that
+    arm updates on every iteration, no accumulation there."""
+    child: ast.AST = call
+    for parent in ctx.ancestors(call):
+        for name in ("body", "orelse"):
+            block = getattr(parent, name, None)
+            if isinstance(block, list) and child in block and any(
+                    _steps_optimizer(ctx, c) and _unconditional(ctx, c, block)
+                    for stmt in block for c in ast.walk(stmt) if isinstance(c, ast.Call)):
+                return True
+        if parent is loop:
+            return False
+        child = parent
+    return False
+
+
+def _unconditional(ctx: Context, call: ast.Call, block: list[ast.stmt]) -> bool:
+    """`call` runs whenever `block` does: no `if`, loop or function between them."""
+    for parent in ctx.ancestors(call):
+        if parent in block:
+            return not isinstance(parent, (ast.If, *LOOPS, ast.FunctionDef,
+                                           ast.AsyncFunctionDef, ast.Try))
+        if isinstance(parent, (ast.If, ast.IfExp, *LOOPS, ast.FunctionDef,
+                               ast.AsyncFunctionDef, ast.Lambda, ast.Try)):
+            return False
+    return False
 
 
 def _accumulation_without_no_sync(ctx: Context):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, last
-from phalanx.lint.facts import old_torch_fallback
+
+DEPRECATED_AMP = {"torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"}
+OLD_TORCH_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
 
 
 def _scalers(ctx: Context) -> set[str]:
@@ -45,13 +47,71 @@ def _scaler_with_bf16(ctx: Context):
 
 
 def _deprecated_amp(ctx: Context):
-    """`torch.cuda.amp.*` — not where it is the fallback for an older torch (`except
-    ImportError/AttributeError:`, a branch of a version or `hasattr` check)."""
+    """`torch.cuda.amp.*`, also through an import (`import torch.cuda.amp as amp`, `from
+    torch.cuda import amp`, `from torch.cuda.amp import autocast`: `amp.autocast()`) —
+    not where it is the fallback for an older torch (`except ImportError/AttributeError:`,
+    a branch of a version or `hasattr` check), at the use or at the import. A use through
+    an import is reported at its call (not its callable), which `--fix` leaves alone: its
+    rewrite spells out `torch.…`, which the file may not have imported."""
+    aliases = _old_amp_aliases(ctx)
     for node in ctx.nodes:
-        if isinstance(node, ast.Attribute) and dotted(node) in (
-                "torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler") \
-                and not old_torch_fallback(ctx, node):
-            yield node, f"(`{dotted(node)}`)"
+        if not isinstance(node, (ast.Attribute, ast.Name)):
+            continue
+        name = dotted(node)
+        if name in DEPRECATED_AMP:
+            if not old_torch_fallback(ctx, node):
+                yield node, f"(`{name}`)"
+            continue
+        root, _, rest = name.partition(".")
+        if root not in aliases or isinstance(ctx.parents.get(node), ast.Attribute) or \
+                not isinstance(node.ctx, ast.Load):
+            continue  # `amp` of `amp.autocast`: judged at the whole name
+        origin = f"{aliases[root]}.{rest}" if rest else aliases[root]
+        if origin in DEPRECATED_AMP and not old_torch_fallback(ctx, node):
+            call = ctx.parents.get(node)
+            yield (call if isinstance(call, ast.Call) and call.func is node else node,
+                   f"(`{name}`: `{origin}`)")
+
+
+def _old_amp_aliases(ctx: Context) -> dict[str, str]:
+    """Local names bound by an import to `torch.cuda.amp` or one of its members: name →
+    what it is, when every import of the name is that one and none is a fallback."""
+    found: dict[str, set[str]] = {}
+    fallback: set[str] = set()
+    for node in ctx.nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                origin = alias.name if isinstance(node, ast.Import) and alias.asname else \
+                    f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else ""
+                found.setdefault(local, set()).add(origin)
+                if old_torch_fallback(ctx, node):
+                    fallback.add(local)
+    return {local: origins.pop() for local, origins in found.items() if len(origins) == 1
+            and local not in fallback and next(iter(origins)).startswith("torch.cuda.amp")}
+
+
+def old_torch_fallback(ctx: Context, node: ast.AST) -> bool:
+    """`node` is in code for an older torch: an `except ImportError/AttributeError:`
+    handler, or a branch of an `if` that asks for the torch version or `hasattr`."""
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, ast.ExceptHandler) and parent.type is not None and {
+                last(dotted(n)) for n in ast.walk(parent.type)} & OLD_TORCH_ERRORS:
+            return True
+        if isinstance(parent, (ast.If, ast.IfExp)) and node is not parent.test and \
+                _version_test(parent.test):
+            return True
+    return False
+
+
+def _version_test(test: ast.AST) -> bool:
+    for n in ast.walk(test):
+        if isinstance(n, ast.Call) and last(dotted(n)) == "hasattr":
+            return True
+        name = n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
+        if "version" in name.lower():
+            return True
+    return False
 
 
 RULES = [

@@ -7,6 +7,7 @@ import re
 
 from phalanx.lint.bindings import may_reach, parameters
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, keyword, last
+from phalanx.lint.targets import own_target
 
 
 def _load_without_map_location(ctx: Context):
@@ -115,54 +116,17 @@ def _wrapper_state_dict(ctx: Context):
 
 def _save_on_every_rank(ctx: Context):
     """torch.save on every rank to one shared file: not under a rank guard (its own if,
-    an early exit, its callers'), not to a per-rank file name, not into memory."""
+    an early exit, its callers'), not to a file or buffer of the process's own
+    (lint.targets: rank-named, in memory, temporary)."""
     if not ctx.distributed:
         return
-    buffers = ctx.assigned_from("BytesIO")
     for call in ctx.calls_named("save"):
         if dotted(call) != "torch.save" or ctx.rank_guard(call) is not None:
             continue
         target = call.args[1] if len(call.args) > 1 else keyword(call, "f")
-        if target is not None and (_per_rank(ctx, target, call) or _in_memory(target, buffers)):
+        if target is not None and own_target(ctx, target, call):
             continue
         yield call, ""
-
-
-def _in_memory(target: ast.AST, buffers: set[str]) -> bool:
-    return (isinstance(target, ast.Call) and last(dotted(target)) == "BytesIO") \
-        or dotted(target) in buffers
-
-
-def _per_rank(ctx: Context, target: ast.AST, call: ast.Call) -> bool:
-    """`f"ckpt_{rank}.pt"`, `"x" + str(rank)`, a call of this file's function returning
-    such a path (`shard_name()`, `self._path()`), or a name assigned one of those before."""
-    if ctx.rank_dependent(target) or _rank_path_function(ctx, target):
-        return True
-    if isinstance(target, (ast.Name, ast.Attribute)):
-        name = dotted(target)
-        return any(isinstance(n, ast.Assign) and any(dotted(t) == name for t in n.targets)
-                   and (ctx.rank_dependent(n.value) or _rank_path_function(ctx, n.value))
-                   for stmt in ctx.before(call) for n in ast.walk(stmt))
-    return False
-
-
-def _rank_path_function(ctx: Context, value: ast.AST) -> bool:
-    """`value` calls a function of this file (`f()`, or `self.f()` of its class) that
-    returns an expression reading the rank."""
-    if not isinstance(value, ast.Call):
-        return False
-    func = value.func
-    owner: ast.AST | None = None
-    if isinstance(func, ast.Name):
-        owner, name = ctx.tree, func.id
-    elif isinstance(func, ast.Attribute) and dotted(func.value) in ("self", "cls"):
-        owner = next((a for a in ctx.ancestors(value) if isinstance(a, ast.ClassDef)), None)
-        name = func.attr
-    return owner is not None and any(
-        isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name
-        and any(isinstance(r, ast.Return) and r.value is not None
-                and ctx.rank_dependent(r.value) for r in ast.walk(f))
-        for f in getattr(owner, "body", []))
 
 
 RULES = [

@@ -8,14 +8,19 @@ that run one (RUN_COLLECTIVES) — directly, or through helper functions of this
 of the other files linted with it (`Context.project`). A call reaches the helper it
 names: `f()` this file's `f` (a local `gather` is no `dist.gather`), `self.f()` its
 class's `C.f`, `mod.f()` the module imported as `mod` — `torch.save` is torch's. A
-collective after an early `if rank != 0: return` is reachable only on some ranks too."""
+collective after an early `if rank != 0: return` is reachable only on some ranks too. A
+helper whose collectives run only under tests of its parameters runs none at a call whose
+constant arguments close them (lint.gates); a name is a DDP/FSDP model only at the uses
+its wrapping assignment reaches (lint.wrapping)."""
 
 from __future__ import annotations
 
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.gates import Gate, gate_of
 from phalanx.lint.guards import Guard
+from phalanx.lint.wrapping import holds_wrapper
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
@@ -144,6 +149,47 @@ def collective_kinds(ctx: Context) -> tuple[dict[str, str], dict[str, str]]:
     """(functions that run a definite collective, functions whose only one is a DDP
     forward — a collective when the model has buffers or rebuilds its buckets), each →
     what it runs. A function that runs both is definite."""
+    definite, forward, _ = kinds_and_gates(ctx)
+    return definite, forward
+
+
+def kinds_and_gates(ctx: Context) -> tuple[dict[str, str], dict[str, str], dict[str, Gate]]:
+    """`collective_kinds`, and the gates of the helpers (this file's, and the other
+    files' it sees: `ctx.gates`) whose collectives depend on their parameters (lint.gates).
+    Judged twice: a call whose constants close its helper's gate runs no collective."""
+    definite, forward = _kinds(ctx, ctx.gates)
+    own = collective_gates(ctx, {**forward, **definite}, ctx.gates)
+    if not own:
+        return definite, forward, ctx.gates
+    gates = {**ctx.gates, **own}
+    definite, forward = _kinds(ctx, gates)
+    return definite, forward, gates
+
+
+def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gate]
+                     ) -> dict[str, Gate]:
+    """This file's functions among `helpers` whose collectives all run under tests of
+    their parameters, each → its gate."""
+    models, runs = wrapped(ctx), run_receivers(ctx)
+    found: dict[str, Gate] = {}
+    seen: set[str] = set()
+    for func in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        name = qualified(ctx, func)
+        if name in seen:  # defined twice: which one a call reaches is unknown
+            found.pop(name, None)
+            continue
+        seen.add(name)
+        if name not in helpers:
+            continue
+        running = [c for c in ast.walk(func) if isinstance(c, ast.Call) and _runs(
+            ctx, c, models, helpers, inside=name, runs=runs, gates=gates) is not None]
+        gate = gate_of(ctx, func, running)
+        if gate is not None:
+            found[name] = gate
+    return found
+
+
+def _kinds(ctx: Context, gates: dict[str, Gate]) -> tuple[dict[str, str], dict[str, str]]:
     calls = {qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
              for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     models, runs = wrapped(ctx), run_receivers(ctx)
@@ -157,7 +203,8 @@ def collective_kinds(ctx: Context) -> tuple[dict[str, str], dict[str, str]]:
             if name in definite:
                 continue
             for call in inside:
-                what = _runs(ctx, call, models, {**forward, **definite}, inside=name, runs=runs)
+                what = _runs(ctx, call, models, {**forward, **definite}, inside=name,
+                             runs=runs, gates=gates)
                 if what is None:
                     continue
                 if not _forward_only(ctx, call, models, runs, forward, definite):
@@ -175,6 +222,7 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
     helper's whose only collective is one."""
     if last(dotted(call)) in COLLECTIVES and _is_dist_call(ctx, call):
         return False
+    models = _here(ctx, call, models)
     if models.get(dotted(call)) == "DDP":
         return True
     if hidden(call, models) or run_call(call, runs):
@@ -184,18 +232,38 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
 
 
 def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[str, str],
-          inside: str | None = None, runs: set[str] | None = None) -> str | None:
+          inside: str | None = None, runs: set[str] | None = None,
+          gates: dict[str, Gate] | None = None) -> str | None:
     """The collective `call` runs: a named one, a hidden one, Phalanx's `Run`'s, or a known
-    helper's (not the function `inside` calling itself)."""
+    helper's (not the function `inside` calling itself, nor one whose gate the call's
+    constant arguments close)."""
     callee = last(dotted(call))
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
-    what = hidden(call, models) or run_call(call, runs if runs is not None
-                                            else run_receivers(ctx))
+    what = hidden(call, _here(ctx, call, models)) or run_call(
+        call, runs if runs is not None else run_receivers(ctx))
     key = helper_key(ctx, call)
     if what is None and key in helpers and key != inside:
+        if gates and key in gates and gates[key].closed(call):
+            return None
         what = helpers[key] if inside is None else f"{helpers[key]} (via `{callee}()`)"
     return what
+
+
+def _here(ctx: Context, call: ast.Call, models: dict[str, str]) -> dict[str, str]:
+    """`models` less the names `call` uses (`model(x)`, `model.state_dict()`) that no
+    wrapping assignment reaches there (lint.wrapping): before `model = DDP(model)`."""
+    func = call.func
+    names = [func, func.value] if isinstance(func, ast.Attribute) else [func]
+    gone = set()
+    for node in names:
+        kind = models.get(dotted(node))
+        if kind is None or not isinstance(node, (ast.Name, ast.Attribute)) or (
+                kind == "FSDP" and ctx.mentions("fully_shard")):  # wraps in place
+            continue
+        if not holds_wrapper(ctx, node, call, {k for k, v in WRAPPERS.items() if v == kind}):
+            gone.add(dotted(node))
+    return {k: v for k, v in models.items() if k not in gone} if gone else models
 
 
 def helper_key(ctx: Context, call: ast.Call) -> str | None:
@@ -237,11 +305,11 @@ def _rank_only(ctx: Context, forward: bool):
     if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
                          "consolidate_state_dict") or ctx.project):
         return
-    (definite, forwards), models, runs = collective_kinds(ctx), wrapped(ctx), run_receivers(ctx)
-    helpers = {**forwards, **definite}
+    (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
+    runs, helpers = run_receivers(ctx), {**forwards, **definite}
     for call in ctx.calls:
         callee = last(dotted(call))
-        what = _runs(ctx, call, models, helpers, runs=runs)
+        what = _runs(ctx, call, models, helpers, runs=runs, gates=gates)
         if what is None or _forward_only(ctx, call, models, runs, forwards, definite) != forward:
             continue
         guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself

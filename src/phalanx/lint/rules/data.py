@@ -7,12 +7,14 @@ import re
 
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, holds
+from phalanx.lint.rules.collectives import collective_functions
 
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
 WORLD_NAMES = {"world", "num_replicas", "num_shards", "num_processes", "num_nodes"}
 EVAL_WORDS = {"eval", "evaluation", "val", "valid", "validation", "test", "testing"}
 WORD_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # `val_loader`, `valLoader` → val
 NO_GRAD = {"no_grad", "inference_mode"}
+ALL_GATHERS = {"all_gather", "all_gather_object", "all_gather_into_tensor"}
 
 
 def _sharded_by_framework(ctx: Context, call: ast.Call) -> bool:
@@ -35,8 +37,71 @@ def _loader_without_sampler(ctx: Context):
                 and len(call.args) < 4 and ctx.rank_condition(call) is None \
                 and not _sharded_by_framework(ctx, call) \
                 and not _may_unpack(ctx, call, {"sampler", "batch_sampler"}) \
-                and not _partitioned(ctx, call):
+                and not _partitioned(ctx, call) and not _read_by_one_rank(ctx, call) \
+                and not _replicated(ctx, call):
             yield call, ""
+
+
+def _read_by_one_rank(ctx: Context, call: ast.Call) -> bool:
+    """The loader is built on every rank but used only under a rank condition (`if
+    dist.get_rank() == 0: for x in val_loader: ...`): one rank reads the data."""
+    parent = ctx.parents.get(call)
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+        return False
+    name = dotted(parent.targets[0])
+    scope = ctx.function_of(call) if isinstance(parent.targets[0], ast.Name) else ctx.tree
+    uses = [n for n in ast.walk(scope) if isinstance(n, (ast.Name, ast.Attribute))
+            and isinstance(n.ctx, ast.Load) and dotted(n) == name
+            and not (isinstance(p := ctx.parents.get(n), ast.Call) and dotted(p) == "len")]
+    return bool(name) and bool(uses) and all(ctx.rank_condition(u) is not None for u in uses)
+
+
+def _replicated(ctx: Context, call: ast.Call) -> bool:
+    """The loader's dataset holds data all-gathered to every rank (`dist.all_gather(
+    feats_list, feats)`, `feats = concat_all_gather(x)`, a helper that gathers, then
+    `DataLoader(TensorDataset(torch.cat(feats_list)))`): replicated on purpose."""
+    dataset = call.args[0] if call.args else keyword(call, "dataset")
+    if dataset is None:
+        return False
+    scope = ctx.function_of(call)
+    gathered = _gathered_names(ctx, scope)
+    values = [dataset]
+    if isinstance(dataset, ast.Name):
+        values += [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                   and any(dotted(t) == dataset.id for t in n.targets)]
+    return any(_gathers(ctx, v, gathered) for v in values)
+
+
+def _gathered_names(ctx: Context, scope: ast.AST) -> set[str]:
+    """Names in `scope` holding all-gathered data: the output list of an all_gather, and
+    names assigned from a gathering call or from other gathered names."""
+    gathered = {dotted(c.args[0]) for c in ast.walk(scope) if isinstance(c, ast.Call)
+                and last(dotted(c)) in ALL_GATHERS and c.args} - {""}
+    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign)]
+    for _ in range(3):  # `feats = gather(x)`, then `val = feats`, `ds = TensorDataset(val)`
+        for node in assigns:
+            if _gathers(ctx, node.value, gathered):
+                gathered |= {dotted(e) for t in node.targets
+                             for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+    return gathered
+
+
+def _gathers(ctx: Context, expr: ast.AST, gathered: set[str]) -> bool:
+    """`expr` uses a gathered name or calls something that all-gathers: by its name
+    (`all_gather_and_flatten`), or a helper of this or another linted file whose
+    collective is an all-gather (`extract_features`)."""
+    helpers = vars(ctx).get("_gathering")
+    if helpers is None:  # computed once per file
+        helpers = ctx._gathering = {  # type: ignore[attr-defined]
+            f for f, what in collective_functions(ctx).items()
+            if what.split(" ", 1)[0] in ALL_GATHERS}
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name) and node.id in gathered:
+            return True
+        if isinstance(node, ast.Call) and ("all_gather" in last(dotted(node)).lower()
+                                           or dotted(node) in helpers):
+            return True
+    return False
 
 
 def _partitioned(ctx: Context, call: ast.Call) -> bool:

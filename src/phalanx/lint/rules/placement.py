@@ -5,40 +5,96 @@ from __future__ import annotations
 import ast
 from typing import TypeGuard
 
-from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last, whether_distributed
 from phalanx.lint.facts import distributed, distributed_program, holds, uses_rpc
+from phalanx.lint.rules.collectives import COLLECTIVES
 
 MULTI_PROCESS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP",
                  "fully_shard", "init_process_group"}
+DISTRIBUTED_WORK = MULTI_PROCESS | COLLECTIVES
+LOSS_WORDS = ("loss", "criterion", "cross_entropy", "kl_div")  # a loss's callable
+JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
+SHAPE_ATTRS = {"shape", "size", "dim", "ndim", "numel", "dtype", "device", "is_cuda"}
 
 
 def _data_parallel(ctx: Context):
     """nn.DataParallel in a distributed program (the file, or a linted file importing
-    it, sets up several processes) — not on a branch that is the alternative to one
-    building DDP/FSDP or the process group (`if args.distributed: DDP … else: DataParallel`)."""
+    it, sets up several processes) — not on the single-process side of a branch
+    (`if args.distributed: DDP … else: DataParallel`: `single_process_branch`)."""
     if not distributed_program(ctx):
         return
     for call in ctx.calls_named("DataParallel"):
-        if not _alternative_to_multi_process(ctx, call):
+        if single_process_branch(ctx, call) is None:
             yield call, ""
 
 
-def _alternative_to_multi_process(ctx: Context, node: ast.AST) -> bool:
-    """`node` is on one side of an `if`/`elif`/`else` chain or a conditional expression
-    (in its own function) whose other side builds DDP/FSDP or the process group."""
+def single_process_branch(ctx: Context, node: ast.AST) -> ast.If | ast.IfExp | None:
+    """The `if`/`elif`/`else` chain or conditional expression (in `node`'s own function)
+    on whose single-process side `node` is, if any: its other side builds DDP/FSDP or the
+    process group (`if args.distributed: init_process_group(...) else: <node>`), or its
+    test is a switch of this file's distributed work (`_switches`) and `node` is on the
+    side where the switch is off (`if cfg.enable_fsdp: x.to(local_rank) else: <node>`
+    when `if cfg.enable_fsdp and n > 1: dist.all_reduce(...)` is in the file)."""
     child = node
     for parent in ctx.ancestors(node):
         if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return False
+            return None
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            body = parent.body if isinstance(parent, ast.If) else [parent.body]
-            orelse = parent.orelse if isinstance(parent, ast.If) else [parent.orelse]
-            other = orelse if child in body else body
-            if any(last(dotted(c)) in MULTI_PROCESS for s in other for c in ast.walk(s)
-                   if isinstance(c, ast.Call)):
-                return True
+            body, orelse = _sides(parent)
+            in_body = child in body
+            if _runs_distributed(orelse if in_body else body):
+                return parent
+            switches = vars(ctx).get("_switches")
+            if switches is None:  # computed once per file
+                switches = ctx._switches = _switches(ctx)  # type: ignore[attr-defined]
+            key, positive = _switch_key(parent.test)
+            if key in switches and switches[key] == (positive != in_body):
+                return parent
         child = parent
-    return False
+    return None
+
+
+def _sides(branch: ast.If | ast.IfExp) -> tuple[list[ast.AST], list[ast.AST]]:
+    if isinstance(branch, ast.If):
+        return list(branch.body), list(branch.orelse)
+    return [branch.body], [branch.orelse]
+
+
+def _runs_distributed(statements: list[ast.AST]) -> bool:
+    return any(isinstance(c, ast.Call) and last(dotted(c)) in MULTI_PROCESS
+               for s in statements for c in ast.walk(s))
+
+
+def _switch_key(test: ast.AST) -> tuple[str, bool]:
+    """(the condition `test` asks, without `not`; whether `test` is true when it is)."""
+    positive = True
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, positive = test.operand, not positive
+    return ast.unparse(test), positive
+
+
+def _switches(ctx: Context) -> dict[str, bool]:
+    """Conditions that turn this file's distributed work on: the test of an `if` (or an
+    operand of its `and`) whose one side only runs a collective or sets up DDP/FSDP or
+    the process group → the value that turns it on. Not a rank test (`if rank == 0:
+    dist.barrier()` picks ranks, not a mode); a condition seen with both values is none."""
+    seen: dict[str, set[bool]] = {}
+    for branch in ctx.nodes:
+        if not isinstance(branch, ast.If):
+            continue
+        body, orelse = (any(isinstance(c, ast.Call) and last(dotted(c)) in DISTRIBUTED_WORK
+                            for s in side for c in ast.walk(s)) for side in _sides(branch))
+        if body == orelse:
+            continue
+        test = branch.test
+        parts = test.values if body and isinstance(test, ast.BoolOp) and \
+            isinstance(test.op, ast.And) else [test]
+        for part in parts:
+            if ctx.rank_dependent(part) and not whether_distributed(part):
+                continue
+            key, positive = _switch_key(part)
+            seen.setdefault(key, set()).add(positive == body)
+    return {key: values.pop() for key, values in seen.items() if len(values) == 1}
 
 
 def _moves(node: ast.AST) -> TypeGuard[ast.Call]:
@@ -99,17 +155,21 @@ def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
 
 def _hard_coded_device(ctx: Context):
     """`cuda:N` literals, and `.cuda()` with no device chosen per rank — not in a model
-    driven through RPC (each side places its own tensors) or a one-process test."""
-    if not distributed(ctx) or uses_rpc(ctx):
+    driven through RPC (each side places its own tensors) or a one-process test, not
+    where each process sees only its own GPU (`CUDA_VISIBLE_DEVICES` set per rank in
+    the program: `cuda:0` is the rank's own), nor on the single-process side of a branch
+    (`single_process_branch`)."""
+    if not distributed(ctx) or uses_rpc(ctx) or holds(ctx, "own_gpu"):
         return
     for node in ctx.nodes:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                node.value.startswith("cuda:") and node.value[5:].isdigit():
+                node.value.startswith("cuda:") and node.value[5:].isdigit() and \
+                single_process_branch(ctx, node) is None:
             yield node, f"(`{node.value}`)"
     has_set_device = holds(ctx, "set_device")
     for call in ctx.calls_named("cuda"):
         if isinstance(call.func, ast.Attribute) and not call.args and not has_set_device \
-                and dotted(call.func.value) != "torch":
+                and dotted(call.func.value) != "torch" and single_process_branch(ctx, call) is None:
             yield call, "(`.cuda()` without torch.cuda.set_device: every rank uses GPU 0)"
 
 
@@ -139,8 +199,12 @@ def _batch_names(loop: ast.For) -> list[str]:
 
 
 def _partly_moved_batch(ctx: Context):
-    """A loop that moves some of the batch's tensors to the device but not the others
-    (not in a model driven through RPC: its inputs stay on the CPU by design)."""
+    """A loop that moves some of the batch's tensors to the device but not the others,
+    where an unmoved one (or a value computed from unmoved ones only) meets a moved one
+    (or a value computed from one) in arithmetic, a comparison, a loss or criterion, or
+    torch.cat/stack — not where it is only passed to the model alongside moved ones (the
+    model may ignore or place it), nor in a model driven through RPC (its inputs stay
+    on the CPU by design)."""
     if uses_rpc(ctx):
         return
     for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
@@ -151,14 +215,95 @@ def _partly_moved_batch(ctx: Context):
         moved = _moved_names(body) & set(names)
         if not moved:
             continue
-        for name in names:
-            if name in moved:
-                continue
-            use = next((n for n in body if isinstance(n, ast.Name) and n.id == name
-                        and _used_as_tensor(ctx, n)), None)
-            if use is not None:
-                yield use, (f"(`{', '.join(sorted(moved))}` moved to the device, "
-                            f"`{name}` not)")
+        device, host = _placed(body, _moved_names(body), set(names) - moved)
+        reported: set[str] = set()
+        for node in sorted((n for n in body if isinstance(n, (ast.BinOp, ast.Compare,
+                                                              ast.Call))), key=_position):
+            for use in _mixed(node, device, host):
+                if host[use.id] not in reported:
+                    reported.add(host[use.id])
+                    yield use, (f"(`{', '.join(sorted(moved))}` moved to the device, "
+                                f"`{host[use.id]}` not)")
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _placed(body: list[ast.AST], moved: set[str], unmoved: set[str]
+            ) -> tuple[set[str], dict[str, str]]:
+    """(names holding a value on the device: moved, or computed from a moved value;
+    names holding one on the host → the unmoved batch name it was computed from)."""
+    device, host = set(moved), {name: name for name in unmoved}
+    assigns = sorted((n for n in body if isinstance(n, ast.Assign)), key=_position)
+    pairs = [pair for n in assigns for t in n.targets for pair in _pairs(t, n.value)]
+    for _ in range(2):  # `out = model(x)` then `logits = out.float()`
+        for target, value in pairs:
+            side = _side(value, device, host)
+            if side == "device":
+                device.add(target)
+            elif side in unmoved and target not in device:
+                host[target] = side
+    return device, host
+
+
+def _pairs(target: ast.expr, value: ast.expr) -> list[tuple[str, ast.expr]]:
+    """(name, the value it is given) of `target = value`: `x, y = x.to(d), y` pairs them
+    up; `a, b = f(x)` gives each name the whole value."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and \
+            len(target.elts) == len(value.elts):
+        return [p for t, v in zip(target.elts, value.elts) for p in _pairs(t, v)]
+    targets = target.elts if isinstance(target, ast.Tuple) else [target]
+    return [(dotted(t), value) for t in targets if dotted(t)]
+
+
+def _side(expr: ast.AST, device: set[str], host: dict[str, str]) -> str:
+    """"device" when `expr` uses a device value (or moves one), the unmoved batch name
+    it is computed from when it uses only host values, else ""."""
+    origin = ""
+    for node in ast.walk(expr):
+        if _moves(node) or dotted(node) in device and isinstance(node, (ast.Name,
+                                                                        ast.Attribute)):
+            return "device"
+        if isinstance(node, ast.Name) and node.id in host and not _shape_only(node, expr):
+            origin = origin or host[node.id]
+    return origin
+
+
+def _shape_only(name: ast.Name, expr: ast.AST) -> bool:
+    """`y.shape`, `y.size(0)`, `len(y)`: the tensor's size, not its values."""
+    for parent in ast.walk(expr):
+        if isinstance(parent, ast.Attribute) and parent.value is name:
+            return parent.attr in SHAPE_ATTRS
+        if isinstance(parent, ast.Call) and name in parent.args:
+            return dotted(parent) == "len"
+    return False
+
+
+def _mixed(node: ast.AST, device: set[str], host: dict[str, str]) -> list[ast.Name]:
+    """The host values that `node` — arithmetic, a comparison, a loss, torch.cat/stack —
+    puts together with a device value (their first batch name each)."""
+    operands = _operands(node)
+    sides = [_side(o, device, host) for o in operands]
+    if "device" not in sides:
+        return []
+    return [next(n for n in ast.walk(o) if isinstance(n, ast.Name) and n.id in host)
+            for o, side in zip(operands, sides) if side not in ("", "device")]
+
+
+def _operands(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.BinOp):
+        return [node.left, node.right]
+    if isinstance(node, ast.Compare):
+        return [node.left, *node.comparators]
+    if not isinstance(node, ast.Call):
+        return []
+    name = last(dotted(node)).lower()
+    if name in JOINS and node.args and isinstance(node.args[0], (ast.List, ast.Tuple)):
+        return list(node.args[0].elts)
+    if any(word in name for word in LOSS_WORDS):
+        return [*node.args, *(k.value for k in node.keywords)]
+    return []
 
 
 def _moved_names(body: list[ast.AST]) -> set[str]:
@@ -188,15 +333,6 @@ def _assigned_moved(target: ast.expr, value: ast.expr) -> set[str]:
     while isinstance(target, ast.Subscript):  # batch[k] = batch[k].to(d)
         target = target.value
     return {dotted(e) for e in (target.elts if isinstance(target, ast.Tuple) else [target])}
-
-
-def _used_as_tensor(ctx: Context, name: ast.Name) -> bool:
-    """Passed to a call other than len()/print(), and not just asked for its shape."""
-    parent = ctx.parents.get(name)
-    if isinstance(parent, ast.Attribute):
-        return False  # y.shape, y.size(0), y.to(...) elsewhere
-    return isinstance(parent, ast.Call) and name in parent.args and \
-        last(dotted(parent)) not in ("len", "print", "isinstance", "type")
 
 
 RULES = [

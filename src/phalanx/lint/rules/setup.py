@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
-from phalanx.lint.facts import distributed, holds, single_process
+from phalanx.lint.facts import distributed, holds, references, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
 
 # DistributedDataParallel's keywords, torch 2.6 to 2.13.
@@ -23,24 +23,122 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 def _hard_coded_master(ctx: Context):
     """A constant MASTER_PORT, or a constant MASTER_ADDR other than the loopback address
-    (the right one for a job on one machine: only the port can collide there)."""
+    (the right one for a job on one machine: only the port can collide there) — not a
+    default set only when the launcher set none (`if "MASTER_PORT" not in os.environ:`,
+    `if not os.getenv("MASTER_ADDR"):`, the `else` of `elif "MASTER_PORT" in
+    os.environ:`): the `os.environ.setdefault` the fix suggests."""
     for node in ctx.nodes:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             for target in node.targets:
                 if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
                         and target.slice.value in ("MASTER_PORT", "MASTER_ADDR") and not (
-                        target.slice.value == "MASTER_ADDR" and node.value.value in LOOPBACK):
+                        target.slice.value == "MASTER_ADDR" and node.value.value in LOOPBACK) \
+                        and not _only_when_unset(ctx, node, target.slice.value):
                     yield node, f"(`{target.slice.value}` = {node.value.value!r})"
+
+
+def _only_when_unset(ctx: Context, node: ast.AST, key: str) -> bool:
+    """`node` runs only on a side of an `if` whose test says the environment variable
+    `key` is not set."""
+    child = node
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(parent, ast.If) and child is not parent.test:
+            unset = _unset_when(parent.test, key)
+            if unset is not None and unset == (child in parent.body):
+                return True
+        child = parent
+    return False
+
+
+def _unset_when(test: ast.AST, key: str) -> bool | None:
+    """The value of `test` that says `key` is unset in the environment (None: it does not
+    ask): `"K" not in os.environ` → True, `"K" in os.environ` → False, `not
+    os.getenv("K")` → True, `os.environ.get("K") is None` → True."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _unset_when(test.operand, key)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):  # true: each is
+        return True if any(_unset_when(v, key) is True for v in test.values) else None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if isinstance(op, (ast.In, ast.NotIn)) and _is_key(left, key) and \
+                dotted(right).endswith("environ"):
+            return isinstance(op, ast.NotIn)
+        if isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) and _env_read(left, key) \
+                and isinstance(right, ast.Constant) and right.value in (None, ""):
+            return isinstance(op, (ast.Is, ast.Eq))
+    return False if _env_read(test, key) else None
+
+
+def _is_key(node: ast.AST, key: str) -> bool:
+    return isinstance(node, ast.Constant) and node.value == key
+
+
+def _env_read(node: ast.AST, key: str) -> bool:
+    """`os.getenv("K")`, `os.environ.get("K")` (empty or None when unset)."""
+    return isinstance(node, ast.Call) and bool(node.args) and _is_key(node.args[0], key) \
+        and (dotted(node).endswith("getenv") or dotted(node).endswith("environ.get"))
 
 
 def _no_destroy(ctx: Context):
     """init_process_group where neither this file nor a linted file connected to it by
     imports destroys the group (called, or registered: `atexit.register(dist.destroy_
-    process_group)`); not for a fake one-process group of a test."""
+    process_group)`); not for a fake one-process group of a test. The inits in the arms
+    of one `if`/`elif`/`else` (nccl, gloo …) are one root cause: one finding, at the
+    first. An init in a function that nothing in the linted files calls is skipped when
+    another init is reached (a dead helper)."""
     if holds(ctx, "destroy") or single_process(ctx):
         return
-    for call in ctx.calls_named("init_process_group"):
-        yield call, ""
+    inits = list(ctx.calls_named("init_process_group"))
+    live = [call for call in inits if not _never_called(ctx, call)]
+    others: frozenset[str] = getattr(getattr(ctx, "facts", None), "initializing",
+                                     frozenset()) - {ctx.path}
+    if not live and not others:
+        live = inits
+    groups: list[list[ast.Call]] = []
+    for call in live:
+        group = next((g for g in groups if all(_apart(ctx, call, o) for o in g)), None)
+        if group is None:
+            groups.append([call])
+        else:
+            group.append(call)
+    for group in groups:
+        lines = [call.lineno for call in group[1:]]
+        where = ("the other arm's init on line " if len(lines) == 1 else
+                 "the other arms' inits on lines ") + ", ".join(map(str, lines))
+        yield group[0], f"(one root cause with {where})" if lines else "", lines
+
+
+def _apart(ctx: Context, one: ast.AST, other: ast.AST) -> bool:
+    """`one` and `other` are on different sides of an `if` (never both run)."""
+    sides = dict(_branches(ctx, one))
+    return any(sides.get(branch, side) != side for branch, side in _branches(ctx, other))
+
+
+def _branches(ctx: Context, node: ast.AST) -> list[tuple[ast.If, bool]]:
+    """(each `if` around `node`, whether `node` is in its body)."""
+    found, child = [], node
+    for parent in ctx.ancestors(node):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            found.append((parent, child in parent.body))
+        child = parent
+    return found
+
+
+def _never_called(ctx: Context, node: ast.AST) -> bool:
+    """`node` is in a function (not decorated: a framework may call it) that neither this
+    file nor another linted file names (`references`) — not by a call, a reference, an
+    import or a string."""
+    func = ctx.function_of(node)
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.decorator_list:
+        return False
+    own = vars(ctx).get("_references")
+    if own is None:  # computed once per file
+        own = ctx._references = references(ctx.nodes)  # type: ignore[attr-defined]
+    referenced = getattr(getattr(ctx, "facts", None), "referenced", {})
+    return func.name not in own and referenced.get(func.name, 0) == 0
 
 
 def _find_unused(ctx: Context):
