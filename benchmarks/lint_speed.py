@@ -4,7 +4,8 @@
 
 Reports files, lines, seconds (median of 3 passes) and lines/s; files that are not
 valid Python for this interpreter are counted and skipped. A pass is what `phalanx lint`
-does: the cross-file call graph first (lint.project), then every file.
+does: the cross-file call graph and facts first (`cli.lint.build_project`), then every
+file.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 
 
 def one_pass(files: list[Path]) -> tuple[float, int, int, int]:
+    from phalanx.cli.lint import build_project
     from phalanx.lint.engine import lint_source
-    from phalanx.lint.project import project_collectives
     from phalanx.lint.rules import ALL
 
     lines = skipped = findings = 0
     t0 = time.perf_counter()
-    modules = project_collectives(files)
+    modules = build_project(files)
     for path in files:
         source = path.read_text(encoding="utf-8", errors="replace")
         try:

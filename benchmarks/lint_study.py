@@ -8,19 +8,18 @@ DIR/owner+name/<git dir>, else a blob-less clone from GitHub), runs
 `python -m phalanx lint --format json` on them and scores the findings against
 benchmarks/lint_study/judgments.json ({repo, path, line, code, text, verdict, why}).
 
-Projects marked "held_out": true in projects.json were added after the linter was tuned
-(it never saw them): the script prints the tuned set, the held-out set and both together,
-each with its error and warning precision. Precision on the tuned set is optimistic; the
-held-out numbers are the honest estimate.
+Each project names its "set": "tuned", or "held-out-N" (added in round N and measured
+before any fix it prompted; later rounds may tune on it; the old `"held_out": true` reads
+as "held-out-1"). One table per set, in SETS order, then all together: only the newest
+held-out set is an honest estimate.
 
-Every error is judged; warnings are judged on a seeded sample, drawn per set: up to
---per-project each, raised until the sample holds --min-total, and every warning of a set
-with at most --all-up-to of them (--all: every warning everywhere). A sample is ordered by a hash of
-(seed, repo, path, code, source text), so it survives line shifts and a vanished
-finding is replaced by the next one. A judgment matches a finding by repo+path+line+code,
-else by repo+path+code+stripped source line. Findings without one are listed as
-"unjudged"; judgments that match nothing any more are counted as "gone" (listed with
---verbose).
+Every error is judged; warnings on a seeded sample drawn per set: up to --per-project each,
+raised until the sample holds --min-total; every warning of a set with at most --all-up-to
+(--all: every warning). A sample is ordered by a hash of (seed, repo, path, code, source
+text), so it survives line shifts and a vanished finding is replaced by the next one. A
+judgment matches a finding by repo+path+line+code, else by repo+path+code+stripped source
+line. Findings without one are listed as "unjudged"; judgments that match nothing any more
+are "gone" (listed with --verbose).
 To pin a linter version: `git archive REV src | tar -x -C DIR` and run with PYTHONPATH=DIR/src.
 """
 
@@ -35,16 +34,19 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "lint_study"
+SETS = {"tuned": "the linter was tuned on these: optimistic",
+        "held-out-1": "measured before round 3's fixes, then tuned on",
+        "held-out-2": "never tuned on: the honest estimate"}
+
+
+def project_set(p: dict) -> str:
+    return p.get("set") or ("held-out-1" if p.get("held_out") else "tuned")
 
 
 def find_git_dir(mirrors: Path, repo: str) -> Path | None:
     root = mirrors / repo.replace("/", "+")
-    if not root.is_dir():
-        return None
-    for cand in [root, *sorted(root.glob("*")), *sorted(root.glob("*/*"))]:
-        if (cand / "HEAD").is_file() and (cand / "objects").is_dir():
-            return cand
-    return None
+    cands = [root, *sorted(root.glob("*")), *sorted(root.glob("*/*"))]
+    return next((c for c in cands if (c / "HEAD").is_file() and (c / "objects").is_dir()), None)
 
 
 def checkout_from_mirror(git_dir: Path, commit: str, paths: list[str], dest: Path) -> None:
@@ -59,19 +61,10 @@ def checkout_from_mirror(git_dir: Path, commit: str, paths: list[str], dest: Pat
             continue
         seen.update(p for p in paths if path == p or path.startswith(p.rstrip("/") + "/"))
         blob = subprocess.run([*git, "cat-file", "blob", sha], check=True, capture_output=True)
-        target = dest / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blob.stdout)
-    missing = set(paths) - seen
-    if missing:
-        raise SystemExit(f"{git_dir}: no Python files at {commit} under {sorted(missing)}")
-
-
-def checkout_from_github(repo: str, commit: str, paths: list[str], dest: Path) -> None:
-    url = f"https://github.com/{repo}"
-    subprocess.run(["git", "clone", "-q", "--filter=blob:none", "--no-checkout", url, str(dest)],
-                   check=True)
-    subprocess.run(["git", "-C", str(dest), "checkout", "-q", commit, "--", *paths], check=True)
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_bytes(blob.stdout)
+    if set(paths) - seen:
+        raise SystemExit(f"{git_dir}: no .py at {commit} under {sorted(set(paths) - seen)}")
 
 
 def checkout(project: dict, work: Path, mirrors: Path | None) -> Path:
@@ -79,14 +72,16 @@ def checkout(project: dict, work: Path, mirrors: Path | None) -> Path:
     done = dest / ".lint_study_done"
     if done.exists():
         return dest
-    if dest.exists():
-        subprocess.run(["rm", "-rf", str(dest)], check=True)
+    subprocess.run(["rm", "-rf", str(dest)], check=True)
     dest.mkdir(parents=True)
     git_dir = find_git_dir(mirrors, project["repo"]) if mirrors else None
     if git_dir is not None:
         checkout_from_mirror(git_dir, project["commit"], project["paths"], dest)
-    else:
-        checkout_from_github(project["repo"], project["commit"], project["paths"], dest)
+    else:  # a blob-less clone from GitHub
+        subprocess.run(["git", "clone", "-q", "--filter=blob:none", "--no-checkout",
+                        f"https://github.com/{project['repo']}", str(dest)], check=True)
+        subprocess.run(["git", "-C", str(dest), "checkout", "-q", project["commit"], "--",
+                        *project["paths"]], check=True)
     done.write_text(project["commit"] + "\n")
     return dest
 
@@ -100,28 +95,22 @@ def run_lint(dest: Path, paths: list[str]) -> tuple[int, list[dict], str]:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
         return 0, [], f"not JSON: {proc.stdout[:200]!r} {proc.stderr.strip()[-300:]}"
-    findings = report["findings"]
-    for f in findings:
+    for f in report["findings"]:
         p = Path(f["path"])
         f["path"] = (p.relative_to(dest) if p.is_absolute() else p).as_posix()
-    return report["files"], findings, ""
+    return report["files"], report["findings"], ""
 
 
 def count_lines(dest: Path, paths: list[str]) -> int:
-    total = 0
-    for p in paths:
-        base = dest / p
-        for f in [base] if base.is_file() else sorted(base.rglob("*.py")):
-            total += f.read_bytes().count(b"\n")
-    return total
+    return sum(f.read_bytes().count(b"\n") for p in paths
+               for f in ([dest / p] if (dest / p).is_file() else (dest / p).rglob("*.py")))
 
 
 def attach_text(dest: Path, findings: list[dict]) -> None:
     cache: dict[str, list[str]] = {}
     for f in findings:
         if f["path"] not in cache:
-            raw = (dest / f["path"]).read_text(encoding="utf-8", errors="replace")
-            cache[f["path"]] = raw.splitlines()
+            cache[f["path"]] = (dest / f["path"]).read_text("utf-8", "replace").splitlines()
         lines = cache[f["path"]]
         f["text"] = lines[f["line"] - 1].strip() if 0 < f["line"] <= len(lines) else ""
 
@@ -133,9 +122,8 @@ def sample_key(seed: int, repo: str, f: dict) -> str:
 
 def choose_samples(results: list[dict], seed: int, per_project: int, min_total: int,
                    all_up_to: int = 0) -> None:
-    """Mark f['sampled'] on every error and on a seeded sample of each project's warnings.
-
-    Every warning when the results hold at most `all_up_to` of them."""
+    """Mark f['sampled'] on every error and a seeded sample of each project's warnings
+    (every warning when the results hold at most `all_up_to` of them)."""
     for r in results:
         r["warnings"] = sorted((f for f in r["findings"] if f["severity"] == "warning"),
                                key=lambda f: sample_key(seed, r["repo"], f))
@@ -176,20 +164,18 @@ def match_judgments(results: list[dict], judgments: list[dict]) -> list[dict]:
 def score(r: dict) -> dict:
     fs = r["findings"]
     sampled = [f for f in fs if f.get("sampled")]
-    count = {(sev, v): sum(1 for f in sampled if f["severity"] == sev and f.get("verdict") == v)
-             for sev in ("error", "warning") for v in ("true", "false")}
-    judged_true = count["error", "true"] + count["warning", "true"]
-    judged = judged_true + count["error", "false"] + count["warning", "false"]
-    return {
-        "files": r["files"], "lines": r["lines"],
-        "errors": sum(f["severity"] == "error" for f in fs),
-        "warnings": sum(f["severity"] == "warning" for f in fs),
-        "infos": sum(f["severity"] == "info" for f in fs),
-        "err_true": count["error", "true"], "err_false": count["error", "false"],
-        "warn_true": count["warning", "true"], "warn_false": count["warning", "false"],
-        "unjudged": sum(1 for f in sampled if f.get("verdict") not in ("true", "false")),
-        "precision": judged_true / judged if judged else None,
-    }
+    out = {"files": r["files"], "lines": r["lines"]}
+    out.update({f"{sev}s": sum(f["severity"] == sev for f in fs)
+                for sev in ("error", "warning", "info")})
+    out.update({f"{short}_{v}": sum(f["severity"] == sev and f.get("verdict") == v
+                                    for f in sampled)
+                for sev, short in (("error", "err"), ("warning", "warn"))
+                for v in ("true", "false")})
+    out["unjudged"] = sum(f.get("verdict") not in ("true", "false") for f in sampled)
+    judged_true = out["err_true"] + out["warn_true"]
+    judged = judged_true + out["err_false"] + out["warn_false"]
+    out["precision"] = judged_true / judged if judged else None
+    return out
 
 
 def pct(num: int, den: int) -> str:
@@ -197,31 +183,23 @@ def pct(num: int, den: int) -> str:
 
 
 def print_table(results: list[dict], title: str = "") -> dict:
-    if title:
-        print(f"### {title}\n")
+    print(f"### {title}\n\n" if title else "", end="")
     cols = ["files", "lines", "errors", "warnings", "infos", "err T/F", "warn T/F", "unjudged",
             "precision"]
-    print("| project | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
+    print("| project | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|")
     tot: dict = {}
-    for r in results:
-        s = r["score"]
-        for key, val in s.items():
-            if key != "precision":
-                tot[key] = tot.get(key, 0) + val
-        prec = "-" if s["precision"] is None else f"{100 * s['precision']:.0f}%"
-        print(f"| {r['repo']} | {s['files']} | {s['lines']} | {s['errors']} | {s['warnings']} | "
-              f"{s['infos']} | {s['err_true']}/{s['err_false']} | {s['warn_true']}/"
-              f"{s['warn_false']} | {s['unjudged']} | {prec} |")
-    judged_true = tot.get("err_true", 0) + tot.get("warn_true", 0)
-    judged = judged_true + tot.get("err_false", 0) + tot.get("warn_false", 0)
-    tot["precision"] = judged_true / judged if judged else None
-    print(f"| **total** | {tot.get('files', 0)} | {tot.get('lines', 0)} | {tot.get('errors', 0)} "
-          f"| {tot.get('warnings', 0)} | {tot.get('infos', 0)} | {tot.get('err_true', 0)}/"
-          f"{tot.get('err_false', 0)} | {tot.get('warn_true', 0)}/{tot.get('warn_false', 0)} | "
-          f"{tot.get('unjudged', 0)} | {pct(judged_true, judged)} |")
-    et, ef = tot.get("err_true", 0), tot.get("err_false", 0)
-    wt, wf = tot.get("warn_true", 0), tot.get("warn_false", 0)
+    for r in [*results, None]:
+        s = r["score"] if r else tot
+        for key, val in (s.items() if r else []):
+            tot[key] = tot.get(key, 0) + (val if key != "precision" else 0)
+        g = {k: s.get(k, 0) for k in ("err_true", "err_false", "warn_true", "warn_false")}
+        t, n = g["err_true"] + g["warn_true"], sum(g.values())
+        name = r["repo"] if r else "**total**"
+        print(f"| {name} | " + " | ".join(str(s.get(k, 0)) for k in cols[:5]) +
+              f" | {g['err_true']}/{g['err_false']} | {g['warn_true']}/{g['warn_false']} | "
+              f"{s.get('unjudged', 0)} | {pct(t, n)} |")
+    tot["precision"] = (t / n) if n else None
+    et, ef, wt, wf = g["err_true"], g["err_false"], g["warn_true"], g["warn_false"]
     print(f"\nfalse errors: {ef} of {et + ef} (error precision {pct(et, et + ef)}); "
           f"sampled warnings: {wt} true / {wf} false of {tot.get('warnings', 0)} "
           f"(warning precision {pct(wt, wt + wf)})")
@@ -248,23 +226,24 @@ def print_lists(results: list[dict], gone: list[dict], verbose: bool) -> None:
         print(f"gone: {j['repo']} {j['path']}:{j['line']} {j['code']} ({j['verdict']}): "
               f"{j.get('text', '')[:80]}")
     if gone and not verbose:
-        print(f"{len(gone)} judgments match no finding any more (kept: they judge the finding "
-              f"if it comes back); --verbose lists them")
+        print(f"{len(gone)} judgments match no finding any more (kept for if it comes back); "
+              "--verbose lists them")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mirrors", type=Path, help="DIR/owner+name/<git dir> local mirrors")
-    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lint_study")
-    ap.add_argument("--projects", type=Path, default=HERE / "projects.json")
-    ap.add_argument("--judgments", type=Path, default=HERE / "judgments.json")
+    for name, default in (("--work", Path(tempfile.gettempdir()) / "lint_study"),
+                          ("--projects", HERE / "projects.json"),
+                          ("--judgments", HERE / "judgments.json")):
+        ap.add_argument(name, type=Path, default=default)
     ap.add_argument("--only", action="append", help="only this repo (repeatable)")
     ap.add_argument("--seed", type=int, default=20261124)
     ap.add_argument("--per-project", type=int, default=6)
     ap.add_argument("--min-total", type=int, default=30,
                     help="raise the per-project cap until a set's sample holds this many")
     ap.add_argument("--all-up-to", type=int, default=100,
-                    help="judge every warning of a set (tuned, held-out) with at most this many")
+                    help="judge every warning of a set with at most this many")
     ap.add_argument("--all", action="store_true", help="judge every warning")
     ap.add_argument("--json", type=Path, help="write scores and findings here")
     ap.add_argument("--verbose", action="store_true", help="list the judged findings too")
@@ -285,12 +264,13 @@ def main() -> int:
             print(f"{p['repo']}: phalanx lint failed: {err}", file=sys.stderr)
             failed = True
         attach_text(dest, findings)
-        results.append({"repo": p["repo"], "commit": p["commit"], "files": files,
-                        "held_out": bool(p.get("held_out")),
-                        "lines": count_lines(dest, p["paths"]), "findings": findings})
-    groups = [("tuned set (the linter was tuned on these: optimistic)",
-               [r for r in results if not r["held_out"]]),
-              ("held-out set (added after tuning)", [r for r in results if r["held_out"]])]
+        results.append({"repo": p["repo"], "commit": p["commit"], "files": files, "set":
+                        project_set(p), "lines": count_lines(dest, p["paths"]),
+                        "findings": findings})
+    names = [n for n in [*SETS, *sorted({r["set"] for r in results} - set(SETS))]
+             if any(r["set"] == n for r in results)]
+    groups = [(f"{n} ({SETS.get(n, 'unknown set')})", [r for r in results if r["set"] == n])
+              for n in names]
     for _title, rs in groups:
         choose_samples(rs, args.seed, args.per_project, args.min_total,
                        10**9 if args.all else args.all_up_to)
@@ -303,9 +283,8 @@ def main() -> int:
     print(f"linter: {proc.stdout.strip() or proc.stderr.strip()[-200:]}\n")
     totals = {}
     for title, rs in groups:
-        if rs:
-            totals[title.split(" (")[0]] = print_table(rs, title)
-    if all(rs for _t, rs in groups):
+        totals[title.split(" (")[0]] = print_table(rs, title)
+    if len(groups) > 1:
         totals["overall"] = print_table(results, "overall")
     print_lists(results, gone, args.verbose)
     if args.json:
