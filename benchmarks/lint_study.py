@@ -36,7 +36,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent / "lint_study"
 SETS = {"tuned": "the linter was tuned on these: optimistic",
         "held-out-1": "measured before round 3's fixes, then tuned on",
-        "held-out-2": "never tuned on: the honest estimate"}
+        "held-out-2": "measured before round 4's fixes (the honest estimate: 0 of 5 "
+                      "errors, 72 % of warnings right), then tuned on"}
 
 
 def project_set(p: dict) -> str:

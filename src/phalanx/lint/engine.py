@@ -23,6 +23,7 @@ from phalanx.lint.syntax import (  # noqa: F401  (re-exported: the rules import 
     is_true,
     keyword,
     last,
+    rank_call,
     rank_dependent,
     whether_distributed,
 )
@@ -166,15 +167,19 @@ class Context:
     def rank_names(self) -> set[str]:
         """Names holding a rank or a test of it, beyond RANK_NAMES: `self.gpu_id =
         int(os.environ["LOCAL_RANK"])`, `master = ddp_rank == 0` (not a device or a path
-        built from one: only plain reads, conversions and comparisons)."""
+        built from one: only plain reads, conversions and comparisons), and a property
+        returning one, read as `self.prop` (`return dist.get_rank() == 0`)."""
         if self._rank_names is None:
             self._rank_names = set()
             assigns = [n for n in self.nodes if isinstance(n, ast.Assign)
-                       and _plain(n.value) and not whether_distributed(n.value)]
-            for _ in range(2):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
+                       and (_plain(n.value) or _rank_named(n))
+                       and not whether_distributed(n.value)]
+            for _ in range(3):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
                 self._rank_names |= {dotted(t) for n in assigns
                                      if self._holds_rank(n) for t in n.targets
                                      if isinstance(t, (ast.Name, ast.Attribute))}
+                self._rank_names |= {f"self.{getattr(f, 'name', '')}" for f in self.nodes
+                                     if _rank_property(self, f)}
         return self._rank_names
 
     def _holds_rank(self, assign: ast.Assign) -> bool:
@@ -231,7 +236,26 @@ def _plain(value: ast.AST) -> bool:
         return dotted(value.value).endswith("environ")
     return isinstance(value, ast.Call) and (
         dotted(value) in ("int", "os.environ.get", "os.getenv", "environ.get", "getenv")
-        or last(dotted(value)) in RANK_CALLS)
+        or rank_call(dotted(value)))
+
+
+def _rank_property(ctx: Context, func: ast.AST) -> bool:
+    """`@property def is_saver(self): return self.rank == 0`: a value it returns is a
+    plain rank read or test."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not any(
+            dotted(d) in ("property", "functools.cached_property", "cached_property")
+            for d in func.decorator_list):
+        return False
+    values = [r.value for r in ast.walk(func) if isinstance(r, ast.Return)]
+    return any(v is not None and _plain(v) and not whether_distributed(v)
+               and ctx.rank_dependent(v) for v in values)
+
+
+def _rank_named(assign: ast.Assign) -> bool:
+    """`dp_rank = mpu.get_data_parallel_rank() if dist.is_initialized() else 0`: a name
+    ending in `_rank` holds a rank whatever expression reads it."""
+    return all(isinstance(t, (ast.Name, ast.Attribute)) and last(dotted(t)).endswith("_rank")
+               for t in assign.targets)
 
 
 def suppressed(ctx: Context, line: int, code: str) -> bool:

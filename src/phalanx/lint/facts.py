@@ -114,19 +114,21 @@ class FileFacts(frozenset):
     """The facts that hold for one file (a frozenset of names, as `holds` asks);
     `mentions`: how many linted files name each identifier in their text; `referenced`:
     how many may use it (`references`); `initializing`: the linted files that call
-    init_process_group."""
+    init_process_group; `defined`: what the linted files define at their top level."""
 
     mentions: Mapping[str, int]
     referenced: Mapping[str, int]
     initializing: frozenset[str]
+    defined: frozenset[str]
 
     def __new__(cls, facts: Iterable[str] = (), mentions: Mapping[str, int] | None = None,
                 referenced: Mapping[str, int] | None = None,
-                initializing: frozenset[str] = frozenset()) -> FileFacts:
+                initializing: frozenset[str] = frozenset(),
+                defined: frozenset[str] = frozenset()) -> FileFacts:
         made = super().__new__(cls, facts)
         made.mentions = mentions if mentions is not None else {}
         made.referenced = referenced if referenced is not None else made.mentions
-        made.initializing = initializing
+        made.initializing, made.defined = initializing, defined
         return made
 
 
@@ -179,6 +181,7 @@ class ProjectFacts:
     words: dict[str, frozenset[str]] = field(default_factory=dict)  # file → identifiers
     refs: dict[str, frozenset[str]] = field(default_factory=dict)  # file → `references`
     inits: dict[str, frozenset[str]] = field(default_factory=dict)  # `init_functions`
+    defined: frozenset[str] = frozenset()  # `defined_names` of every linted file
 
     def __post_init__(self) -> None:
         importers: dict[str, set[str]] = {}
@@ -206,7 +209,7 @@ class ProjectFacts:
         program with it — its importers (transitively) and everything they import."""
         return FileFacts(self.program.get(name, frozenset()) |
                          self.launched.get(name, frozenset()), self.mentions,
-                         self.referenced, self.initializing)
+                         self.referenced, self.initializing, self.defined)
 
 
 def _spread(facts: dict[str, frozenset[str]], edges: dict[str, set[str]]
@@ -257,7 +260,8 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
                               for f, t in texts.items()},
                         {f: frozenset(WORD.findall(t)) for f, t in texts.items()},
                         {f: references(nodes) for f, nodes in walks.items()},
-                        {f: init_functions(tree) for f, tree in trees.items() if INIT in texts[f]})
+                        {f: init_functions(tree) for f, tree in trees.items() if INIT in texts[f]},
+                        frozenset().union(*files.defines.values()))
 
 
 def defined_names(text: str) -> frozenset[str]:
@@ -359,10 +363,10 @@ def single_process(ctx: Context) -> bool:
     """Every `init_process_group` of the file builds a fake, one-process group (a test
     of distributed code): `backend="fake"`, or `world_size=1` with a FakeStore/HashStore."""
     inits = list(ctx.calls_named("init_process_group"))
-    return bool(inits) and all(_fake_group(ctx, call) for call in inits)
+    return bool(inits) and all(fake_group(ctx, call) for call in inits)
 
 
-def _fake_group(ctx: Context, call: ast.Call) -> bool:
+def fake_group(ctx: Context, call: ast.Call) -> bool:
     backend = keyword(call, "backend") or (call.args[0] if call.args else None)
     if isinstance(backend, ast.Constant) and backend.value == "fake":
         return True

@@ -11,6 +11,12 @@ RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process",
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
 
 
+def rank_call(name: str) -> bool:
+    """A callable reading a rank: `get_rank`, or any `..._rank`: `get_local_rank`,
+    Megatron's `mpu.get_data_parallel_rank()`, `parallel_state.get_pipeline_model_parallel_rank()`."""
+    return last(name) in RANK_CALLS or last(name).endswith("_rank")
+
+
 def dotted(node: ast.AST) -> str:
     """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise."""
     if isinstance(node, ast.Name):
@@ -36,13 +42,14 @@ def is_true(node: ast.AST | None) -> bool:
 
 
 def rank_dependent(test: ast.AST) -> bool:
-    """`test` reads a rank: a rank-named name or attribute, `get_rank()`, `"RANK"`."""
+    """`test` reads a rank: a rank-named name or attribute, `get_rank()` (`rank_call`),
+    `"RANK"`."""
     for node in ast.walk(test):
         if isinstance(node, ast.Name) and node.id.lower() in RANK_NAMES:
             return True
         if isinstance(node, ast.Attribute) and node.attr.lower() in RANK_NAMES:
             return True
-        if isinstance(node, ast.Call) and last(dotted(node)) in RANK_CALLS:
+        if isinstance(node, ast.Call) and rank_call(dotted(node)):
             return True
         if isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK"):
             return True

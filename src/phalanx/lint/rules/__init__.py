@@ -24,4 +24,4 @@ BY_CODE = {rule.code: rule for rule in ALL}
 # find_unused_parameters; rank-0 metric; torch.load without map_location (0 of 5 judged
 # true on public code: RNG, scheduler and CPU-saved states); an explicit
 # weights_only=False (a deliberate choice, judged false on a run's own caches)
-OPT_IN = frozenset({"PX703", "PX705", "PX501", "PX502"})
+OPT_IN = frozenset({"PX703", "PX705", "PX501", "PX502", "PX704"})

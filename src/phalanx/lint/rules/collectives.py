@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 
+from phalanx.lint.callees import DCP_CALLS, dcp_call, opens_for_all, own_group
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.gates import Gate, gate_of
 from phalanx.lint.guards import Guard
@@ -27,9 +28,6 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into
                "broadcast_object_list", "barrier", "gather", "gather_object", "scatter",
                "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier"}
 
-
-DCP_CALLS = {"get_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
-             "set_state_dict", "set_model_state_dict", "set_optimizer_state_dict", "async_save"}
 WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataParallel": "FSDP",
             "FSDP": "FSDP", "fully_shard": "FSDP"}
 # Phalanx's own `Run` (phalanx.runtime.run): every public method that runs a collective on
@@ -109,13 +107,15 @@ def wrapped(ctx: Context) -> dict[str, str]:
     return found
 
 
-def hidden(call: ast.Call, models: dict[str, str]) -> str | None:
+def hidden(ctx: Context, call: ast.Call, models: dict[str, str]) -> str | None:
     """The collective `call` runs without being named one, or None."""
     name, func = dotted(call), call.func
     if name in models:
         return (f"the forward of the {models[name]} model `{name}` ("
                 + ("broadcasts buffers" if models[name] == "DDP" else "all-gathers parameters")
                 + ")")
+    if dcp_call(ctx, call):
+        return f"`{name}()` (DCP: collectives across ranks)"
     if not isinstance(func, ast.Attribute):
         return None
     receiver, method = dotted(func.value), func.attr
@@ -125,9 +125,6 @@ def hidden(call: ast.Call, models: dict[str, str]) -> str | None:
         return "`full_tensor()` (an all-gather)"
     if method == "consolidate_state_dict":
         return "`consolidate_state_dict()` (ZeRO gathers the optimizer state)"
-    if method in DCP_CALLS or (method in ("save", "load") and last(receiver) in ("dcp", "checkpoint")
-                               and "torch.save" != name):
-        return f"`{name}()` (DCP: collectives across ranks)"
     return None
 
 
@@ -225,7 +222,7 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
     models = _here(ctx, call, models)
     if models.get(dotted(call)) == "DDP":
         return True
-    if hidden(call, models) or run_call(call, runs):
+    if hidden(ctx, call, models) or run_call(call, runs):
         return False
     key = helper_key(ctx, call)
     return key in forward and key not in definite
@@ -240,7 +237,7 @@ def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[st
     callee = last(dotted(call))
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
-    what = hidden(call, _here(ctx, call, models)) or run_call(
+    what = hidden(ctx, call, _here(ctx, call, models)) or run_call(
         call, runs if runs is not None else run_receivers(ctx))
     key = helper_key(ctx, call)
     if what is None and key in helpers and key != inside:
@@ -312,8 +309,10 @@ def _rank_only(ctx: Context, forward: bool):
         what = _runs(ctx, call, models, helpers, runs=runs, gates=gates)
         if what is None or _forward_only(ctx, call, models, runs, forwards, definite) != forward:
             continue
+        if (callee in COLLECTIVES or dcp_call(ctx, call)) and own_group(call):
+            continue  # only its group's members join: the guard may hold alike for them
         guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself
-        if guard is None or _other_branch_joins(ctx, call, callee) \
+        if guard is None or opens_for_all(ctx, guard.test, guard.holds) or _other_branch_joins(ctx, call, callee) \
                 or _paired(ctx, call, guard, callee) or _joins_before_exit(guard, callee):
             continue
         shown = what if "`" in what else f"`{what}`"

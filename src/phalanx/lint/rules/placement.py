@@ -8,6 +8,7 @@ from typing import TypeGuard
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last, whether_distributed
 from phalanx.lint.facts import distributed, distributed_program, holds, uses_rpc
 from phalanx.lint.rules.collectives import COLLECTIVES
+from phalanx.lint.rules.setup import builds_nccl, current_device_used, device_picked_before
 
 MULTI_PROCESS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP",
                  "fully_shard", "init_process_group"}
@@ -176,11 +177,16 @@ def _hard_coded_device(ctx: Context):
 def _missing_set_device(ctx: Context):
     """init_process_group where neither this file nor a linted file connected to it by
     imports chooses the rank's GPU (`set_device` under any alias, `set_device_index`,
-    `with torch.cuda.device(...)`, a per-rank CUDA_VISIBLE_DEVICES)."""
+    `with torch.cuda.device(...)`, a per-rank CUDA_VISIBLE_DEVICES) — not for an init
+    that creates no NCCL communicator (`setup.builds_nccl`: gloo, XLA, a fake group)
+    unless the file relies on the current device (`setup.current_device_used`), nor
+    after a call that may choose the GPU out of sight (`setup.device_picked_before`)."""
     if not (distributed(ctx) and ctx.uses_cuda) or holds(ctx, "set_device"):
         return
+    implicit = current_device_used(ctx)
     for call in ctx.calls_named("init_process_group"):
-        yield call, ""
+        if (implicit or builds_nccl(ctx, call)) and not device_picked_before(ctx, call):
+            yield call, ""
 
 
 def _batch_names(loop: ast.For) -> list[str]:

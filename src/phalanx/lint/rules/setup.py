@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
-from phalanx.lint.facts import distributed, holds, references, single_process
+from phalanx.lint.facts import distributed, fake_group, holds, references, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
 
 # DistributedDataParallel's keywords, torch 2.6 to 2.13.
@@ -139,6 +139,46 @@ def _never_called(ctx: Context, node: ast.AST) -> bool:
         own = ctx._references = references(ctx.nodes)  # type: ignore[attr-defined]
     referenced = getattr(getattr(ctx, "facts", None), "referenced", {})
     return func.name not in own and referenced.get(func.name, 0) == 0
+
+
+def builds_nccl(ctx: Context, init: ast.Call) -> bool:
+    """Whether init_process_group `init` may create an NCCL communicator: not a fake
+    one-process group (`facts.fake_group`), XLA's (`init_method="xla://"`, backend
+    "xla"), nor one with a literal backend without NCCL ("gloo", "mpi"); a backend not
+    known here (a variable, a conditional, none given: NCCL for CUDA) may."""
+    method = keyword(init, "init_method")
+    if fake_group(ctx, init) or isinstance(method, ast.Constant) and \
+            str(method.value).startswith("xla://"):
+        return False
+    backend = keyword(init, "backend") or (init.args[0] if init.args else None)
+    return not (isinstance(backend, ast.Constant) and isinstance(backend.value, str)
+                and "nccl" not in backend.value.lower())
+
+
+def current_device_used(ctx: Context) -> bool:
+    """The file relies on the current CUDA device, GPU 0 in every rank until set_device:
+    a bare `x.cuda()` or the device "cuda" (`torch.device("cuda")`, `.to("cuda")`)."""
+    return any(isinstance(n, ast.Constant) and n.value == "cuda" for n in ctx.nodes) or any(
+        isinstance(c.func, ast.Attribute) and not c.args and not c.keywords
+        and dotted(c.func.value) != "torch" for c in ctx.calls_named("cuda"))
+
+
+def device_picked_before(ctx: Context, init: ast.Call) -> bool:
+    """A call before `init`, in its function, to a function the linter cannot see —
+    imported from a module other than torch, defined in no linted file — whose name
+    says it picks a device (`dev = get_device(name)`, `devices.setup_device()`): its
+    body may choose the rank's GPU (Composer's `get_device` builds a `DeviceGPU`,
+    whose constructor calls set_device)."""
+    scope = ctx.function_of(init)
+    known = ctx.defined | getattr(getattr(ctx, "facts", None), "defined", frozenset())
+    for call in ctx.calls:
+        name = dotted(call)
+        origin = ctx.imported.get(name.split(".")[0], "")
+        if origin and origin.split(".")[0] != "torch" and "device" in last(name).lower() \
+                and last(name) not in known and call.lineno < init.lineno \
+                and ctx.function_of(call) is scope:
+            return True
+    return False
 
 
 def _find_unused(ctx: Context):
