@@ -15,7 +15,7 @@ from phalanx.cli import main
 from phalanx.lint import fix as fixmod
 from phalanx.lint.engine import lint_source
 from phalanx.lint.rules import BY_CODE
-from phalanx.lint.rules.collectives import RUN_COLLECTIVES, RUN_LOCAL
+from phalanx.lint.runapi import RUN_COLLECTIVES, RUN_LOCAL
 from phalanx.runtime.run import Run
 
 HEAD = "import torch\nimport torch.distributed as dist\n"

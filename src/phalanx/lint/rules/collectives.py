@@ -21,6 +21,7 @@ from phalanx.lint.callees import DCP_CALLS, dcp_call, opens_for_all, own_group
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.gates import Gate, gate_of
 from phalanx.lint.guards import Guard
+from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
 from phalanx.lint.wrapping import holds_wrapper
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -30,65 +31,6 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into
 
 WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataParallel": "FSDP",
             "FSDP": "FSDP", "fully_shard": "FSDP"}
-# Phalanx's own `Run` (phalanx.runtime.run): every public method that runs a collective on
-# all ranks, and what it runs (tests/unit/test_lint_patterns_a.py keeps this complete).
-RUN_COLLECTIVES = {
-    "setup": "wraps the model: DDP broadcasts the parameters, FSDP shards them",
-    "full_state_dict": "gathers the whole model's weights",
-    "export": "gathers the weights, then broadcasts rank 0's outcome",
-    "all_reduce": "an all-reduce", "all_reduce_mean": "an all-reduce",
-    "all_reduce_sum": "an all-reduce", "barrier": "a barrier",
-    "log": "all-reduces the metrics", "broadcast": "a broadcast",
-    "gather_objects": "an all-gather", "check_consistency": "compares every rank's replica",
-    "stop_requested": "all-reduces the stop flag", "close": "a barrier, then destroys the group",
-    "save": "a distributed checkpoint: every rank writes its part",
-    "resume": "finds and loads a checkpoint: broadcast and collectives",
-    "load": "loads a distributed checkpoint: collectives",
-    "latest_checkpoint": "broadcasts rank 0's answer",
-    "wait_checkpoint": "commits the background save: collectives",
-    "clip_grad_norm_": "all-reduces the gradient norm",
-    "step": "steps the optimizer: ZeRO broadcasts the updated shards",
-}
-# Its public methods that run no collective (local to the rank).
-RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "end_log", "diagnose_devices",
-             "watch", "beat", "catch_stop_signals", "say_once", "print", "checkpoint_staged",
-             "poll_checkpoint"}
-
-
-def run_receivers(ctx: Context) -> set[str]:
-    """Names holding Phalanx's `Run`: assigned (or `with ... as`) from `phalanx.init(...)`
-    or an `init` imported from phalanx; and `run` in a file that imports phalanx."""
-    found = {"run"} if any(o == "phalanx" or o.startswith("phalanx.")
-                           for o in ctx.imported.values()) else set()
-    for node in ctx.nodes:
-        if isinstance(node, ast.Assign) and _is_init(ctx, node.value):
-            found |= {dotted(t) for t in node.targets}
-        elif isinstance(node, ast.withitem) and node.optional_vars is not None \
-                and _is_init(ctx, node.context_expr):
-            found.add(dotted(node.optional_vars))
-    return found - {""}
-
-
-def _is_init(ctx: Context, value: ast.AST) -> bool:
-    if not isinstance(value, ast.Call):
-        return False
-    name = dotted(value)
-    return name == "phalanx.init" or (name == "init" and ctx.imported.get("init", "")
-                                       .startswith("phalanx"))
-
-
-def run_call(call: ast.Call, runs: set[str]) -> str | None:
-    """"`run.log()` (all-reduces the metrics)" for a collective of Phalanx's `Run`."""
-    func = call.func
-    if not (isinstance(func, ast.Attribute) and func.attr in RUN_COLLECTIVES
-            and dotted(func.value) in runs):
-        return None
-    reduce = keyword(call, "reduce")
-    if func.attr == "log" and isinstance(reduce, ast.Constant) and reduce.value is None:
-        return None  # rank 0's own values, no collective
-    return f"`{dotted(func)}()` ({RUN_COLLECTIVES[func.attr]})"
-
-
 def wrapped(ctx: Context) -> dict[str, str]:
     """Names holding a DDP / FSDP model: `m = DDP(...)`, `m = FSDP(...)`, `fully_shard(m)`.
     A DDP built with `broadcast_buffers=False` has a forward without a collective."""
@@ -153,7 +95,17 @@ def collective_kinds(ctx: Context) -> tuple[dict[str, str], dict[str, str]]:
 def kinds_and_gates(ctx: Context) -> tuple[dict[str, str], dict[str, str], dict[str, Gate]]:
     """`collective_kinds`, and the gates of the helpers (this file's, and the other
     files' it sees: `ctx.gates`) whose collectives depend on their parameters (lint.gates).
-    Judged twice: a call whose constants close its helper's gate runs no collective."""
+    Judged twice: a call whose constants close its helper's gate runs no collective.
+    Computed once per file and per view of the other files (several rules ask)."""
+    key = (tuple(sorted(ctx.project.items())), tuple(sorted(ctx.forward_only)),
+           tuple(sorted((k, id(v)) for k, v in ctx.gates.items())))
+    memo = ctx.memo.setdefault("kinds_and_gates", {})
+    if key not in memo:
+        memo[key] = _kinds_and_gates(ctx)
+    return memo[key]
+
+
+def _kinds_and_gates(ctx: Context) -> tuple[dict[str, str], dict[str, str], dict[str, Gate]]:
     definite, forward = _kinds(ctx, ctx.gates)
     own = collective_gates(ctx, {**forward, **definite}, ctx.gates)
     if not own:
@@ -187,8 +139,11 @@ def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gat
 
 
 def _kinds(ctx: Context, gates: dict[str, Gate]) -> tuple[dict[str, str], dict[str, str]]:
-    calls = {qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
-             for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    calls = ctx.memo.get("function_calls")
+    if calls is None:
+        calls = ctx.memo["function_calls"] = {
+            qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
+            for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     models, runs = wrapped(ctx), run_receivers(ctx)
     outside = {k: v for k, v in ctx.project.items() if k not in calls}
     definite = {k: v for k, v in outside.items() if k not in ctx.forward_only}
