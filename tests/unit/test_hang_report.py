@@ -342,3 +342,22 @@ def test_a_backward_waiting_in_autograd_shows_the_hook_thread_in_a_collective():
     functions = [f.function for f in seen[0]]
     assert functions.index("_engine_run_backward") < functions.index("reduce_scatter_single")
     assert describe(seen[0]).collective == "reduce_scatter_single"
+
+
+def test_a_zero_step_is_counted_once():
+    """ZeroRedundancyOptimizer.step is an Optimizer step that steps its inner optimizer:
+    the global hook sees both, and only the inner one counts (review finding)."""
+    from types import SimpleNamespace
+
+    from phalanx.hang.watchdog import Watchdog
+
+    class ZeroRedundancyOptimizer:  # the name is what the hook tells apart
+        pass
+
+    class AdamW:
+        pass
+
+    dog = SimpleNamespace(beat_state=SimpleNamespace(optimizer_steps=0))
+    Watchdog.count_optimizer_step(dog, ZeroRedundancyOptimizer(), (), {})  # type: ignore[arg-type]
+    Watchdog.count_optimizer_step(dog, AdamW(), (), {})  # type: ignore[arg-type]
+    assert dog.beat_state.optimizer_steps == 1

@@ -158,3 +158,17 @@ def test_a_property_returning_a_rank_test_guards_a_save():
 
 def test_a_property_returning_no_rank_guards_nothing():
     assert codes(PROPERTY.format(value="self.enabled"), "PX504") == [("PX504", 17)]
+
+
+def test_a_matrix_rank_is_no_process_rank():
+    """`*_rank()` reads a rank only as `get_..._rank` (review: `torch.linalg.matrix_rank`
+    made a PX301 error); Megatron's group ranks still count."""
+    from phalanx.lint.engine import lint_source
+    from phalanx.lint.rules import ALL
+
+    linear = ("import torch\nimport torch.distributed as dist\n"
+              "if torch.linalg.matrix_rank(a) > 2:\n    dist.all_reduce(x)\n")
+    group = ("import torch.distributed as dist\nfrom megatron.core import mpu\n"
+             "if mpu.get_data_parallel_rank() == 0:\n    dist.all_reduce(x)\n")
+    assert [f.code for f in lint_source("a.py", linear, ALL)] == []
+    assert [(f.code, f.line) for f in lint_source("b.py", group, ALL)] == [("PX301", 4)]

@@ -76,10 +76,12 @@ class Watchdog:
             self.crashes.close()
             self.crashes = None
 
-    def count_optimizer_step(self, *_) -> None:
+    def count_optimizer_step(self, optimizer, *_) -> None:
         """A global optimizer step hook: how many steps this rank took, for a report of
-        uneven inputs in a script that reports no steps itself."""
-        self.beat_state.optimizer_steps += 1
+        uneven inputs in a script that reports no steps itself. A ZeroRedundancyOptimizer
+        steps its inner optimizer, which counts: the wrapper's own step does not."""
+        if type(optimizer).__name__ != "ZeroRedundancyOptimizer":
+            self.beat_state.optimizer_steps += 1
 
     def finished(self) -> None:
         """The script returned on this rank: say so in the store, with its counts, for a

@@ -12,9 +12,11 @@ RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
 
 
 def rank_call(name: str) -> bool:
-    """A callable reading a rank: `get_rank`, or any `..._rank`: `get_local_rank`,
-    Megatron's `mpu.get_data_parallel_rank()`, `parallel_state.get_pipeline_model_parallel_rank()`."""
-    return last(name) in RANK_CALLS or last(name).endswith("_rank")
+    """A callable reading a rank: `get_rank`, `get_local_rank`, or any `get_..._rank` of a
+    parallel group: Megatron's `mpu.get_data_parallel_rank()`,
+    `parallel_state.get_pipeline_model_parallel_rank()` — not `torch.linalg.matrix_rank`."""
+    name = last(name)
+    return name in RANK_CALLS or (name.startswith("get_") and name.endswith("_rank"))
 
 
 def dotted(node: ast.AST) -> str:
