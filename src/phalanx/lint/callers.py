@@ -15,20 +15,17 @@ from pathlib import Path
 from phalanx.lint.engine import Context, dotted
 from phalanx.lint.guards import Guard
 
-IMPORT = re.compile(r"^\s*(?:from\s+\.*([\w.]+)\s+import|import\s+([\w.]+))", re.M)
 Site = tuple[Guard | None, str]  # (the guard the call runs under, "main.py:389")
 UNKNOWN: Site = (None, "")
 WORD = re.compile(r"\w+")
 
 
-def _importers(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[str]]:
-    """File → the linted files that import it (read from the text)."""
+def _importers(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """File → the linted files that import it (lint.project reads the imports)."""
     found: dict[str, set[str]] = {}
-    for name, text in texts.items():
-        for a, b in IMPORT.findall(text):
-            target = suffixes.get(a or b)
-            if target is not None and target != name:
-                found.setdefault(target, set()).add(name)
+    for name, targets in imports.items():
+        for target in targets - {name}:
+            found.setdefault(target, set()).add(name)
     return found
 
 
@@ -88,14 +85,15 @@ def _elsewhere(ctx: Context | None, name: str, file: str) -> bool:
     return tuple(module) != here[-len(module):] and tuple(module) != path[-len(module) - 1:-1]
 
 
-def external_callers(texts: dict[str, str], suffixes: dict[str, str],
+def external_callers(texts: dict[str, str], imports: dict[str, set[str]],
+                     suffixes: dict[str, str],
                      contexts: dict[str, Context | None],
                      parse: Callable[[str, str], Context | None]) -> dict[str, dict]:
     """File → function name → its call sites in the other linted files. `contexts` is
     filled with the importers parsed here (the lint reuses them)."""
     result: dict[str, dict[str, list[Site]]] = {}
     words: dict[str, set[str]] = {}  # each file's identifiers, read once when needed
-    for file, importers in _importers(texts, suffixes).items():
+    for file, importers in _importers(imports).items():
         seen: dict[str, list[Site]] = {}
         for other in sorted(importers):
             if other not in contexts:

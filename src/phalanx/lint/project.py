@@ -78,7 +78,7 @@ def _suffixes(paths: list[Path]) -> dict[str, str]:
 def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[str]]:
     """File → the linted files it imports (read from the text: no parsing)."""
     return {f: {s for a, b in IMPORT.findall(t) if (s := suffixes.get(a or b)) is not None}
-            for f, t in texts.items() if "def " in t}
+            for f, t in texts.items()}
 
 
 def _imports_of(ctx: Context, project: Project) -> list[tuple[str, str, str]]:
@@ -154,7 +154,8 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
         except (OSError, UnicodeDecodeError):
             continue  # reported when the file itself is linted
     project = Project(suffixes=_suffixes(paths))
-    imports = _imports(texts, project.suffixes)
+    everything = _imports(texts, project.suffixes)
+    imports = {f: s for f, s in everything.items() if "def " in texts[f]}  # may define helpers
     frontier = {f for f in imports if any(word in texts[f] for word in WORDS)}
     contexts: dict[str, Context | None] = {}
     seen: dict[str, tuple] = {}  # what each file saw of the others when judged
@@ -184,7 +185,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     def parse(name: str, text: str) -> Context | None:
         return see_decorators(_parse(name, text), project)
 
-    project.callers = external_callers(texts, project.suffixes, contexts, parse)
+    project.callers = external_callers(texts, everything, project.suffixes, contexts, parse)
     project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
     return project
 
