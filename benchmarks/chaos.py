@@ -1,7 +1,7 @@
 """A chaos run in the style of torchft's "punisher" (issue 25, item 2).
 
 `phalanx train` on 2 gloo ranks with `--max-restarts` large, while every 10-20 s (at
-random) one of these is SIGKILLed:
+random, counted from the first step after each start) one of these is SIGKILLed:
 - a random rank (torch's elastic agent restarts every rank; they resume from the newest
   committed checkpoint),
 - a rank in the middle of a checkpoint write (the driver waits for `.tmp-step-*`),
@@ -98,6 +98,18 @@ def _pump(stream, sink: list) -> None:
         sink.append(line.rstrip("\n"))
 
 
+def _await_progress(proc: subprocess.Popen, lines: list, seen: int, limit_s: float = 300) -> int:
+    """Wait for a life's first step after console line `seen` (the gap between kills is counted
+    from the first step of each life, so a slow start-up on a loaded machine still
+    leaves every life its seconds of training); the index to wait past next time."""
+    end = time.monotonic() + limit_s
+    while proc.poll() is None and time.monotonic() < end:
+        if any("first step done" in line for line in lines[seen:]):
+            break
+        time.sleep(0.05)
+    return len(lines)
+
+
 def punish(out: Path, corpus: Path, cache: Path, steps: int, every: int,
            gap_s: tuple[float, float], seed: int = 0, say=print) -> ChaosResult:
     """Train to `steps` under kills every `gap_s` seconds; relaunch a killed launcher."""
@@ -110,7 +122,9 @@ def punish(out: Path, corpus: Path, cache: Path, steps: int, every: int,
         lines: list[str] = []
         reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
         reader.start()
+        seen = 0
         while proc.poll() is None:
+            seen = _await_progress(proc, lines, seen)
             deadline = time.monotonic() + rng.uniform(*gap_s)
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)

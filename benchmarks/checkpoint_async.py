@@ -132,13 +132,13 @@ def one_repeat(run, model, opt, step, root: Path, r: int, args, n_bytes: int) ->
 def worker(args) -> None:
     import phalanx
     from phalanx.config.sections import build_config
-    from phalanx.data.corpus import prepare
+    from phalanx.data.corpus import prepare_data
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from phalanx.bench.peers import phalanx as phalanx_step
 
     cfg = build_config({"model": {"preset": args.preset}, "train": {"micro_batch_size": 2}})
-    splits = prepare(None, None, cfg.data.val_fraction)
+    splits = prepare_data(cfg.data)
     root = Path(args.dir) / "checkpoints"
     with phalanx.init(cfg.train.seed) as run:
         step = phalanx_step(cfg, splits.load("train"), run)

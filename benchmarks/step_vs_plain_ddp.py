@@ -25,11 +25,10 @@ def worker(args) -> None:
     from phalanx.bench import peers
     from phalanx.bench.runner import compare
     from phalanx.config.sections import build_config
-    from phalanx.data.corpus import prepare
+    from phalanx.data.corpus import prepare_data
 
     cfg = build_config({})
-    splits = prepare(None, None, cfg.data.val_fraction)
-    tokens = splits.load("train")
+    tokens = prepare_data(cfg.data)  # the default's splits: bench's `tokens` argument
     d = cfg.dist
     run = phalanx.init(cfg.train.seed, bucket_cap_mb=args.bucket_cap_mb or d.bucket_cap_mb,
                        gradient_as_bucket_view=d.gradient_as_bucket_view,

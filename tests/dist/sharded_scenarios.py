@@ -37,14 +37,15 @@ CLIP = 0.05  # small enough that every step clips (the test checks)
 
 
 def config(micro: int, accum: int, steps: int, out: Path | None = None, resume="never",
-           strategy: str = "ddp", precision: str = "fp32"):
+           strategy: str = "ddp", precision: str = "fp32", optimizer: str = "adamw"):
     return build_config({
         "model": TINY,
         "train": {"micro_batch_size": micro, "grad_accum": accum, "max_steps": steps,
                   "lr_decay_steps": 4, "warmup_steps": 1, "eval_every": 1000, "eval_batches": 1,
                   "lr": 3e-3, "min_lr": 3e-4, "seed": 7, "grad_clip": CLIP, "log_every": 1,
                   "checkpoint_every": 2, "keep_checkpoints": 3, "resume": resume,
-                  "out": str(out or "unused"), "sample_tokens": 0, "precision": precision},
+                  "out": str(out or "unused"), "sample_tokens": 0, "precision": precision,
+                  "optimizer": optimizer, "muon_lr": 0.05},
         "dist": {"strategy": strategy, "check_consistency_every": 1}})
 
 
@@ -92,7 +93,28 @@ def equivalence(run, splits, out: Path) -> None:
             with using(run, label):
                 result = train(config(2, 2, 3, precision=precision), run, splits)
                 dump(run, result, out / f"mp-{label}-{precision}.pt")
+    muon(run, splits, out)
     sharded_guard(run, out)
+
+
+def muon(run, splits, out: Path) -> None:
+    """Muon needs whole matrices: zero (whole parameters per rank) and fsdp (the update
+    gathered) against ddp; and a resume mid-run from each strategy's checkpoint."""
+    for label in MATRIX:
+        for accum in (1, 2):
+            with using(run, label):
+                result = train(config(4 // accum, accum, 3, optimizer="muon"), run, splits)
+                dump(run, result, out / f"muon-{label}-k{accum}.pt")
+    for label in MATRIX:
+        where = out / f"muon-{label}"
+        with using(run, label):
+            result = train(config(2, 2, 4, where, optimizer="muon"), run, splits, where)
+            dump(run, result, out / f"muon-straight-{label}.pt")
+            checkpoint = where / "checkpoints" / "step-00000002"
+            again = out / f"muon-{label}-resumed"
+            result = train(config(2, 2, 4, again, str(checkpoint), optimizer="muon"), run,
+                           splits, again)
+            dump(run, result, out / f"muon-resumed-{label}.pt")
 
 
 def sharded_guard(run, out: Path) -> None:

@@ -59,6 +59,12 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("timeout-huge", ["--timeout-s", "1e300"], "`--timeout-s` 1e+300 is more than"),
         ("nproc-huge", ["--nproc-per-node", "100000"], "`--nproc-per-node` 100000 is more"),
         ("val-fraction", ["--val-fraction", "0.6"], "`--val-fraction` must be in (0, 0.5)"),
+        ("bpe-vocab", ["--tokenizer", "bpe:100"], "the BPE vocabulary must be a whole number "
+         "in 257..65536"),
+        ("tokenizer-missing", ["--tokenizer", "nope/tokenizer.json"], "`--tokenizer` "
+         "`nope/tokenizer.json` is not a file."),
+        ("bin-dtype", ["--bin-dtype", "int8"], "invalid choice: 'int8'"),
+        ("text-field-empty", ["--text-field", ""], "`--text-field` must not be empty"),
         ("dropout", ["--dropout", "1.0"], "`--dropout` must be in [0, 1)"),
         ("beta1", ["--beta1", "1.5"], "`--beta1` must be in [0, 1)"),
         ("beta2", ["--beta2", "-0.1"], "`--beta2` must be in [0, 1)"),
@@ -201,7 +207,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
             needle, {"PYTHONPATH": "{d}"}, sub=True)
     for name, spec, needle in (("nomodule", "nope_mod:f", "cannot load it"),
                                ("returns-int", "factories:returns_int", "returned int"),
-                               ("no-example", "factories:no_example", "returned no example")):
+                               ("no-example", "factories:no_example", "its forward on the meta device raised")):
         add(f"plan-model-{name}", ["plan", "--model", spec], needle, {"PYTHONPATH": "{d}"},
             sub=True)
     add("plan-gpu", ["plan", "--gpu", "tpu9"], "unknown `--gpu tpu9`; known: h100, h200, "
@@ -211,8 +217,14 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     add("plan-mfu", ["plan", "--mfu", "0"], "`--mfu 0.0` must be in (0, 1]")
     add("plan-busbw-from", ["plan", "--busbw-from", "{d}/nope.json"], "`--busbw-from "
         "{d}/nope.json`: not the JSON of `phalanx doctor --json`")
+    add("plan-model-states-measure", ["plan", "--model-states", "--measure"],
+        "`--model-states` prints the model states' arithmetic only")
+    add("plan-simulate-model", ["plan", "--model", "factories:with_example", "--simulate"],
+        "`--simulate` runs MiniGPT's training steps only", {"PYTHONPATH": "{d}"}, sub=True)
+    add("plan-simulate-rank", ["plan", "--world-size", "4", "--simulate",
+                               "--simulate-rank", "9"], "rank 9")
     add("plan-measure-model", ["plan", "--model", "factories:with_example", "--measure"],
-        "`--measure` runs MiniGPT's training steps", {"PYTHONPATH": "{d}"}, sub=True)
+        "`--measure` trains your model as `phalanx train` does", {"PYTHONPATH": "{d}"}, sub=True)
     for name, script, needle in (("missing", "{d}/nope.py", "does not exist"),
                                  ("dir", "{d}/emptydir", "is a directory"),
                                  ("fifo", "{d}/fifo", "is a FIFO"),

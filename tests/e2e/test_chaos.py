@@ -14,7 +14,7 @@ from chaos import punish, same_weights, straight_run  # noqa: E402
 
 
 def test_a_punished_run_ends_bit_identical(tmp_path, corpus_file, cache_dir):
-    steps, every = 400, 20  # about a minute here: several kills
+    steps, every = 400, 20  # one to several minutes here: many kills
     straight_run(tmp_path / "straight", corpus_file, cache_dir, steps, every)
     chaos = punish(tmp_path / "chaos", corpus_file, cache_dir, steps, every, (3.0, 6.0),
                    seed=1, say=lambda line: None)

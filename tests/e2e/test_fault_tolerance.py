@@ -95,7 +95,8 @@ def test_export_consolidates_a_two_rank_checkpoint(straight, tmp_path):
     assert exported.keys() == trained.keys()
     assert all(torch.equal(exported[k], trained[k]) for k in trained)
     config = json.loads((tmp_path / "w" / "config.json").read_text())
-    assert config["n_embd"] == 32 and config["tie_word_embeddings"]
+    assert config["n_embd"] == 32 and not config["tie_word_embeddings"]  # the default: untied
+    assert "lm_head.weight" in exported
     bad = subprocess.run([sys.executable, "-m", "phalanx", "export", str(tmp_path), "--out",
                           str(tmp_path / "x.safetensors")], capture_output=True, text=True)
     assert bad.returncode == 2 and "holds no valid checkpoint" in bad.stderr

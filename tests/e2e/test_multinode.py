@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -17,22 +16,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from slurm_cluster import netns_missing  # noqa: E402
+
+# one thread per rank on both sides: a machine of one rank would otherwise use both cores,
+# and a matmul split over another number of threads may round differently (Muon's
+# Newton–Schulz products, reductions over 4·C, do) — bitwise equality needs equal threads
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--max-steps", "12", "--eval-every", "4",
-        "--checkpoint-every", "4", "--sample-tokens", "0"]
+        "--checkpoint-every", "4", "--sample-tokens", "0", "--threads-per-rank", "1"]
 
 
 def _why_not() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
-    if not (shutil.which("ip") and shutil.which("unshare")):
-        return "iproute2 (`ip`) or util-linux (`unshare`) is missing"
-    probe = f"pxprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
+    return netns_missing()
 
 
 WHY_NOT = _why_not()

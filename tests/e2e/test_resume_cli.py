@@ -76,7 +76,7 @@ def test_a_changed_learning_rate_and_length_are_allowed_and_logged(run_dir, smal
 def test_extending_a_finished_schedule_says_what_the_learning_rate_does(
         small_corpus_file, cache_dir, tmp_path):
     out = tmp_path / "run"
-    short = ("--warmup-steps", "1", "--log-every", "1")
+    short = ("--warmup-steps", "1", "--log-every", "1", "--lr-schedule", "cosine")
     assert train(out, small_corpus_file, cache_dir, "--max-steps", "4", *short).returncode == 0
     proc = train(out, small_corpus_file, cache_dir, "--max-steps", "8", "--lr-decay-steps", "8",
                  *short)  # as a user extends a run that used the default (its max steps)

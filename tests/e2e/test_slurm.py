@@ -56,14 +56,6 @@ def test_srun_two_tasks_train_as_one_two_rank_job(cluster, tmp_path, small_corpu
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _job_state(cluster, job: str) -> tuple[str, str]:
-    shown = subprocess.run(["scontrol", "show", "job", job], env=cluster.env,
-                           capture_output=True, text=True).stdout
-    state = shown.split("JobState=")[1].split()[0] if "JobState=" in shown else "?"
-    reason = shown.split("Reason=")[1].split()[0] if "Reason=" in shown else ""
-    return state, reason
-
-
 def test_slurm_submit_warning_signal_requeues_and_resumes_exactly(
         cluster, tmp_path, small_corpus_file, cache_dir):
     """`phalanx slurm --submit`; SIGUSR1 (what `--signal=USR1@S` sends before the time
@@ -88,7 +80,7 @@ def test_slurm_submit_warning_signal_requeues_and_resumes_exactly(
     assert subprocess.run(["scancel", "--signal=USR1", job], env=cluster.env).returncode == 0
     seen, deadline, pending_since = [], time.monotonic() + 300, None
     while time.monotonic() < deadline:
-        state, reason = _job_state(cluster, job)
+        state, reason = cluster.job_state(job)
         if not seen or seen[-1] != state:
             seen.append(state)
         if state == "PENDING" and reason == "BeginTime":  # SLURM holds a requeued job ~2 min
@@ -230,7 +222,7 @@ def test_slurm_submit_run_script_runs_it_as_one_two_rank_job(cluster, tmp_path):
     job = submitted.stdout.split()[2].rstrip(":")
     state, deadline = "?", time.monotonic() + 180
     while time.monotonic() < deadline:
-        state, _ = _job_state(cluster, job)
+        state, _ = cluster.job_state(job)
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             break
         time.sleep(0.3)

@@ -10,7 +10,8 @@ from test_fault_tolerance import train
 
 TAGS = {"train/loss": "loss", "val/loss": "val_loss", "train/lr": "lr",
         "train/grad_norm": "grad_norm", "train/tokens_per_s": "tokens_per_s",
-        "train/step_time_s": "step_time_s", "train/memory_mib": "memory_mib"}
+        "train/step_time_s": "step_time_s", "train/memory_mib": "memory_mib",
+        "val/nats_per_byte": "val_nats_per_byte"}
 
 
 def scalars(out) -> dict[str, list[tuple[int, float]]]:

@@ -25,6 +25,10 @@ def test_peaks_and_mfu():
     assert flops.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12
     assert flops.peak_flops("CPU") is None and flops.mfu(1e6, 1e6, "CPU", 1) is None
     assert flops.mfu(494.5e3, 1e9, "NVIDIA H200", 1) == pytest.approx(0.5)
+    assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12  # not the SXM part's 989
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb") is None  # a slice
+    assert "unknown device 'NVIDIA B999'" in flops.no_mfu_reason("NVIDIA B999")
+    assert "on CPU" in flops.no_mfu_reason("CPU")
 
 
 RESULTS = {

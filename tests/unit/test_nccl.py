@@ -12,7 +12,7 @@ from phalanx.config.nccl import PRESET_NAMES, apply, preset
 def test_each_preset_sets_documented_variables():
     for name in PRESET_NAMES:
         rows = preset(name, "eth1")
-        assert rows and all(var.startswith(("NCCL_", "TORCH_NCCL_")) and value and what
+        assert rows and all(var.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_")) and value and what
                             for var, value, what in rows)
     assert ("NCCL_IB_DISABLE", "1") in [(v, x) for v, x, _ in preset("ethernet", None)]
     assert ("NCCL_SOCKET_IFNAME", "eth1") in [(v, x) for v, x, _ in preset("infiniband", "eth1")]

@@ -82,7 +82,7 @@ def test_the_statement_pattern_reads_each_way_the_docs_say_it():
 def test_the_readme_says_the_loss_is_deterministic_per_machine():
     text = re.sub(r"\s+", " ", (ROOT / "README.md").read_text(encoding="utf-8"))
     assert "1.4436 nats/byte every time" not in text
-    assert "deterministic per machine" in text and "1.4448" in text
+    assert "deterministic per machine" in text and "1.1237 nats/byte" in text
 
 
 @pytest.mark.parametrize("toml, expected", [

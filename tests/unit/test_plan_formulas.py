@@ -43,6 +43,12 @@ def test_activation_terms():
     assert f.minigpt_activations(2, 3, 4, 2, 10, 1, checkpointed=True) == 96 + 576
 
 
+def test_fsdp_collectives_are_padded_to_a_multiple_of_the_ranks():
+    assert f.gathered_bytes([(768, 64)], 1024) == 1024 * 64 * 4  # one row each, 256 empty
+    assert f.gathered_bytes([(768, 64)], 2) == f.param_bytes([(768, 64)])  # even: exact
+    assert f.gathered_bytes([(3, 4), (5,)], 2, s=2) == (4 * 4 + 6) * 2
+
+
 def test_communication_and_time_terms():
     assert f.ring_all_reduce_bytes(100, 4) == 150
     assert f.ring_all_gather_bytes(100, 4) == 75
@@ -64,7 +70,8 @@ def test_fsdp_holds_a_shard_and_the_root():
     facts = minigpt_facts(1, 2, 4, 3, 10, 2, bias=False)
     got = peak(facts, VARIANTS[2], 2, checkpointed=False)
     shard = f.param_bytes(SHAPES, 2, sharded=True)
-    assert got["parameters"] == shard + (40 + 12 + 4) * 4  # wte, wpe, ln_f gathered
+    # wte, wpe, ln_f gathered; wpe's 3 rows are padded to 4 (a multiple of W = 2)
+    assert got["parameters"] == shard + (40 + 4 * 4 + 4) * 4
     assert got["optimizer"] == 2 * shard
     assert got["communication"] == (4 + 48 + 16 + 4 + 64 + 64) * 4  # one block prefetched
 

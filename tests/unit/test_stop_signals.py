@@ -4,6 +4,7 @@ whose main thread is stuck in C; a request made during start-up carries over."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -134,3 +135,92 @@ def test_sigterm_outside_the_loop_unwinds_or_ends_a_process_stuck_in_c():
         assert proc.returncode == 143, (where, err)
         assert said in out
         assert time.monotonic() - start < 6, where  # not the 12 s of the sleep
+
+
+STARTING = textwrap.dedent("""
+    import sys, time
+    print("starting", flush=True)
+    time.sleep(4)  # a worker still importing Phalanx and torch
+    from phalanx.cluster.lifecycle import release_sigint
+    try:
+        release_sigint()  # phalanx.cli.entry's first step
+        time.sleep(5)
+        print("never delivered")
+    except KeyboardInterrupt:
+        print("delivered after release")
+        sys.exit(130)
+""")
+
+
+def _start_and_interrupt(hold: bool) -> subprocess.CompletedProcess:
+    from phalanx.cluster.lifecycle import sigint_held_for_workers
+
+    with sigint_held_for_workers(hold):  # as the agent starts `-m phalanx` workers
+        proc = _python(STARTING, start_new_session=True)
+    assert proc.stdout.readline().strip() == "starting"
+    proc.send_signal(signal.SIGINT)  # the agent forwarding a Ctrl-C during start-up
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_ctrl_c_while_a_worker_starts_waits_for_its_entry():
+    """CI saw a KeyboardInterrupt traceback from runpy when the agent forwarded a Ctrl-C
+    to a worker still importing: the worker now starts with SIGINT blocked and takes it
+    where it can end in one exit code."""
+    held = _start_and_interrupt(hold=True)
+    assert held.returncode == 130, held.stdout + held.stderr
+    assert held.stdout.strip().splitlines()[-1] == "delivered after release"
+    assert "Traceback" not in held.stderr
+    unheld = _start_and_interrupt(hold=False)  # the failure the hold prevents
+    assert unheld.returncode != 130 and "KeyboardInterrupt" in unheld.stderr
+
+
+def test_the_launcher_still_takes_sigint_while_its_workers_hold_it():
+    from phalanx.cluster.lifecycle import sigint_held_for_workers
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with sigint_held_for_workers():
+            os.kill(os.getpid(), signal.SIGINT)  # to the process, as a Ctrl-C's forward
+            deadline = time.monotonic() + 2
+            while not seen and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert seen == [signal.SIGINT]  # taken while held, not after
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+ORPHAN = textwrap.dedent("""
+    import os, sys, time
+    time.sleep(0.5)  # still starting when its launcher is gone
+    os.environ["TORCHELASTIC_RUN_ID"] = "test"
+    from phalanx.cluster.lifecycle import die_with_agent
+    die_with_agent()
+    print("survived", flush=True)
+""")
+
+
+def test_a_worker_whose_launcher_died_while_it_started_ends_itself(tmp_path):
+    """A Ctrl-C during the agent's spawn once left a worker orphaned for 10+ minutes,
+    waiting for the dead agent's store: it had asked for PDEATHSIG after its parent was
+    already gone."""
+    out = tmp_path / "out.txt"
+    launcher = textwrap.dedent(f"""
+        import os, subprocess, sys
+        subprocess.Popen([sys.executable, "-c", {ORPHAN!r}],
+                         env={{**os.environ, "PHALANX_LAUNCHER_PID": str(os.getpid())}},
+                         stdout=open({str(out)!r}, "w"))
+    """)
+    subprocess.run([sys.executable, "-c", launcher], timeout=60)
+    time.sleep(3.0)
+    assert "survived" not in out.read_text()
+    alive = textwrap.dedent(f"""
+        import os, subprocess, sys
+        subprocess.Popen([sys.executable, "-c", {ORPHAN!r}],
+                         env={{**os.environ, "PHALANX_LAUNCHER_PID": str(os.getppid())}},
+                         stdout=open({str(out)!r}, "w")).wait()
+    """)  # a process started by a worker (its launcher alive, not its parent): lives on
+    subprocess.run([sys.executable, "-c", alive], timeout=60)
+    assert "survived" in out.read_text()

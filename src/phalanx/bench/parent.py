@@ -14,7 +14,7 @@ from phalanx.bench.peers import PEERS
 from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster import protocol
 from phalanx.config.sections import Config
-from phalanx.data.corpus import source_files
+from phalanx.data.corpus import check_data
 from phalanx.errors import Interrupted
 from phalanx.launch.agent import plan_launch, start_workers
 
@@ -23,7 +23,7 @@ def parent(cfg: Config, *, repeats: int, steps: int, warmup: int, peers: bool,
            profile: bool, defaults: bool, scaling: bool) -> int:
     """Bench `cfg`'s step (`peers`: beside a plain DDP loop, Accelerate and Fabric) in
     `repeats` timed blocks of `steps` steps after `warmup`; exit code 0."""
-    source_files(cfg.data.path)  # `--data` is readable before anything is written
+    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
     out = prepare_out_dir(cfg.train.out) / "bench"
     out.mkdir(parents=True, exist_ok=True)
     plan = plan_launch(cfg.dist)  # as `phalanx train` launches; always workers here

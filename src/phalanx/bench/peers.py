@@ -1,7 +1,7 @@
 """The same training step written four ways: a plain hand-written DDP loop (seed 002's
 style), Hugging Face Accelerate, Lightning Fabric, and Phalanx's trainer.
 
-Each `setup(cfg, tokens, run)` returns `step()`: one optimizer step of `grad_accum`
+Each `setup(cfg, tokens, run)` (`tokens`: the corpus's TokenSplits) returns `step()`: one optimizer step of `grad_accum`
 micro-batches of `micro_batch_size` windows, AdamW, gradient clipping — same model
 (MiniGPT from the config's seed), same data, same ranks and threads, same process group
 (the peers find it already initialised and use it).
@@ -44,7 +44,7 @@ def _loader(cfg, tokens, rank: int, world: int):
     from torch.utils.data import DataLoader, DistributedSampler
 
 
-    ds = TokenWindows(tokens, cfg.model.block_size)
+    ds = TokenWindows(tokens.load("train"), cfg.model.block_size)
     sampler: DistributedSampler = DistributedSampler(ds, num_replicas=world, rank=rank,
                                                      shuffle=True, drop_last=True)
     return DataLoader(ds, batch_size=cfg.train.micro_batch_size, sampler=sampler)
@@ -66,7 +66,7 @@ def plain(cfg, tokens, run):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-    model = DDP(build_model(cfg).to(run.device))
+    model = DDP(build_model(cfg, tokens.vocab_size).to(run.device))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     batches = _forever(_loader(cfg, tokens, run.rank, run.world_size))
     k = cfg.train.grad_accum
@@ -87,7 +87,7 @@ def accelerate(cfg, tokens, run):
 
 
     acc = Accelerator(gradient_accumulation_steps=cfg.train.grad_accum, cpu=run.device.type == "cpu")
-    model = build_model(cfg)
+    model = build_model(cfg, tokens.vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     model, opt, loader = acc.prepare(model, opt, _loader(cfg, tokens, run.rank, run.world_size))
     batches = _forever(loader)
@@ -113,7 +113,7 @@ def fabric(cfg, tokens, run):
                  devices=run.local_world_size, num_nodes=run.world_size // run.local_world_size,
                  strategy="ddp")
     fab.launch()  # under torchrun/Phalanx's agent: joins the existing group, spawns nothing
-    model = build_model(cfg)
+    model = build_model(cfg, tokens.vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     model, opt = fab.setup(model, opt)
     batches = _forever(fab.setup_dataloaders(_loader(cfg, tokens, run.rank, run.world_size),
@@ -143,12 +143,12 @@ def phalanx(cfg, tokens, run, *, ddp: dict | None = None, fused: bool | None = N
 
     t = cfg.train
     with _swapped_strategy(run, strategy, ddp or {}):
-        model, opt = run.setup(build_model(cfg), lambda p: adamw(
+        model, opt = run.setup(build_model(cfg, tokens.vocab_size), lambda p: adamw(
             p, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
             device=run.device, fused=fused), precision=t.precision)
         acc = run.accumulate(model, t.grad_accum)
         precision = run.precision
-    batches = iter(run.loader(TokenWindows(tokens, cfg.model.block_size), t.micro_batch_size,
+    batches = iter(run.loader(TokenWindows(tokens.load("train"), cfg.model.block_size), t.micro_batch_size,
                               stream=True))
 
     def step():

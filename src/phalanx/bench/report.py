@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from phalanx.bench import stats
+from phalanx.bench import flops, stats
 
 GOALS = {"plain": 1.00, "accelerate": 0.95, "fabric": 0.95}  # no goal for strategy baselines
 
@@ -112,8 +112,8 @@ def render(res: dict) -> str:
                  f"token = 6·N + 12·n_layer·n_embd·block_size = {res['flops_per_token']:.3g} "
                  f"(N = {res['matmul_params']:,} matmul parameters).")
     lines.append(f"MFU = {res['mfu']:.1%} of {res['peak_flops'] / 1e12:.0f} TFLOP/s." if
-                 res.get("mfu") is not None else "MFU: not reported on CPU (no peak table "
-                 "entry); tokens/s only.")
+                 res.get("mfu") is not None else
+                 flops.no_mfu_reason(res.get("device_name", "CPU")))
     if len(res["peers"]) > 1:
         lines += ["", "## Side by side", "", f"{res['repeats']} blocks of {res['steps']} "
                   "steps each, alternating order, after warm-up; a block's time is the slowest "

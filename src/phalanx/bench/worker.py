@@ -12,7 +12,7 @@ import torch
 
 from phalanx.bench import defaults, flops, peers, runner, scaling
 from phalanx.config.sections import from_dict
-from phalanx.data.corpus import prepare
+from phalanx.data.corpus import prepare_data
 from phalanx.models import build_model
 from phalanx.runtime.choice import choose_here
 from phalanx.runtime.join import init
@@ -21,7 +21,8 @@ from phalanx.strategies import build, choose_for_script
 
 def worker(spec: dict) -> int:
     cfg = from_dict(spec["config"])
-    tokens = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction).load("train")
+    tokens = prepare_data(cfg.data)  # the splits: training tokens and the vocabulary
+    spec = {**spec, "vocab_size": tokens.vocab_size}
     run = init(cfg.train.seed, backend=cfg.dist.backend, threads=spec["threads"],
                strategy=choose_here(cfg.dist, cfg.train.grad_accum))
     with run:
@@ -54,7 +55,7 @@ def _write_result(spec, cfg, run, times, names, variant_info, prof, sweep,
                   stopped: bool) -> None:
     """Rank 0: the measurement as JSON at `spec["result"]` (`stopped`: Ctrl-C ended it
     early; only the complete rounds are in `times`)."""
-    model = build_model(cfg)
+    model = build_model(cfg, spec["vocab_size"])
     n_params, m = flops.matmul_params(model), cfg.model
     per_token = flops.flops_per_token(n_params, m.n_layer, m.n_embd, m.block_size)
     tokens_per_step = cfg.tokens_per_step(run.world_size)

@@ -1,8 +1,9 @@
 """Consolidated weights as safetensors + a plain `config.json`, loadable without Phalanx.
 
-MiniGPT (`export_weights`): the output head is tied to the token embedding, so only
-`wte.weight` is stored and `config.json` says `"tie_word_embeddings": true`;
-`load_minigpt` re-ties on load. Any other model (`export_pretrained`, behind
+MiniGPT (`export_weights`): when the output head is tied to the token embedding (the
+default) only `wte.weight` is stored and `config.json` says `"tie_word_embeddings": true`;
+`load_minigpt` re-ties on load; an untied head (`--no-tie-embeddings`) is stored too. A `--model` factory's module (`export_weights` too): its
+own state dict's names, and the factory with its keywords in `config.json`. Any other model (`export_pretrained`, behind
 `run.export`): written the way its own library loads it back.
 """
 
@@ -23,24 +24,51 @@ from safetensors.torch import load_file, save_file
 
 from phalanx.errors import UserError, storage_errors
 from phalanx.models import GPTConfig, MiniGPT
+from phalanx.models.adapter import factory_record, user_class
 from phalanx.paths import atomic_write, current_umask, remove_tree, replacing
 
 TIED = "lm_head.weight"
 
 
-def export_weights(model: MiniGPT, out_dir: Path, extra: dict[str, Any] | None = None,
+def export_weights(model: nn.Module, out_dir: Path, extra: dict[str, Any] | None = None,
                    filename: str = "model.safetensors") -> Path:
-    """Write `out_dir/filename` and `out_dir/config.json`; returns the weights' path."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
+    """Write `out_dir/filename` and `out_dir/config.json`; returns the weights' path.
+
+    MiniGPT: `wte.weight` once (the head is tied to it). A `--model` factory's module:
+    every name of its `state_dict()` (a tied parameter's names each hold a copy), so
+    `factory(**config["factory_kwargs"]).load_state_dict(load_file(path))` loads it;
+    config.json records the factory."""
+    record = factory_record(model)
+    if record is None:
+        assert isinstance(model, MiniGPT), type(model)  # the trainer's two kinds of model
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                 if k != TIED or not model.config.tie_embeddings}
+        config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
+                  "tie_word_embeddings": model.config.tie_embeddings}
+    else:
+        state = _own_copies(model.state_dict())
+        config = {"model_type": "phalanx-factory", **record}
     path = Path(out_dir) / filename
     # written beside and renamed into place: a link at either name is replaced, never
     # written through; safetensors creates its file 0600, `replacing` gives it the umask's
     with replacing(path) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
-    config = {"model_type": "minigpt", **dataclasses.asdict(model.config),
-              "tie_word_embeddings": True, "tokenizer": "bytes", **(extra or {})}
+    config = {**config, "tokenizer": "bytes", **(extra or {})}
     atomic_write(Path(out_dir) / "config.json", json.dumps(config, indent=2))
     return path
+
+
+def _own_copies(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """On the CPU, contiguous, and no two sharing memory (safetensors refuses that: a
+    tied parameter's second name gets a copy)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in state.items():
+        t = tensor.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    return out
 
 
 def load_minigpt(out_dir: Path, device: str | torch.device = "cpu",
@@ -50,7 +78,7 @@ def load_minigpt(out_dir: Path, device: str | torch.device = "cpu",
     model = MiniGPT(GPTConfig(**{k: v for k, v in config.items() if k in fields}))
     missing, unexpected = model.load_state_dict(
         load_file(str(Path(out_dir) / filename), device=str(device)), strict=False)
-    if set(missing) - {TIED} or unexpected:
+    if set(missing) - ({TIED} if model.config.tie_embeddings else set()) or unexpected:
         raise ValueError(f"weights do not match config.json: missing {missing}, "
                          f"unexpected {unexpected}")
     return model.to(device)
@@ -130,7 +158,7 @@ def _user_class(module: nn.Module) -> type:
     """The user's class of `module` (FSDP2 swaps in a subclass named FSDP<class>)."""
     from torch.distributed.fsdp import FSDPModule
 
-    cls = type(module)
+    cls = user_class(module)  # an adapted `--model` factory's module: the user's class
     if issubclass(cls, FSDPModule):
         cls = next(b for b in cls.__bases__ if b is not FSDPModule)
     return cls

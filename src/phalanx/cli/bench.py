@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="steps per block (1-10000; default: 10)")
     group.add_argument("--warmup", type=count(0, 10000), default=3, metavar="N",
                        help="untimed steps first (0-10000; default: 3)")
-    add_config_flags(parser, hide=TRAINING_RUN_ONLY)
+    add_config_flags(parser, hide=TRAINING_RUN_ONLY + ("model.factory",))
 
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
@@ -49,12 +49,17 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
         return worker(json.loads(os.environ[protocol.BENCH_PHASE]))
     from phalanx.bench import peers as peer_impls
 
+    cfg = resolve(ns)
+    if cfg.model.factory:  # (accepted: a `phalanx train` command line still parses)
+        raise UserError(f"`phalanx bench` times MiniGPT against other frameworks' loops; "
+                        f"`--model {cfg.model.factory}` is not benchmarked. Time your model "
+                        f"with `phalanx train --model ...` (its tokens/s) instead.")
     missing = [p for p in ("accelerate", "fabric") if not peer_impls.available(p)]
     if ns.peers and missing:
         raise UserError(f"`--peers` needs {', '.join(peer_impls.PACKAGES[m] for m in missing)}: "
                         f"pip install -c constraints.txt -e \".[bench]\"")
     from phalanx.bench.parent import parent
 
-    return parent(resolve(ns), repeats=ns.repeats, steps=ns.steps, warmup=ns.warmup,
+    return parent(cfg, repeats=ns.repeats, steps=ns.steps, warmup=ns.warmup,
                   peers=ns.peers, profile=ns.profile, defaults=ns.defaults,
                   scaling=ns.scaling)

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from phalanx.cluster.lifecycle import interrupted, terminate_gently
+from phalanx.cluster.lifecycle import interrupted, release_sigint, terminate_gently
 
 
 class Terminated(KeyboardInterrupt):
@@ -26,6 +26,7 @@ def _terminate(signum: int, frame: object) -> None:
 def main() -> int:
     terminate_gently(_terminate)  # a process stuck in C still ends, 10 s later
     try:
+        release_sigint()  # a worker's Ctrl-C held while it started is raised here
         from phalanx.cli.dispatch import main as cli_main
 
         code = cli_main()

@@ -1,5 +1,7 @@
 """`phalanx export RUN_DIR_OR_CHECKPOINT --out model.safetensors`: consolidated weights
-from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them. A
+from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them (a
+`--model` factory's run: the factory is imported and called again to rebuild the
+module, so its module must be importable here; config.json records it). A
 checkpoint a script wrote (`run.save`) of a transformers model: `--out DIR`, the
 directory `from_pretrained` reads."""
 
@@ -140,6 +142,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.checkpoint.export import MODEL_KEY, export_weights
     from phalanx.checkpoint.resume import find_checkpoint
     from phalanx.checkpoint.store import load_checkpoint
+    from phalanx.config.data_spec import resolve_spec
     from phalanx.models import build_model
 
     _missing_parents(Path(ns.out).expanduser().parent)  # refused before anything is read
@@ -149,16 +152,36 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
         return _export_library_model(checkpoint, meta[MODEL_KEY], ns.out, ns.force)
     target = _target(ns.out, ns.force)
     step, cfg = _saved_config(checkpoint, meta)
-    model = build_model(cfg)
+    vocab = meta.get("vocab_size")  # (checkpoints before it was recorded: bytes, 256)
+    model = build_model(cfg, vocab if isinstance(vocab, int) and vocab > 0 else 256)
     load_checkpoint(checkpoint, model, None)
     try:
         with _parents_while_writing(target.parent):
-            path = export_weights(model, target.parent, {"phalanx": cfg.to_dict()},
-                                  target.name)
+            path = export_weights(model, target.parent, {
+                "tokenizer": (meta.get("tokenizer") or {}).get("label")
+                or resolve_spec(cfg.data.tokenizer, cfg.data.path),
+                "phalanx": cfg.to_dict()}, target.name)
+            tokenizer = _copy_tokenizer(checkpoint, target.parent)
     except (OSError, SafetensorError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
         raise UserError(f"cannot write `{target}`: {reason}.") from None
     params = sum(p.numel() for p in model.parameters())
-    print(f"exported step {step} of `{checkpoint}` → {path} ({params:,} parameters, "
-          f"{path.stat().st_size / 1e6:.1f} MB) and {path.parent / 'config.json'}")
+    made = f"`--model {cfg.model.factory}`, " if cfg.model.factory else ""
+    print(f"exported step {step} of `{checkpoint}` → {path} ({made}{params:,} parameters, "
+          f"{path.stat().st_size / 1e6:.1f} MB) and {path.parent / 'config.json'}"
+          + (f" and {tokenizer}" if tokenizer is not None else ""))
     return 0
+
+
+def _copy_tokenizer(checkpoint: Path, folder: Path) -> Path | None:
+    """The run's `tokenizer.json` (written in its run directory when it started: a BPE
+    or the user's file) copied beside the weights; None for a run on bytes."""
+    from phalanx.paths import atomic_write
+
+    found = Path(checkpoint).resolve().parent.parent / "tokenizer.json"
+    target = folder / "tokenizer.json"
+    if not found.is_file():
+        return None
+    if not (target.exists() and target.resolve() == found):
+        atomic_write(target, found.read_bytes())  # a link there is replaced, not followed
+    return target

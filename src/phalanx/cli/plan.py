@@ -1,7 +1,8 @@
 """`phalanx plan [train options] [--world-size N] [--gpu NAME] [--json] [--measure]`:
 per-rank memory and step time of ddp, zero and fsdp (with and without reshard-after-
 forward) before launching; `--measure` runs a few steps of each on the local ranks and
-prints predicted beside measured."""
+prints predicted beside measured. `--model-states [--params N]`: the model states per
+rank only — the ZeRO paper's table beside Phalanx's strategies (plan.model_states)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import sys
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
 from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
+from phalanx.plan.model_states import parse_count
 from phalanx.plan.recommend import plan
+from phalanx.plan.simulate import add_simulate_arguments, run_simulate
 
 SUMMARY = ("Predict per-rank memory and step time of each strategy before launching "
            "(--measure: and check it on the local ranks).")
@@ -40,15 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="all-reduce bus bandwidth in GB/s (default: the GPU table's)")
     g.add_argument("--busbw-from", default=None, metavar="FILE",
                    help="read the bus bandwidth from `phalanx doctor --json` output")
-    g.add_argument("--model", default=None, metavar="MODULE:FACTORY",
-                   help="plan your model instead of MiniGPT: a function returning (module, "
-                        "example input at the micro-batch size), built on the meta device")
+    g.add_argument("--model-states", action="store_true",
+                   help="print only the model states per rank (parameters, gradients, "
+                        "optimizer state): the ZeRO paper's four stages beside Phalanx's "
+                        "ddp/zero/fsdp, for --params and --world-size")
+    g.add_argument("--params", type=parse_count, default=None, metavar="N",
+                   help="with --model-states: the parameter count Ψ, e.g. 7.5e9, 7.5B or "
+                        "124M (default: the planned model's)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.add_argument("--measure", action="store_true",
                    help="run a few steps of each strategy on the local ranks and print "
                         "predicted beside measured")
     g.add_argument("--measure-steps", type=count(1, 100), default=2, metavar="N",
                    help="steps measured per strategy, after 3 warm-up steps (default: 2)")
+    add_simulate_arguments(g)
     add_config_flags(parser, hide=NOT_PLANNED)
 
 
@@ -67,32 +75,94 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.report import print_measured, print_plan
 
     cfg = resolve(ns)
+    if ns.model_states and (ns.measure or ns.simulate):
+        raise UserError("`--model-states` prints the model states' arithmetic only; "
+                        "`--measure` and `--simulate` check the full plan: leave out "
+                        "`--model-states` to run them.")
+    if ns.params is not None and not ns.model_states:
+        raise UserError(f"`--params {ns.params:g}` sets Ψ for `--model-states`; add "
+                        f"`--model-states`, or leave `--params` out to plan the model the "
+                        f"flags describe.")
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
+    if ns.simulate and ns.simulate_rank is not None and not 0 <= ns.simulate_rank < W:
+        raise UserError(f"`--simulate-rank {ns.simulate_rank}` is not a rank of {W}: give "
+                        f"0 … {W - 1}.")
     dev = device(ns.gpu)
     peak_flops = ns.peak_tflops * 1e12 if ns.peak_tflops else dev.peak_flops
     busbw = busbw_from(ns.busbw_from) if ns.busbw_from else \
         (ns.busbw_gbs * 1e9 if ns.busbw_gbs else dev.busbw)
-    facts = None
-    if ns.model:
-        from phalanx.plan.user_model import user_facts
+    user = None
+    if cfg.model.factory and not (ns.model_states and ns.params):
+        from phalanx.plan.recommend import planned_vocab
+        from phalanx.plan.user_model import load
 
-        facts = user_facts(ns.model)
-        if ns.measure:
-            raise UserError("`--measure` runs MiniGPT's training steps; with `--model` it "
-                            "has nothing to run. Measure your model with `phalanx doctor "
-                            "--model` or your own script.")
-    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, facts)
+        # `--model`: built on the meta device, traced on fake tensors at the planned
+        # micro-batch and precision (phalanx.plan.user_model); checkpointing its blocks
+        # is ready for the day the trainer does it (the config refuses it with --model)
+        user = load(cfg.model.factory, cfg.model.block_size, vocab_size=planned_vocab(cfg)[0],
+                    optimizer=cfg.train.optimizer, precision=cfg.train.precision,
+                    micro_batch=cfg.train.micro_batch_size,
+                    checkpointed=cfg.model.activation_checkpointing)
+    if ns.model_states:
+        return print_model_states(ns, cfg, W, user)
+    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, user)
     if ns.measure:
         from phalanx.plan.compare import measure_locally
 
+        if cfg.model.factory:
+            check_trainable(cfg)
+
         result["measured"] = measure_locally(cfg, W, ns.measure_steps, result["rows"])
+    if ns.json:
+        if ns.simulate:  # stored in the result, printed with it
+            run_simulate(ns, cfg, W, result)
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    print_plan(result)
+    if ns.measure:
+        print_measured(result)
+    if ns.simulate:
+        run_simulate(ns, cfg, W, result)
+    return 0
+
+
+def print_model_states(ns: argparse.Namespace, cfg, W: int, user) -> int:
+    """`--model-states`: the ZeRO paper's table and Phalanx's regimes (plan.model_states)
+    for `--params` (or the planned model's count, and its share of Muon-stepped
+    parameters with `--optimizer muon`)."""
+    from phalanx.plan import formulas as f
+    from phalanx.plan.model_states import print_table, table
+    from phalanx.plan.recommend import facts_for
+
+    share = 1.0
+    if ns.params:
+        n = ns.params
+    else:
+        shapes, copies = (user.shapes, list(user.copies)) if user else \
+            (facts_for(cfg).param_shapes, facts_for(cfg).copies())  # no trace needed
+        n = sum(map(f.numel, shapes))
+        share = sum(f.numel(p) for p, c in zip(shapes, copies) if c == f.MUON_COPIES) / n
+    result = table(n, W, cfg.train.optimizer, share)
     if ns.json:
         json.dump(result, sys.stdout, indent=2)
         print()
     else:
-        print_plan(result)
-        if ns.measure:
-            print_measured(result)
+        print_table(result)
     return 0
+
+
+def check_trainable(cfg) -> None:
+    """`--measure` trains the model as `phalanx train` does, on token ids: a factory whose
+    module cannot take them (its example is something else) is one line here, before any
+    rank starts."""
+    from phalanx.models.user import check_user_model
+    from phalanx.plan.recommend import planned_vocab
+
+    try:
+        check_user_model(cfg.model.factory, planned_vocab(cfg)[0], cfg.model.block_size)
+    except UserError as exc:
+        raise UserError(f"`--measure` trains your model as `phalanx train` does, on "
+                        f"(micro-batch, block size) token ids, and it can't: {exc}") from None

@@ -16,12 +16,13 @@ from phalanx.cluster.protocol import one_machine_worker, under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.config.sections import Config
-from phalanx.data.corpus import prepare, source_files
+from phalanx.data.corpus import check_data, prepare_data
 from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.launch.ranks import run_ranks
 from phalanx.paths import RunDir
 from phalanx.train.worker import (
     check_data_fits,
+    check_model,
     complete_quietly,
     owns_run_dir,
     stopped_line,
@@ -34,13 +35,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
+    if protocol.in_replica_group():  # started by phalanx.ft.groups: ends with it
+        from phalanx.cluster.lifecycle import die_with_parent
+
+        die_with_parent()
     cfg = resolve(ns)
     mark("config resolved")
     check_faults()
-    source_files(cfg.data.path)  # `--data` is readable before anything is written
+    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
+    if cfg.model.factory is not None:  # and `--model` importable (built once data is read)
+        from phalanx.models.user import load_factory
+
+        load_factory(cfg.model.factory)
+    ft_launcher = cfg.dist.fault_tolerance != "none" and not protocol.in_replica_group()
+    if ft_launcher:  # what torchft cannot do yet: refused before anything is written
+        from phalanx.ft.groups import check as check_fault_tolerance
+
+        check_fault_tolerance(cfg)
     created = not Path(cfg.train.out).expanduser().exists()
     out = prepare_out_dir(cfg.train.out)
     try:
+        if ft_launcher:
+            from phalanx.ft.groups import run_groups  # a lighthouse, a `phalanx train` a group
+
+            return run_groups(cfg, argv, out.root)
         with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
             return _train_in(cfg, out, argv)
     except UserError:
@@ -57,13 +75,14 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if not one_machine_worker() and complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
-        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        splits = prepare_data(cfg.data, log=lambda line: None)  # rank 0 says the notes
         mark("corpus checked")
         return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t), out)
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
-        splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+        splits = prepare_data(cfg.data)
         check_data_fits(cfg, splits)
-        resume_from, complete = precheck(cfg, out)
+        check_model(cfg, splits.vocab_size)
+        resume_from, complete = precheck(cfg, out, splits.tokenizer_record())
         mark("corpus and checkpoints checked")
         missing = missing_outputs(cfg, out) if complete else []
         if complete and not missing:

@@ -41,19 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.data.corpus import prepare, source_files
+    from phalanx.data.corpus import check_data, prepare_data
     from phalanx.launch.ranks import run_ranks
-    from phalanx.train.worker import check_data_fits
+    from phalanx.train.worker import check_data_fits, check_model
 
     cfg = resolve(ns)
     if cfg.train.max_steps < 2:
         raise UserError(f"`--max-steps` must be at least 2 to split the run in halves, got "
                         f"{cfg.train.max_steps}.")
-    source_files(cfg.data.path)  # `--data` is readable before anything is written
+    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
     root = prepare_out_dir(str(scratch_dir(cfg.train.out)))
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(root)))
-    splits = prepare(cfg.data.path, cfg.data.cache_dir, cfg.data.val_fraction)
+    splits = prepare_data(cfg.data)
     check_data_fits(cfg, splits)
+    check_model(cfg, splits.vocab_size)
     code = run_ranks(cfg, "verify-resume", argv,  # the ranks' logs: root/logs
                      lambda threads: work(cfg, splits, root, threads), root)
     if code == 0 and (root / VERDICT).is_file():

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -39,13 +40,17 @@ def die_with_agent() -> None:
 
 
 def die_with_parent() -> None:
-    """SIGKILL this process when the process that started it dies (idempotent)."""
+    """SIGKILL this process when the process that started it dies (idempotent) — or now,
+    when the Phalanx launcher that started it is gone already: one stopped while this
+    process was still starting (a Ctrl-C during the agent's spawn) left it waiting for a
+    store, alone, its parent already init. Phalanx's launchers give their pid
+    (`PHALANX_LAUNCHER_PID`)."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-                if os.getppid() != parent:  # the parent died before prctl took effect
+                if os.getppid() != parent or not _launcher_alive():  # died before prctl
                     os.kill(os.getpid(), signal.SIGKILL)
                 return
         except (OSError, AttributeError):
@@ -54,10 +59,55 @@ def die_with_parent() -> None:
                      name="phalanx-parent-watch").start()
 
 
+def _launcher_alive() -> bool:
+    """Whether the launcher named in the environment (if any) still runs."""
+    told = os.environ.get(protocol.LAUNCHER_PID, "")
+    if not told.isdigit():
+        return True
+    try:
+        state = open(f"/proc/{told}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a launcher that exited, not yet reaped, is gone
+
+
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def sigint_held_for_workers(hold: bool = True):
+    """While torch's agent starts Phalanx's own workers (`-m phalanx …`), they inherit a
+    blocked SIGINT (a thread's signal mask survives fork and exec): a Ctrl-C the agent
+    forwards while a worker is still importing waits, pending, until `release_sigint()`
+    in `phalanx.cli.entry`, and ends there in one exit code — not in a KeyboardInterrupt
+    traceback from Python's import machinery, which no code of ours could catch (seen
+    in CI: SIGINT 2 s after start, both ranks inside runpy). This process still takes
+    SIGINT: a thread started before the block receives it, and CPython runs the Python
+    handler in the main thread as always (within the agent's 0.1 s monitor interval).
+    User scripts (`phalanx run script.py`) are started as torchrun starts them."""
+    usable = hasattr(signal, "pthread_sigmask") and (
+        threading.current_thread() is threading.main_thread())
+    if not hold or not usable:
+        yield
+        return
+    done = threading.Event()
+    threading.Thread(target=done.wait, daemon=True, name="phalanx-sigint").start()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        done.set()
+
+
+def release_sigint() -> None:
+    """Unblock SIGINT in this thread (a worker's first step, see
+    `sigint_held_for_workers`): a Ctrl-C that came while it started arrives now."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def exit_code(signum: int) -> int:

@@ -17,6 +17,7 @@ from phalanx.config.operator import operator_pod
 
 # launcher → workers
 LAUNCHED = "PHALANX_LAUNCHED"  # "1": Phalanx's own launcher started this rank
+LAUNCHER_PID = "PHALANX_LAUNCHER_PID"  # the pid of the Phalanx process that started this one
 MULTINODE = "PHALANX_MULTINODE"  # "1": the job spans several machines (rank 0 checks the run)
 ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
 LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
@@ -27,6 +28,9 @@ HANG_REPORT_DIR = "PHALANX_HANG_REPORT_DIR"  # where hang reports and stacks are
 DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers write findings here
 BENCH_PHASE = "PHALANX_BENCH_PHASE"  # JSON: which `phalanx bench` phase a worker runs
 RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the script's run.out (phalanx.init)
+FT_GROUP = "PHALANX_FT_GROUP"  # torchft: this process tree is replica group N (phalanx.ft)
+FT_LIGHTHOUSE = "PHALANX_FT_LIGHTHOUSE"  # torchft: the lighthouse's address for the group
+FT_START = "PHALANX_FT_START"  # torchft: HOST:PORT:GROUPS of the store the groups meet at first
 # set by the launcher for itself (and inherited)
 QUIET_CPP = "PHALANX_QUIET_CPP"  # "1": torch's C++ store retries silenced (several machines)
 # set inside a worker for itself
@@ -91,3 +95,8 @@ def record_for_agent(exc: BaseException) -> bool:
     handler.initialize()
     handler.record_exception(exc)
     return phalanx_worker()
+
+
+def in_replica_group() -> bool:
+    """This `phalanx train` is one replica group of a torchft job (`phalanx.ft.groups`)."""
+    return FT_GROUP in os.environ

@@ -40,8 +40,10 @@ def preset(name: str, ifname: str | None) -> list[tuple[str, str, str]]:
             ("NCCL_DEBUG_SUBSYS", "INIT,NET", "…limited to start-up and the network chosen"),
             ("NCCL_DEBUG_FILE", "nccl.%h.%p.log", "one log per process (%h host, %p pid) "
              "instead of interleaved output"),
-            ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000", "torch's flight recorder keeps the last "
+            ("TORCH_FR_BUFFER_SIZE", "2000", "torch's flight recorder keeps the last "
              "2000 collectives per rank"),
+            ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000", "…(the same, by its older "
+             "name, which older torch releases read)"),
             ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1", "…and writes them out when a collective "
              "times out (who was waiting on what)"),
         ],

@@ -9,79 +9,44 @@ This module does not import torch, so `phalanx --help` and config errors are ins
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
-from phalanx.config.nccl import PRESET_NAMES
-from phalanx.config.strategy import GRAD_SYNC, SPECS, choose, foreign_options
+from phalanx.config.data_spec import BIN_DTYPES, parse_spec
+from phalanx.config.dist import BACKENDS, NCCL_PRESETS, STRATEGIES, DistConfig, endpoint
+from phalanx.config.fields import (
+    INT64,
+    MAX_PROCS,
+    MAX_TIMEOUT_S,
+    _check_values,
+    _positive,
+    flag_of,
+    opt,
+)
 from phalanx.errors import UserError
 
+__all__ = ["BACKENDS", "NCCL_PRESETS", "STRATEGIES", "DistConfig", "endpoint", "flag_of",
+           "opt", "MAX_PROCS", "MAX_TIMEOUT_S", "PRECISIONS", "PRESETS", "SECTIONS", "Config",
+           "ModelConfig", "DataConfig", "TrainConfig", "build_config", "from_dict"]
+
 PRECISIONS = ("fp32", "bf16", "fp16")
-STRATEGIES = tuple(SPECS)
-BACKENDS = ("auto", "gloo", "nccl")
-NCCL_PRESETS = PRESET_NAMES
 
 # Model presets: `tiny` is sized to learn something on two CPU cores in ~3 minutes;
-# `gpt2-124m` is GPT-2 small (12 layers, 12 heads, 768 wide, 1024 context).
+# `gpt2-124m` is GPT-2 small's architecture (12 layers, 12 heads, 768 wide, 1024 context,
+# biases, tied head, learned positions, GELU: the levers the others default to are off): with GPT-2's vocabulary of 50,257 tokens, 124,439,808
+# parameters, as GPT-2's own.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
-    "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+    "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, bias=True,
+                      rope=False, activation="gelu", tie_embeddings=True),
 }
-
-
-def opt(default: Any, help: str, flag: str | None = None, choices: tuple | None = None,
-        metavar: str | None = None) -> Any:
-    """A config field: its default, its help text, and optionally flag, choices, metavar."""
-    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
-    return field(default=default, metadata=meta)
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    """The command-line spelling of a field: `n_layer` → `--n-layer`."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-INT64 = 1 << 63
-MAX_TIMEOUT_S = 30 * 24 * 3600.0  # a collective that may wait a month is a mistake
-MAX_PROCS = 4096
-
-
-def _field(section: Any, name: str) -> dataclasses.Field:
-    return {x.name: x for x in dataclasses.fields(section)}[name]
-
-
-def _check_values(section: Any) -> None:
-    """Every number finite and within 64 bits, every given string non-empty: one line
-    naming the flag otherwise. Runs first in each section's `__post_init__`."""
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"`{flag_of(f)}` must be a finite number, got {value}.")
-        if isinstance(value, int) and not -INT64 <= value < INT64:
-            raise UserError(f"`{flag_of(f)}` {value} does not fit in 64 bits.")
-        if isinstance(value, str) and not value.strip():
-            raise UserError(f"`{flag_of(f)}` must not be empty; give a value or leave the "
-                            f"flag out for its default.")
-
-
-def _at_most(section: Any, name: str, limit: float, why: str) -> None:
-    value = getattr(section, name)
-    if value is not None and value > limit:
-        raise UserError(f"`{flag_of(_field(section, name))}` {value:g} is more than {limit:g}: "
-                        f"{why}.")
-
-
-def _positive(section: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if value is not None and value <= 0:
-            f = _field(section, name)
-            raise UserError(f"`{flag_of(f)}` must be a positive number, got {value}.")
+# What a preset sets outside `[model]`, per section (below the TOML file and the flags, as
+# the model fields): `gpt2-124m` trains a BPE of GPT-2's vocabulary size unless
+# `--tokenizer` says otherwise (with 256 bytes it would have 86 M parameters, not 124 M).
+PRESET_SECTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "gpt2-124m": {"data": {"tokenizer": "bpe:50257"}},
+}
 
 
 @dataclass(kw_only=True)
@@ -96,16 +61,46 @@ class ModelConfig:
     bias: bool = opt(False, "Use biases in Linear and LayerNorm layers.")
     activation_checkpointing: bool = opt(False, "Recompute block activations in backward "
                                                 "to save memory.")
+    rope: bool = opt(True, "Rotary position embeddings instead of a learned position table "
+                           "(--no-rope: GPT-2's learned table).")
+    qk_norm: bool = opt(False, "RMS-normalise each head's queries and keys (QK-norm).")
+    activation: str = opt("relu2", "MLP nonlinearity: ReLU² (the speedrun's) or GELU (GPT-2).",
+                          choices=("gelu", "relu2"))
+    tie_embeddings: bool = opt(False, "Share the output head's weight with the token "
+                                      "embedding (GPT-2); default: a separate head.")
+    logit_softcap: float = opt(0.0, "Soft-cap the logits: c·tanh(logits / c) (0: off).")
+    factory: str | None = opt(None, "Your model instead of MiniGPT: a function `factory("
+                                    "vocab_size=, block_size=)` (keywords it accepts) that "
+                                    "returns an nn.Module mapping token ids (B, T) to logits "
+                                    "(B, T, vocab); see docs/own-script.md (default: MiniGPT, "
+                                    "shaped by the flags above).",
+                              flag="--model", metavar="PKG.MODULE:FACTORY")
 
     def __post_init__(self) -> None:
         _check_values(self)
         _positive(self, "n_layer", "n_head", "n_embd", "block_size")
+        if self.factory is not None:
+            module, _, name = self.factory.partition(":")
+            if not all(part.isidentifier() for part in module.split(".")) or \
+                    not name.isidentifier():
+                raise UserError(f"`--model {self.factory}`: expected `package.module:factory` "
+                                f"(a module importable from the current directory or "
+                                f"PYTHONPATH, a colon, and the name of a function in it).")
+            if self.activation_checkpointing or self.dropout:
+                raise UserError(f"`--activation-checkpointing` and `--dropout` are MiniGPT's; "
+                                f"`--model {self.factory}` builds its own model: leave them out "
+                                f"and put dropout or torch.utils.checkpoint in your module.")
         if self.n_embd % self.n_head:
             raise UserError(
                 f"`--n-embd` ({self.n_embd}) must be divisible by `--n-head` ({self.n_head}): "
                 f"each head gets n_embd / n_head channels. Try `--n-head "
                 f"{_divisor_near(self.n_embd, self.n_head)}` or `--n-embd "
                 f"{self.n_head * max(1, round(self.n_embd / self.n_head))}`.")
+        if self.logit_softcap < 0:
+            raise UserError(f"`--logit-softcap` must be >= 0 (0: off), got {self.logit_softcap}.")
+        if self.rope and (self.n_embd // self.n_head) % 2:
+            raise UserError(f"`--rope` rotates pairs of channels: the head size "
+                            f"{self.n_embd // self.n_head} (--n-embd / --n-head) must be even.")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"`--dropout` must be in [0, 1), got {self.dropout}.")
 
@@ -116,9 +111,25 @@ def _divisor_near(n: int, k: int) -> int:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    path: str | None = opt(None, "Text file or directory of text files to train on "
-                                 "(default: the Python standard library's source, "
-                                 "embedded with the interpreter).", flag="--data", metavar="PATH")
+    path: str | None = opt(None, "What to train on: a text file or folder (files ending "
+                                 "in .jsonl are JSON Lines, .parquet/.arrow tables), a "
+                                 "Hugging Face dataset saved with save_to_disk, or a folder "
+                                 "with nanoGPT's train.bin and val.bin (token ids). Default: "
+                                 "the Python standard library's source, embedded with the "
+                                 "interpreter. See docs/data.md.", flag="--data",
+                           metavar="PATH")
+    tokenizer: str = opt("auto", "auto: bpe:4096 for the embedded corpus and for --data of "
+                                 "1 MiB or more, bytes for less (and the ids of train.bin/"
+                                 "val.bin as they are); bytes (256 ids, one per "
+                                 "byte); bpe[:VOCAB]: a byte-level BPE trained on the "
+                                 "training split and cached, VOCAB 257..65536 (default "
+                                 "4096); or the path of a Hugging Face tokenizer.json.",
+                         metavar="{auto,bytes,bpe[:VOCAB],PATH}")
+    text_field: str = opt("text", "The field holding the text in JSON Lines records and "
+                                  "the column in Parquet/Arrow tables and datasets.",
+                          metavar="NAME")
+    bin_dtype: str = opt("uint16", "The dtype of train.bin/val.bin token ids (nanoGPT "
+                                   "writes uint16).", choices=BIN_DTYPES)
     cache_dir: str | None = opt(None, "Where tokenized data is cached "
                                       "(default: $XDG_CACHE_HOME/phalanx or ~/.cache/phalanx).",
                                 metavar="DIR")
@@ -128,21 +139,33 @@ class DataConfig:
         _check_values(self)
         if not 0.0 < self.val_fraction < 0.5:
             raise UserError(f"`--val-fraction` must be in (0, 0.5), got {self.val_fraction}.")
+        parse_spec(self.tokenizer)  # a bad `bpe:VOCAB` is refused here; a file when read
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
     out: str = opt("runs/default", "Run directory: metrics, plots, sample and weights go here.",
                    metavar="DIR")
-    max_steps: int = opt(2500, "Optimizer steps to train for.")
+    max_steps: int = opt(1000, "Optimizer steps to train for.")
     micro_batch_size: int = opt(8, "Sequences per rank per micro-step.")
     grad_accum: int = opt(1, "Micro-steps accumulated per optimizer step.")
     lr: float = opt(2e-3, "Peak learning rate (AdamW).")
-    min_lr: float = opt(2e-4, "Learning rate at the end of the cosine decay.")
+    min_lr: float = opt(2e-4, "Learning rate at the end of the decay (cosine or wsd).")
     warmup_steps: int = opt(50, "Linear warm-up steps.")
-    lr_decay_steps: int = opt(0, "Length of the cosine schedule in steps (0: --max-steps). "
+    lr_schedule: str = opt("wsd", "After the warm-up: cosine decay to --min-lr, or wsd "
+                                     "(warm-up/stable/decay: the peak held, then a linear "
+                                     "decay over the last --decay-fraction of the steps).",
+                           choices=("cosine", "wsd"))
+    decay_fraction: float = opt(0.3, "wsd: the fraction of the steps spent decaying.")
+    lr_decay_steps: int = opt(0, "Length of the schedule in steps (0: --max-steps). "
                                  "Set it when a run will later be extended with a larger "
                                  "--max-steps, so the steps already taken keep their rates.")
+    optimizer: str = opt("muon", "adamw; or muon: Muon for the hidden weight matrices "
+                                  "(orthogonalised momentum, at --muon-lr), AdamW for "
+                                  "embeddings, head, norms and biases. Correct under every "
+                                  "strategy (docs/strategies.md).",
+                         choices=("adamw", "muon"))
+    muon_lr: float = opt(0.02, "Muon's peak learning rate (it follows the same schedule).")
     weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
     beta1: float = opt(0.9, "AdamW beta1.")
     beta2: float = opt(0.99, "AdamW beta2.")
@@ -162,7 +185,8 @@ class TrainConfig:
     log_every: int = opt(50, "Write a metrics line every N steps.")
     seed: int = opt(1337, "Seed for model init, data order and dropout.")
     compile: bool = opt(False, "Wrap the model with torch.compile (slow to start on CPU).")
-    sample_tokens: int = opt(300, "Bytes of text to sample from the model at the end (0: none).")
+    sample_tokens: int = opt(300, "Tokens of text to sample from the model at the end "
+                                  "(0: none).")
     checkpoint_every: int = opt(500, "Commit a checkpoint every N steps (and at the end); "
                                      "0: only at the end.")
     keep_checkpoints: int = opt(3, "Committed checkpoints to keep (the newest K).")
@@ -174,7 +198,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_values(self)
-        _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "eval_every",
+        _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "muon_lr",
+                  "eval_every",
                   "eval_batches", "log_every", "nan_patience")
         if not 0 <= self.seed < INT64:
             raise UserError(f"`--seed` must be in [0, 2**63 - 1], got {self.seed}.")
@@ -193,6 +218,8 @@ class TrainConfig:
         if self.keep_checkpoints < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got "
                             f"{self.keep_checkpoints}: the newest checkpoint is what resume uses.")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise UserError(f"`--decay-fraction` must be in (0, 1], got {self.decay_fraction}.")
         if self.lr_decay_steps < 0:
             raise UserError(f"`--lr-decay-steps` must be >= 0, got {self.lr_decay_steps}.")
         if self.checkpoint_every < 0:
@@ -200,145 +227,6 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
 
-
-@dataclass(kw_only=True)
-class DistConfig:
-    nproc_per_node: int | None = opt(None, "Worker processes on this machine (default: one "
-                                           "per visible GPU, else one per usable CPU core).")
-    strategy: str | None = opt(None, "Parallelism: " + "; ".join(
-        f"{s.name}: {s.summary}" for s in SPECS.values()) + ". Default: ddp when more than "
-        "one rank, else single. See docs/strategies.md.", choices=STRATEGIES)
-    backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
-                       choices=BACKENDS)
-    threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "
-                                             "divided by ranks on this node).")
-    bucket_cap_mb: float = opt(25.0, "DDP gradient bucket size in MiB.")
-    gradient_as_bucket_view: bool = opt(True, "DDP: gradients are views into the "
-                                              "all-reduce buckets (saves a copy).")
-    static_graph: bool = opt(True, "DDP: declare the graph static — the same parameters "
-                                   "take part every step, as in MiniGPT. Used only with "
-                                   "--grad-accum 1. `phalanx bench --defaults` measures it "
-                                   "against torch's default (2 CPU gloo ranks: no difference "
-                                   "beyond noise).")
-    find_unused_parameters: bool = opt(False, "DDP: search for parameters without "
-                                              "gradient every step (costly; off by default).")
-    sync_batchnorm: bool = opt(False, "Convert BatchNorm to SyncBatchNorm before wrapping "
-                                      "(CUDA only).")
-    fsdp_reshard_after_forward: bool = opt(True, "fsdp: free gathered parameters after each "
-                                                 "block's forward and gather them again for "
-                                                 "backward (ZeRO-3); --no-…: keep them "
-                                                 "(ZeRO-2-like, one all-gather fewer, more "
-                                                 "memory).")
-    fsdp_bf16_reduce: bool = opt(False, "fsdp with --precision bf16: reduce-scatter gradients "
-                                        "in bf16 instead of fp32 (half the bytes, less exact).")
-    fsdp_cpu_offload: bool = opt(False, "fsdp: keep parameter shards and optimizer state in "
-                                        "CPU memory between uses (CUDA only).")
-    fsdp_grad_sync: str = opt("every", "fsdp with --grad-accum: `every` reduce-scatters on "
-                                       "every micro-step (gradients stay sharded: least "
-                                       "memory); `last` skips until the last micro-step "
-                                       "(less communication, but each rank holds the full "
-                                       "unsharded gradients). See docs/strategies.md.",
-                              choices=GRAD_SYNC)
-    nnodes: str = opt("1", "Machines in the job: N, or MIN:MAX to let it run on between MIN "
-                           "and MAX (torch's elastic agent, c10d rendezvous). The same command "
-                           "runs on every machine; needs --rdzv-endpoint when more than one.",
-                      metavar="N|MIN:MAX")
-    node_rank: int | None = opt(None, "This machine's index (0 .. nnodes-1), for the output "
-                                      "and to say that node 0 hosts the rendezvous (default: "
-                                      "the machine whose address is the endpoint's).")
-    rdzv_endpoint: str | None = opt(None, "HOST:PORT where the machines meet: an address of "
-                                          "node 0 that every node can reach.",
-                                    metavar="HOST:PORT")
-    rdzv_id: str = opt("phalanx", "The job's rendezvous id: the same on every machine, "
-                                  "different for two jobs sharing an endpoint.", metavar="ID")
-    rdzv_timeout_s: float = opt(300.0, "How long the machines wait for each other to join.")
-    timeout_s: float = opt(600.0, "Collective timeout in seconds.")
-    max_restarts: int = opt(0, "Times torch's elastic agent restarts failed workers.")
-    hang_timeout_s: float = opt(300.0, "Hang watchdog: when no rank progresses for this "
-                                       "many seconds, report where each rank waits and exit "
-                                       "(code 3). 0: off.")
-    debug_collectives: bool = opt(False, "Verify every collective's op, shapes and dtypes "
-                                         "across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, "
-                                         "slower) and explain a mismatch.")
-    nccl_preset: str | None = opt(None, "Set a named group of NCCL variables for the "
-                                        "workers, each printed with what it does: "
-                                        "ethernet, infiniband or debug (see "
-                                        "docs/multinode.md). Variables you set are kept.",
-                                  choices=NCCL_PRESETS)
-    tee_ranks: bool = opt(False, "Show every rank's output on the console. By default each "
-                                 "rank writes to its own log (train: OUT/logs/rank-R.log) and "
-                                 "the console shows rank 0's progress and one line per "
-                                 "failure, with the log that holds the traceback.")
-    check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
-                                          "parameters and buffers are bitwise identical "
-                                          "(0: never).")
-    straggler_every: int = opt(200, "Every N steps, compare the ranks' data + forward times "
-                                   "and name a rank persistently 1.5× slower than the others "
-                                   "(0: never).")
-
-    def __post_init__(self) -> None:
-        _check_values(self)
-        _positive(self, "nproc_per_node", "threads_per_rank", "bucket_cap_mb", "timeout_s")
-        _at_most(self, "timeout_s", MAX_TIMEOUT_S, "a stuck collective would wait that long")
-        _at_most(self, "nproc_per_node", MAX_PROCS, "that many processes on one machine is "
-                 "a typo; one per GPU or CPU core is the norm")
-        _at_most(self, "threads_per_rank", MAX_PROCS, "more threads than any machine's cores")
-        for name in ("max_restarts", "hang_timeout_s", "check_consistency_every",
-                     "straggler_every"):
-            if getattr(self, name) < 0:
-                raise UserError(f"`--{name.replace('_', '-')}` must be >= 0, got "
-                                f"{getattr(self, name)}.")
-        _positive(self, "rdzv_timeout_s")
-        _at_most(self, "rdzv_timeout_s", MAX_TIMEOUT_S, "the machines would wait that long")
-        low, high = self.node_range()
-        if high > 1 and not self.rdzv_endpoint:
-            raise UserError(f"`--nnodes {self.nnodes}` needs `--rdzv-endpoint HOST:PORT`: an "
-                            f"address of node 0 that every machine can reach, the same on all.")
-        if self.node_rank is not None and not 0 <= self.node_rank < high:
-            raise UserError(f"`--node-rank` {self.node_rank} must be in 0 .. {high - 1} with "
-                            f"`--nnodes {self.nnodes}`.")
-        if self.rdzv_endpoint:
-            endpoint(self.rdzv_endpoint)
-        # before launch the world is known only from --nproc-per-node (auto: likely several
-        # ranks, so ddp); only the name is read here, the options are the worker's
-        chosen = choose(self, self.nproc_per_node or 2, grad_accum=1).name
-        defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
-        foreign = foreign_options(self, chosen, defaults)
-        if foreign:
-            f = _field(self, foreign[0])
-            owners = [s.name for s in SPECS.values() if f.name.startswith(s.flag_prefix)
-                      and s.flag_prefix]
-            raise UserError(f"`{flag_of(f)}` is an option of `--strategy "
-                            f"{'/'.join(owners) or 'ddp/zero'}`, and this run uses "
-                            f"`{chosen}`: it would have no effect. Drop it, or choose that "
-                            f"strategy.")
-        if self.hang_timeout_s >= self.timeout_s:
-            raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
-                            f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "
-                            f"fire first and the watchdog never report. Lower it (or 0: off).")
-
-
-    def node_range(self) -> tuple[int, int]:
-        """(min, max) machines from `--nnodes N` or `MIN:MAX`."""
-        parts = self.nnodes.split(":")
-        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-            raise UserError(f"`--nnodes {self.nnodes}` must be N or MIN:MAX (whole numbers), "
-                            f"e.g. `--nnodes 2` or `--nnodes 1:4`.")
-        low, high = int(parts[0]), int(parts[-1])
-        if not 1 <= low <= high <= MAX_PROCS:
-            raise UserError(f"`--nnodes {self.nnodes}` must satisfy 1 <= MIN <= MAX <= "
-                            f"{MAX_PROCS}.")
-        return low, high
-
-
-def endpoint(text: str) -> tuple[str, int]:
-    """HOST:PORT ([v6]:PORT) → (host, port), or a UserError naming `--rdzv-endpoint`."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UserError(f"`--rdzv-endpoint {text}` must be HOST:PORT with a port in 1..65535, "
-                        f"e.g. `--rdzv-endpoint 10.0.0.1:29400`.")
-    return host, int(port)
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "dist": DistConfig}
@@ -366,22 +254,36 @@ class Config:
 def build_config(overrides: dict[str, dict[str, Any]]) -> Config:
     """Build a validated `Config` from per-section overrides (TOML, then CLI, merged).
 
-    The model preset supplies defaults for the model fields that are not overridden.
+    The model preset supplies defaults for the model fields that are not overridden, and
+    for the other sections' fields it names (`PRESET_SECTIONS`: `gpt2-124m`'s tokenizer).
+    The built config holds every value, so `from_dict` (a checkpoint's sidecar, a resumed
+    run) rebuilds it without the preset.
     """
     model = dict(overrides.get("model", {}))
     preset = model.get("preset", "tiny")
     if preset not in PRESETS:
         raise UserError(f"unknown model preset `{preset}`; expected one of: "
                         f"{', '.join(PRESETS)} (`--preset`).")
-    model = {**PRESETS[preset], **model}
-    sections = {name: cls(**(model if name == "model" else overrides.get(name, {})))
-                for name, cls in SECTIONS.items()}
-    return Config(**sections)
+    merged = {name: {**PRESET_SECTIONS.get(preset, {}).get(name, {}),
+                     **overrides.get(name, {})} for name in SECTIONS}
+    merged["model"] = {**PRESETS[preset], **model}
+    return Config(**{name: cls(**merged[name]) for name, cls in SECTIONS.items()})
+
+
+# What a configuration saved before a field existed meant by its absence (a checkpoint of
+# 0.1's recipe: bytes, GPT-2's architecture, AdamW on a cosine) — not today's defaults.
+LEGACY: dict[str, dict[str, Any]] = {
+    "model": {"rope": False, "qk_norm": False, "activation": "gelu", "tie_embeddings": True,
+              "logit_softcap": 0.0},
+    "data": {"tokenizer": "bytes"},
+    "train": {"optimizer": "adamw", "lr_schedule": "cosine"},
+}
 
 
 def from_dict(data: dict[str, dict[str, Any]], source: str = "the saved configuration") -> Config:
-    """Rebuild a `Config` written by `Config.to_dict` (e.g. a checkpoint's sidecar);
-    anything else in it (unknown keys, wrong types) is a UserError naming `source`."""
+    """Rebuild a `Config` written by `Config.to_dict` (e.g. a checkpoint's sidecar; a
+    field it predates takes its `LEGACY` meaning); anything else in it (unknown keys,
+    wrong types) is a UserError naming `source`."""
     if not isinstance(data, dict):
         raise UserError(f"{source} is not a table of sections.")
     sections = {}
@@ -393,7 +295,7 @@ def from_dict(data: dict[str, dict[str, Any]], source: str = "the saved configur
             raise UserError(f"{source} has an invalid `{name}` section ({bad!r} is not one of "
                             f"its keys); it was not written by this version of Phalanx.")
         try:
-            sections[name] = cls(**values)
+            sections[name] = cls(**{**LEGACY.get(name, {}), **values})
         except (TypeError, ValueError) as exc:
             raise UserError(f"{source}: `{name}` cannot be used ({exc}).") from None
     return Config(**sections)

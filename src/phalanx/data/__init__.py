@@ -1,4 +1,4 @@
-"""Data: corpus → byte tokens (cached) → fixed windows → sharded, resumable batches.
+"""Data: corpus → tokens (cached) → fixed windows → sharded, resumable batches.
 
 Submodules are imported directly (`phalanx.data.corpus` needs no torch; the sampler,
 dataset and loader do), so that checking a `--data` path stays fast.
@@ -6,7 +6,8 @@ dataset and loader do), so that checking a `--data` path stays fast.
 
 _LAZY = {
     "TokenSplits": "phalanx.data.corpus", "prepare": "phalanx.data.corpus",
-    "ByteTokenizer": "phalanx.data.tokenizer", "TokenWindows": "phalanx.data.dataset",
+    "prepare_data": "phalanx.data.corpus", "ByteTokenizer": "phalanx.data.tokenizer",
+    "HFTokenizer": "phalanx.data.tokenizer", "Tokenizer": "phalanx.data.tokenizer", "TokenWindows": "phalanx.data.dataset",
     "ShardedBatchSampler": "phalanx.data.sampler", "DeviceLoader": "phalanx.data.loader",
 }
 

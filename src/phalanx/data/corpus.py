@@ -1,11 +1,12 @@
-"""Text corpora: the embedded default (the standard library's own source) or user files.
+"""`--data` → cached train/validation token files that every rank memory-maps.
 
-A corpus is tokenized once into two flat byte files, `train.u8` and `val.u8`, in a
-cache directory keyed by the sources' paths, sizes and modification times; later runs
-and every rank memory-map them. Writes are atomic (temporary file, then rename), so
-concurrent ranks or an interrupted run never leave a half-written cache behind.
-The split interleaves fixed-size chunks (every k-th chunk goes to validation), so
-validation text comes from all over the corpus, not just its tail.
+A text source (the embedded default, the standard library's own source; text files,
+JSON Lines, Parquet/Arrow, a saved Hugging Face dataset: `phalanx.data.sources`) is
+tokenized once into the cache (`phalanx.data.cache`: keyed, atomic, one builder);
+pre-tokenized `train.bin`/`val.bin` are used in place (`phalanx.data.bins`). The split
+interleaves fixed-size chunks of the raw text (every k-th chunk goes to validation), so
+validation text comes from all over the corpus and is the same bytes whatever the
+tokenizer (`phalanx.data.writer`).
 """
 
 from __future__ import annotations
@@ -13,179 +14,249 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sysconfig
+import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from phalanx.data.tokenizer import ByteTokenizer
+from phalanx.config.data_spec import resolve_spec
+from phalanx.data.bins import check_bins
+from phalanx.data.cache import (
+    SUFFIX,
+    building,
+    cache_key,
+    default_cache_dir,
+    file_digest,
+    read_meta,
+)
+from phalanx.data.sources import TABLES, Source, documents, find_source, stdlib_files
+from phalanx.data.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    load_tokenizer_file,
+    parse_spec,
+    token_dtype,
+    train_bpe,
+)
+from phalanx.data.writer import (
+    join_documents,
+    ranges,
+    split_chunks,
+    train_texts,
+    write_bytes,
+    write_tokens,
+)
 from phalanx.errors import UserError
-from phalanx.paths import kind
+from phalanx.paths import atomic_write
 
-_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-_MAX_CHUNK = 1 << 16
+if TYPE_CHECKING:
+    from phalanx.config.sections import DataConfig
+
+__all__ = ["TokenSplits", "prepare", "prepare_data", "check_data", "source_files",
+           "stdlib_files", "split_chunks", "default_cache_dir"]
 
 
 @dataclass(frozen=True)
 class TokenSplits:
-    """Paths of the cached train/validation token files and their sizes."""
+    """The train/validation token files, their sizes in tokens, and their tokenizer.
+
+    `tokenizer_kind`: `bytes`, `bpe` (trained here), `file` (the user's), or `ids`
+    (pre-tokenized bins with no tokenizer to decode them); `tokenizer_path`: its
+    `tokenizer.json` (bpe, file); `val_bytes`: the validation split's text in bytes
+    (None for bins)."""
 
     train: Path
     val: Path
     n_train: int
     n_val: int
     description: str
+    vocab_size: int = 256  # the model's vocabulary: the tokenizer's
+    dtype: str = "uint8"  # of the token files
+    tokenizer_kind: str = "bytes"
+    tokenizer_path: Path | None = None
+    tokenizer_label: str = "bytes"
+    val_bytes: int | None = None
 
     def load(self, split: str) -> np.ndarray:
         path = self.train if split == "train" else self.val
-        return np.memmap(path, dtype=np.uint8, mode="r")
+        return np.memmap(path, dtype=np.dtype(self.dtype), mode="r")
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer that made the ids (None: bins without a tokenizer file)."""
+        if self.tokenizer_kind == "bytes":
+            return ByteTokenizer()
+        if self.tokenizer_path is None:
+            return None
+        return _load(str(self.tokenizer_path), self.tokenizer_label)
+
+    def token_bytes(self) -> np.ndarray | None:
+        """Bytes of text per token id (length `vocab_size`): nats/byte = Σ token losses /
+        Σ token_bytes[targets]. None where it cannot be known (see `Tokenizer`)."""
+        tok = self.tokenizer()
+        found = tok.token_bytes() if tok is not None else None
+        if found is None or len(found) >= self.vocab_size:
+            return found
+        return np.concatenate([found, np.zeros(self.vocab_size - len(found), np.int64)])
+
+    def export_tokenizer(self, out_dir: str | os.PathLike) -> Path | None:
+        """Copy `tokenizer.json` into `out_dir` (beside `model.safetensors`; replaced
+        atomically, a link there is replaced, not followed): its path, or None when the
+        run has no tokenizer file (`bytes`, or bare token ids)."""
+        target = Path(out_dir) / "tokenizer.json"
+        if self.tokenizer_path is None:  # (one left by an earlier run there is not this one's)
+            if os.path.lexists(target) and not target.is_dir():
+                target.unlink()
+            return None
+        return atomic_write(target, self.tokenizer_path.read_bytes())
+
+    def tokenizer_record(self) -> dict:
+        """What a checkpoint records of the tokenizer, so that a resume with another one
+        (another `--tokenizer`, or a BPE retrained on changed data: the same size, other
+        merges) is refused: its kind, label, vocabulary and the file's digest."""
+        digest = None if self.tokenizer_path is None else hashlib.sha256(
+            self.tokenizer_path.read_bytes()).hexdigest()[:16]
+        return {"kind": self.tokenizer_kind, "label": self.tokenizer_label,
+                "vocab_size": self.vocab_size, "digest": digest}
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "phalanx"
-
-
-def stdlib_files() -> list[Path]:
-    """The interpreter's standard-library `.py` sources, tests and vendored packages excluded."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    found: list[Path] = []
-    for folder, dirs, names in os.walk(root):  # skipped folders are not walked at all
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
-        found.extend(Path(folder, n) for n in names if n.endswith(".py"))
-    return sorted(found)
+@lru_cache(maxsize=4)
+def _load(path: str, label: str) -> HFTokenizer:
+    return load_tokenizer_file(path, label)
 
 
 def source_files(path: str | None) -> tuple[list[Path], str]:
     """Files to read for `--data PATH` (None: the embedded stdlib corpus) and a label."""
-    if path is None:
-        files = stdlib_files()
-        if not files:
-            raise UserError("the embedded corpus (this interpreter's standard library source) "
-                            "was not found; pass a text file or directory with `--data`.")
-        return files, f"Python {sysconfig.get_python_version()} standard library source"
-    p = Path(path).expanduser()
-    found = kind(p)
-    if found == "missing":
-        raise UserError(f"`--data` path `{path}` does not exist. Give a text file or a "
-                        f"directory of text files, or omit `--data` for the embedded corpus.")
-    if found == "a regular file":
-        return [p], str(p)
-    if found != "a directory":
-        raise UserError(f"`--data` `{path}` is {found}, not a text file or a directory: only "
-                        f"regular files are read. Give a text file or a directory of them.")
-    files = [f for f in sorted(p.rglob("*")) if kind(f) == "a regular file"
-             and not any(part.startswith(".") for part in f.relative_to(p).parts)]
-    if not files:
-        raise UserError(f"`--data` directory `{path}` contains no files. "
-                        f"Put text files in it or point `--data` at a text file.")
-    return files, str(p)
+    source = find_source(path)
+    return source.files, source.label
 
 
-def _read_text(files: list[Path], data_arg: str | None) -> tuple[list[bytes], list[str]]:
-    """The UTF-8 text of `files`; the others, each said with why (binary / not UTF-8)."""
-    texts, skipped = [], []
-    for f in files:
-        raw = f.read_bytes()
-        if not raw.strip():
-            continue
-        why = "binary (it has NUL bytes)" if b"\0" in raw[:8192] else _not_utf8(raw)
-        if why:
-            skipped.append(f"`{f}` is {why}")
-            continue
-        texts.append(raw)
-    if not texts:
-        if not skipped:
-            raise UserError(f"`--data` `{data_arg}` holds no usable text: its files are empty. "
-                            f"Point `--data` at UTF-8 text files.")
-        raise UserError(f"`--data` `{data_arg}` holds no usable text: {skipped[0]}"
-                        f"{f' (and {len(skipped) - 1} more)' if len(skipped) > 1 else ''}. "
-                        f"Phalanx trains on UTF-8 text; convert it, e.g. `iconv -f latin1 -t "
-                        f"utf-8 IN > OUT`, or point `--data` at text files.")
-    return texts, skipped
+def check_data(data: DataConfig) -> None:
+    """What can be refused before anything is written: `--data` unreadable, a bad
+    `--tokenizer` spec or file."""
+    find_source(data.path)
+    kind, arg = parse_spec(resolve_spec(data.tokenizer, data.path))
+    if kind == "file":
+        load_tokenizer_file(str(arg))
 
 
-def _not_utf8(raw: bytes) -> str | None:
-    """None for UTF-8; else where it is not (`not UTF-8: byte 0xe9 at offset 12`)."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return (f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}; Latin-1 or "
-                f"another 8-bit encoding?)")
-    return None
+def prepare_data(data: DataConfig, log=print) -> TokenSplits:
+    """`prepare` with the `[data]` section's settings."""
+    return prepare(data.path, data.cache_dir, data.val_fraction, log, tokenizer=data.tokenizer,
+                   text_field=data.text_field, bin_dtype=data.bin_dtype)
 
 
-def _cache_key(files: list[Path], val_fraction: float) -> str:
-    h = hashlib.sha256(f"v1|{val_fraction}".encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def split_chunks(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """Every k-th chunk (k = 1/val_fraction) goes to validation, the rest to training."""
-    period = max(2, round(1 / val_fraction))
-    chunk = max(1, min(_MAX_CHUNK, len(tokens) // (4 * period)))
-    n_chunks = -(-len(tokens) // chunk)
-    is_val = (np.arange(n_chunks) % period) == period - 1
-    mask = np.repeat(is_val, chunk)[: len(tokens)]
-    return tokens[~mask], tokens[mask]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _cached(folder: Path, meta_path: Path, log) -> TokenSplits | None:
-    """The cached splits, or None when there are none — or when the cache is damaged
-    (unreadable `meta.json`, split files of the wrong size): then it is rebuilt."""
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = json.loads(meta_path.read_text())
-        splits = TokenSplits(folder / "train.u8", folder / "val.u8", int(meta["n_train"]),
-                             int(meta["n_val"]), str(meta["description"]))
-        if (splits.train.stat().st_size, splits.val.stat().st_size) == (
-                splits.n_train, splits.n_val):
-            return splits
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
-        pass
-    log(f"note: the token cache in `{folder}` is damaged; rebuilding it.")
-    return None
-
-
-def prepare(data_path: str | None, cache_dir: str | None, val_fraction: float,
-            log=print) -> TokenSplits:
+def prepare(data_path: str | None, cache_dir: str | None = None, val_fraction: float = 0.05,
+            log=print, *, tokenizer: str = "bytes", text_field: str = "text",
+            bin_dtype: str = "uint16") -> TokenSplits:
     """Tokenize the corpus into the cache (once) and return where its splits are."""
-    files, label = source_files(data_path)
+    source = find_source(data_path)
+    tokenizer = resolve_spec(tokenizer, data_path)
+    kind, arg = parse_spec(tokenizer)
+    user_tok = load_tokenizer_file(str(arg)) if kind == "file" else None
+    if source.kind == "bins":
+        return _bins(source, bin_dtype, kind, user_tok, tokenizer, log)
+    extra = "" if kind == "bytes" else f"{kind}:{arg}" if kind == "bpe" else \
+        f"file:{file_digest(Path(str(arg)).expanduser())}"
+    if source.kind == "dataset" or any(f.suffix in (".jsonl", *TABLES) for f in source.files):
+        extra += f"|field:{text_field}"
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    folder = root / f"tokens-{_cache_key(files, val_fraction)}"
-    meta_path = folder / "meta.json"
-    cached = _cached(folder, meta_path, log)
-    if cached is not None:
-        return cached
-    texts, skipped = _read_text(files, data_path)
+    folder = root / f"tokens-{cache_key(source.files, val_fraction, extra)}"
+    meta = read_meta(folder, log)
+    if meta is None:
+        with building(root, folder) as (where, meta):
+            if meta is None:
+                meta = _build(source, where, val_fraction, kind, arg, user_tok, text_field, log)
+    return _splits(folder, meta)
+
+
+def _splits(folder: Path, meta: dict) -> TokenSplits:
+    dtype = meta.get("dtype", "uint8")
+    kind = meta.get("tokenizer_kind", "bytes")
+    return TokenSplits(
+        folder / f"train.{SUFFIX[dtype]}", folder / f"val.{SUFFIX[dtype]}",
+        int(meta["n_train"]), int(meta["n_val"]), str(meta["description"]),
+        int(meta.get("vocab_size", 256)), dtype, kind,
+        folder / "tokenizer.json" if kind in ("bpe", "file") else None,
+        str(meta.get("tokenizer_label", "bytes")), meta.get("val_bytes"))
+
+
+def _build(source: Source, tmp: Path, val_fraction: float, kind: str, arg: int | str,
+           user_tok: HFTokenizer | None, text_field: str, log) -> dict:
+    """Write the cache's files into `tmp`; its meta.json's content."""
+    skipped: list[str] = []
+    total = sum(f.stat().st_size for f in source.files)
+    count, size = join_documents(documents(source, text_field, skipped), tmp / "raw.txt",
+                                 total)
     if skipped:
-        log(f"note: skipped {len(skipped)} file(s) in `{data_path}` that are not UTF-8 text, "
-            f"e.g. {skipped[0]}")
-    tokens = ByteTokenizer().encode_bytes(b"\n\n".join(texts))
-    train, val = split_chunks(tokens, val_fraction)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        _atomic_write(folder / "train.u8", train.tobytes())
-        _atomic_write(folder / "val.u8", val.tobytes())
-        description = f"{label}: {len(texts)} files, {len(tokens):,} bytes"
-        meta = {"n_train": len(train), "n_val": len(val), "description": description,
-                "files": len(texts)}
-        _atomic_write(meta_path, json.dumps(meta).encode())
-    except OSError as exc:
-        raise UserError(f"cannot write the token cache in `{root}`: {exc.strerror}. "
-                        f"Pass a writable `--cache-dir`.") from None
-    return TokenSplits(folder / "train.u8", folder / "val.u8", len(train), len(val), description)
+        log(f"note: skipped {len(skipped)} file(s) in `{source.label}` that are not UTF-8 "
+            f"text, e.g. {skipped[0]}")
+    if not count:
+        _no_text(source, skipped)
+    raw = np.memmap(tmp / "raw.txt", dtype=np.uint8, mode="r")
+    tok: HFTokenizer | None = user_tok
+    if kind == "bpe":
+        log(f"note: training a {arg}-id BPE tokenizer on the training split (once: it is "
+            f"cached in `{tmp.parent}`).")
+        tok = train_bpe(train_texts(raw, val_fraction), int(arg))
+    vocab = 256 if tok is None else tok.vocab_size
+    dtype = token_dtype(vocab)
+    paths = {s: tmp / f"{s}.{SUFFIX[dtype]}" for s in ("train", "val")}
+    if tok is None:
+        n = {s: write_bytes(raw, val_fraction, paths[s], s) for s in paths}
+    else:
+        if kind == "file":  # the user's file as it is
+            shutil.copyfile(Path(str(arg)).expanduser(), tmp / "tokenizer.json")
+        else:
+            tok.tok.save(str(tmp / "tokenizer.json"))
+        n = {s: write_tokens(tok, raw, val_fraction, paths[s], s, dtype) for s in paths}
+    val_bytes = sum(end - start for start, end in ranges(len(raw), val_fraction, "val"))
+    del raw
+    (tmp / "raw.txt").unlink()
+    unit = "files" if source.kind == "text" and not any(
+        f.suffix in (".jsonl", *TABLES) for f in source.files) else "documents"
+    meta = {"n_train": n["train"], "n_val": n["val"], "files": count, "dtype": dtype,
+            "description": f"{source.label}: {count} {unit}, {size:,} bytes",
+            "vocab_size": vocab, "tokenizer_kind": kind,
+            "tokenizer_label": "bytes" if tok is None else tok.label, "val_bytes": val_bytes}
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+def _no_text(source: Source, skipped: list[str]) -> None:
+    if not skipped:
+        raise UserError(f"`--data` `{source.label}` holds no usable text: its files are "
+                        f"empty. Point `--data` at UTF-8 text files.")
+    raise UserError(f"`--data` `{source.label}` holds no usable text: {skipped[0]}"
+                    f"{f' (and {len(skipped) - 1} more)' if len(skipped) > 1 else ''}. "
+                    f"Phalanx trains on UTF-8 text; convert it, e.g. `iconv -f latin1 -t "
+                    f"utf-8 IN > OUT`, or point `--data` at text files.")
+
+
+def _bins(source: Source, dtype: str, kind: str, user_tok: HFTokenizer | None, spec: str,
+          log) -> TokenSplits:
+    """Pre-tokenized `train.bin`/`val.bin`: checked, used in place (not copied)."""
+    if kind == "bpe":
+        raise UserError(f"`--data` `{source.label}` holds token ids already (train.bin/val.bin), "
+                        f"so `--tokenizer {spec}` (given, or a preset's) has nothing to train "
+                        f"on. Give the `tokenizer.json` the ids were made with (`--tokenizer "
+                        f"PATH`), or `--tokenizer auto` to use the ids as they are.")
+    vocab_from = f"the tokenizer `{spec}`"
+    n_train, n_val, vocab = check_bins(source.files, dtype,
+                                       None if user_tok is None else user_tok.vocab_size,
+                                       vocab_from)
+    desc = f"{source.label}: token ids ({dtype})"
+    train, val = source.files
+    if user_tok is not None:
+        return TokenSplits(train, val, n_train, n_val, desc, vocab, dtype, "file",
+                           Path(spec).expanduser().resolve(), user_tok.label)
+    if kind == "bytes" and vocab <= 256:
+        return TokenSplits(train, val, n_train, n_val, desc, 256, dtype)
+    log(f"note: `--data` `{source.label}` holds token ids and no `--tokenizer` file was "
+        f"given: the vocabulary is the largest id + 1 = {vocab:,}, and samples are shown "
+        f"as ids. Pass the `tokenizer.json` the ids were made with to decode them.")
+    return TokenSplits(train, val, n_train, n_val, desc, vocab, dtype, "ids", None,
+                       f"none (token ids, vocabulary = largest id + 1 = {vocab:,})")

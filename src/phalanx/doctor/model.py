@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from phalanx.doctor.checks import Check
 from phalanx.errors import DistributedError
-from phalanx.models.user import make_model
+from phalanx.models.user import make_with_keywords
 from phalanx.strategies.guards import check_same, diagnose_devices
 from phalanx.strategies.tensors import is_shard
 
@@ -65,8 +65,15 @@ def structure_checks(model: nn.Module, on_cuda: bool) -> list[Check]:
     return checks
 
 
+# what a factory written for `phalanx train --model` is given when it asks (byte tokens, a
+# short window), and the token ids it is fed when it returns no example
+VOCAB, BLOCK, BATCH = 256, 64, 2
+
+
 def model_checks(run, spec: str | None) -> list[Check]:
-    model, example = make_model(spec)
+    model, example, keywords = make_with_keywords(spec, vocab_size=VOCAB, block_size=BLOCK)
+    if example is None and spec is not None and "vocab_size" in keywords:
+        example = torch.randint(0, VOCAB, (BATCH, BLOCK))  # a `train --model` factory
     checks = structure_checks(model, run.device.type == "cuda")
     wrapped = run.setup(model)
     checks.append(_consistent(run, wrapped))

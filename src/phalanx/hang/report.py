@@ -13,10 +13,12 @@ FIX_RANK_ONLY = ("Run the collective on every rank and keep only the printing/sa
 def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
                  timeout: float, world_size: int,
                  wrappers: dict[int, frozenset[str]] | None = None,
-                 finished: dict[int, dict] | None = None) -> tuple[str, str]:
+                 finished: dict[int, dict] | None = None,
+                 flight: list[str] | None = None) -> tuple[str, str]:
     """(the full report, a one-line summary) from every rank's main-thread stack;
     `wrappers`: each rank's live torch wrappers (see stacks.live_wrappers); `finished`:
-    the ranks whose script returned, with their counts (Watchdog.finished_ranks)."""
+    the ranks whose script returned, with their counts (Watchdog.finished_ranks);
+    `flight`: the NCCL flight recorder's lines (flight_recorder.section), if any."""
     wrappers, finished = wrappers or {}, finished or {}
     acts = {r: describe(s, wrappers.get(r)) for r, s in stacks.items() if s is not None}
     silent = sorted(r for r, s in stacks.items() if s is None)
@@ -28,6 +30,8 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
                      f"  rank {r}: finished the script (it has exited)")
     cause = likely_cause(acts, silent, world_size, beats, finished)
     lines += ["", f"Most likely cause: {cause}"]
+    if flight:
+        lines += ["", *flight]
     lines += ["", "Stacks (user code, outermost first):"]
     for r in sorted(acts):
         user = [f for f in stacks[r] or [] if is_user(f)]

@@ -10,7 +10,8 @@ Every rank runs one daemon thread, talking through torch's own store (a client o
 job's TCPStore, under a key prefix of its own): it publishes `hb/<rank>` (step, phase,
 seconds idle), answers a stack request with its main thread's stack, and — on the
 reporting rank (the lowest rank still publishing) — decides that the job hangs, asks
-every rank for its stack, writes the report and stops the job.
+every rank for its stack (and the collective torch's flight recorder has it in, when
+that is on: flight_recorder.py), writes the report and stops the job.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from phalanx.cluster import protocol
 from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import DistributedError, UserError
+from phalanx.hang import flight_recorder
 from phalanx.hang.crash import CrashRecorder
 from phalanx.hang.report import build_report
 from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
@@ -58,6 +60,8 @@ class Watchdog:
         self._seq = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank → (seq, when it changed)
         self._answered = False
+        self._started = time.time()  # flight recorder dumps older than this are not ours
+        self._flight: dict[int, dict | None] = {}  # rank → its flight recorder answer
         self._stop = threading.Event()
         self.crashes: CrashRecorder | None = None  # from start_watchdog
         self.hook: Any = None  # the optimizer step hook's handle, from start_watchdog
@@ -135,7 +139,7 @@ class Watchdog:
             "optimizer_steps": b.optimizer_steps}))
         if not self._answered and self.store.check(["dump"]):
             self._answered = True
-            self.store.set(f"stack/{self.rank}", _stack_answer())
+            self.store.set(f"stack/{self.rank}", _stack_answer(self.rank))
             self._await_abort()
         if self.store.check(["abort"]):
             self._exit(report=None)
@@ -186,8 +190,9 @@ class Watchdog:
         self.store.set("dump", "1")
         stacks, wrappers = self._collect_stacks(
             deadline=time.monotonic() + max(5.0, 3 * self.poll))
+        flight = flight_recorder.section(self.world_size, self._flight, since=self._started)
         text, summary = build_report(stacks, beats, self.timeout, self.world_size, wrappers,
-                                     finished=self.finished_ranks())
+                                     finished=self.finished_ranks(), flight=flight)
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +207,7 @@ class Watchdog:
         """Every rank's stack (None: no answer) and its live torch wrappers."""
         if not self._answered:  # our own, directly
             self._answered = True
-            self.store.set(f"stack/{self.rank}", _stack_answer())
+            self.store.set(f"stack/{self.rank}", _stack_answer(self.rank))
         stacks: dict[int, list[Frame] | None] = {}
         wrappers: dict[int, frozenset[str]] = {}
         while time.monotonic() < deadline and len(stacks) < self.world_size:
@@ -211,6 +216,7 @@ class Watchdog:
                     raw = json.loads(self.store.get(f"stack/{r}"))
                     stacks[r] = [Frame(**f) for f in raw["frames"]]
                     wrappers[r] = frozenset(raw["wrappers"])
+                    self._flight[r] = raw.get("flight")
             time.sleep(0.1)
         return {r: stacks.get(r) for r in range(self.world_size)}, wrappers
 
@@ -237,9 +243,10 @@ class Watchdog:
         os._exit(HANG_EXIT_CODE)
 
 
-def _stack_answer() -> str:
+def _stack_answer(rank: int) -> str:
     return json.dumps({"frames": [f.__dict__ for f in rank_stack()],
-                       "wrappers": live_wrappers()})
+                       "wrappers": live_wrappers(),
+                       "flight": flight_recorder.own_last(rank)})
 
 
 def _silence_stderr() -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import usable_cores
+from phalanx.cluster.lifecycle import sigint_held_for_workers
 from phalanx.cluster.nodes import node_plan
 from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.rendezvous import register
@@ -48,6 +49,7 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # for the workers only
     notes: tuple[str, ...] = ()  # what the launcher says before it starts them
     on_failure: Callable[[str], None] | None = None  # told each worker failure (RestartNotes)
+    via_agent: bool = False  # always under the agent (a torchft group: restarted by it)
 
     @property
     def world(self) -> int:
@@ -56,7 +58,7 @@ class LaunchPlan:
 
     @property
     def one_process(self) -> bool:
-        return self.nproc == 1 and self.nodes is None
+        return self.nproc == 1 and self.nodes is None and not self.via_agent
 
 
 def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
@@ -71,7 +73,8 @@ def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     notes = nccl_preset(dist, nodes.ifname if nodes is not None else None, env)
     return LaunchPlan(nproc, threads_per_rank(nproc, dist.threads_per_rank),
-                      dist.max_restarts, nodes, env, tuple(notes))
+                      dist.max_restarts, nodes, env, tuple(notes),
+                      via_agent=getattr(dist, "fault_tolerance", "none") != "none")
 
 
 def _preset_here(dist) -> None:
@@ -191,7 +194,7 @@ def launch_config(nproc: int, max_restarts: int, nodes: NodePlan | None = None,
 def workers_env(plan: LaunchPlan) -> dict[str, str]:
     """What every worker of `plan` finds in its environment besides the agent's own."""
     env = {protocol.LAUNCHED: "1", "OMP_NUM_THREADS": str(plan.threads), protocol.ROUND: "0",
-           **plan.env}
+           protocol.LAUNCHER_PID: str(os.getpid()), **plan.env}
     nodes = plan.nodes
     ifname = loopback_interface() if nodes is None else nodes.ifname
     if "GLOO_SOCKET_IFNAME" not in os.environ and ifname:
@@ -237,7 +240,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards
-        with _worker_env(workers_env(plan)), RestartNotes(host, plan.on_failure):
+        with _worker_env(workers_env(plan)), RestartNotes(host, plan.on_failure), \
+                sigint_held_for_workers(python_args[:2] == ["-m", "phalanx"]):
             elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None

@@ -32,7 +32,7 @@ RUN_COLLECTIVES = {
 # Its public methods that run no collective (local to the rank).
 RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "end_log", "diagnose_devices",
              "watch", "beat", "catch_stop_signals", "say_once", "print", "checkpoint_staged",
-             "poll_checkpoint"}
+             "poll_checkpoint", "stop_signal_here"}
 
 
 def run_receivers(ctx: Context) -> set[str]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 _BUILD = {"GPTConfig": "minigpt", "MiniGPT": "minigpt", "build_model": "build",
-          "gpt_config": "build"}
+          "gpt_config": "build", "model_name": "build"}
 
-__all__ = ["GPTConfig", "MiniGPT", "build_model", "gpt_config"]
+__all__ = ["GPTConfig", "MiniGPT", "build_model", "gpt_config", "model_name"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,13 +2,18 @@
 
 Pre-norm blocks, causal self-attention through `F.scaled_dot_product_attention` (flash /
 memory-efficient kernels where the device has them), GELU MLP, learned positions,
-and the output head tied to the token embedding.
+and the output head tied to the token embedding — GPT-2's architecture. Each of the
+GPT-2 speedrun's levers (modded-nanogpt) is an option of `GPTConfig`: rotary positions
+instead of learned ones, QK-norm (RMS-normalised queries and keys), ReLU² in the MLP, an
+untied output head and tanh soft-capping of the logits. `phalanx train`'s default uses
+the ones the time-to-quality benchmark found to win (docs/time-to-quality.md).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -26,6 +31,30 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     activation_checkpointing: bool = False
+    rope: bool = False  # rotary position embeddings (no learned position table)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head
+    activation: str = "gelu"  # MLP nonlinearity: gelu or relu2 (ReLU squared)
+    tie_embeddings: bool = True  # the output head shares the token embedding
+    logit_softcap: float = 0.0  # logits → c·tanh(logits / c); 0: off
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoFormer): each pair of a head's channels is rotated by
+    an angle proportional to the position. The tables are buffers, not state."""
+
+    def __init__(self, head_dim: int, block_size: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, nh, T, hs)
+        T = x.size(-2)
+        cos, sin = cast(torch.Tensor, self.cos), cast(torch.Tensor, self.sin)
+        cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -35,6 +64,8 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.qk_norm = cfg.qk_norm
+        self.rotary = Rotary(cfg.n_embd // cfg.n_head, cfg.block_size) if cfg.rope else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -42,6 +73,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -54,9 +89,12 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.relu2 = cfg.activation == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h)
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
@@ -77,12 +115,13 @@ class MiniGPT(nn.Module):
         super().__init__()
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.wpe = None if cfg.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scaled init of residual projections
             if name.endswith("c_proj.weight"):
@@ -99,20 +138,25 @@ class MiniGPT(nn.Module):
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+        return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
         for block in self.blocks:
             if self.config.activation_checkpointing and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        cap = self.config.logit_softcap
+        if cap:
+            logits = cap * torch.tanh(logits.float() / cap)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
@@ -132,16 +176,24 @@ class MiniGPT(nn.Module):
         """Model FLOPs utilisation: achieved (flops_per_token × tokens/s) over peak FLOP/s."""
         return self.flops_per_token() * tokens_per_s / peak_flops
 
-    @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
                  top_k: int | None = 40, generator: torch.Generator | None = None):
-        for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
-        return idx
+        return generate(self, self.config.block_size, idx, max_new_tokens, temperature,
+                        top_k, generator)
+
+
+@torch.no_grad()
+def generate(model, block_size: int, idx: torch.Tensor, max_new_tokens: int,
+             temperature: float = 0.8, top_k: int | None = 40,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """`max_new_tokens` sampled after `idx` from `logits, _ = model(last block_size ids)`
+    (top-k, temperature): MiniGPT's, and a `--model` factory's through `models.adapter`."""
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -block_size:])
+        logits = logits[:, -1, :].float() / temperature
+        if top_k is not None:
+            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+            logits[logits < v[:, [-1]]] = -float("inf")
+        probs = F.softmax(logits, dim=-1)
+        idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+    return idx

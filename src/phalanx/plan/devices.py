@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.runtime.peaks import ROWS
 
 GiB = 2**30
 RESERVED = 2 * GiB  # CUDA context and allocator slack kept free on a GPU
@@ -30,12 +31,20 @@ class Device:
         return self.memory - (RESERVED if self.peak_flops else 0)
 
 
+def _peak(row: str) -> float:
+    """The dense bf16 peak of `row` in phalanx.runtime.peaks (one table, cited there)."""
+    return next(p.bf16_flops for _, p in ROWS if p.device == row)
+
+
 GPUS = {
-    "h100": Device("h100", int(79.1 * GiB), 989e12, 360e9, "H100 SXM 80GB, NVLink 4"),
-    "h200": Device("h200", int(139.8 * GiB), 989e12, 360e9, "H200 SXM 141GB, NVLink 4"),
-    "a100-80g": Device("a100-80g", int(79.1 * GiB), 312e12, 230e9, "A100 SXM 80GB, NVLink 3"),
-    "a100-40g": Device("a100-40g", int(39.4 * GiB), 312e12, 230e9, "A100 SXM 40GB, NVLink 3"),
-    "l4": Device("l4", int(22.0 * GiB), 121e12, 20e9, "L4 24GB, PCIe 4"),
+    "h100": Device("h100", int(79.1 * GiB), _peak("H100 SXM"), 360e9, "H100 SXM 80GB, NVLink 4"),
+    "h200": Device("h200", int(139.8 * GiB), _peak("H200 SXM"), 360e9,
+                   "H200 SXM 141GB, NVLink 4"),
+    "a100-80g": Device("a100-80g", int(79.1 * GiB), _peak("A100"), 230e9,
+                       "A100 SXM 80GB, NVLink 3"),
+    "a100-40g": Device("a100-40g", int(39.4 * GiB), _peak("A100"), 230e9,
+                       "A100 SXM 40GB, NVLink 3"),
+    "l4": Device("l4", int(22.0 * GiB), _peak("L4"), 20e9, "L4 24GB, PCIe 4"),
 }
 
 

@@ -52,18 +52,55 @@ class ModelFacts:
     reduced: int = f.FP32  # bytes per element of FSDP's gradients before reduce-scatter
     cast_cache: int = 0  # autocast's copies of one block's weights, kept to forward's end
     block_forward_peak: int = 0  # what a block's forward holds at once when it saves nothing
+    # optimizer state tensors per element of each parameter (param_shapes' order; empty:
+    # AdamW's 2 for all) and each parameter's optimizer group (ZeRO partitions group by
+    # group; empty: AdamW's two, matrices then vectors)
+    state_copies: tuple[int, ...] = ()
+    optim_groups: tuple[int, ...] = ()
+    buffers: int = 0  # bytes of buffers every rank holds whole (rotary tables)
+
+    def copies(self) -> list[int]:
+        return list(self.state_copies) or [f.ADAMW_COPIES] * len(self.param_shapes)
+
+    def groups(self) -> list[int]:
+        return list(self.optim_groups) or [0 if len(p) >= 2 else 1
+                                           for p in self.param_shapes]
+
+
+def optimizer_layout(layout: f.MiniGPTShapes, V: int, optimizer: str
+                     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(state copies, group) per parameter, as `runtime.optim.make_optimizer` builds
+    them: AdamW (2 copies) in groups [matrices, vectors]; Muon (1 copy, its momentum) for
+    the blocks' Linear weights (the head, tied or not, is not in a block) — in groups
+    [Muon's, other matrices, vectors]."""
+    shapes = layout.all
+    if optimizer == "adamw":
+        return (tuple(f.ADAMW_COPIES for _ in shapes),
+                tuple(0 if len(p) >= 2 else 1 for p in shapes))
+    if optimizer != "muon":
+        raise ValueError(f"unknown optimizer {optimizer!r}: adamw or muon")
+    first = len(layout.embeddings)
+    in_blocks = range(first, first + layout.n_blocks * len(layout.block))
+    hidden = [i in in_blocks and len(p) == 2 for i, p in enumerate(shapes)]
+    return (tuple(f.MUON_COPIES if h else f.ADAMW_COPIES for h in hidden),
+            tuple(0 if h else 1 if len(p) >= 2 else 2 for h, p in zip(hidden, shapes)))
 
 
 def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
                   s: int = f.FP32, params_low: bool = False,
-                  reduce_low: bool = False) -> ModelFacts:
+                  reduce_low: bool = False, *, rope: bool = False, tied: bool = True,
+                  qk_norm: bool = False, softcap: bool = False,
+                  optimizer: str = "adamw") -> ModelFacts:
     """MiniGPT's facts with s-byte activations: fp32 (s=4); s=2 under autocast with fp32
     parameters (ddp, zero: the residual stream stays fp32, weights are copied), or with
     s-byte parameters (`params_low`: FSDP's mixed precision gathers them in bf16/fp16;
-    its gradients are reduced in fp32 unless `reduce_low`, --fsdp-bf16-reduce)."""
-    shapes = f.minigpt_param_shapes(L, C, V, T, bias)
-    per_block = (len(shapes) - 3 - (1 if bias else 0)) // L
-    block = shapes[2:2 + per_block]
+    its gradients are reduced in fp32 unless `reduce_low`, --fsdp-bf16-reduce).
+    `rope`: rotary positions (no position table; rotation tables held as buffers);
+    `qk_norm`: both save more per block (`attention_option_activations`); `softcap`: the
+    soft-capped logits are fp32 and tanh's output is saved; `tied`: the head shares wte's
+    weight (else a V×C lm_head of its own); `optimizer`: adamw or muon (`optimizer_layout`)."""
+    layout = f.minigpt_layout(L, C, V, T, bias, rope=rope, tied=tied)
+    shapes, block = layout.all, layout.block
     autocast = s < f.FP32 and not params_low
     if autocast:
         block_saved = f.minigpt_block_activations_autocast(
@@ -72,18 +109,26 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
     else:
         block_saved = f.minigpt_block_activations(B, T, C, H, s)
         head = f.minigpt_head_activations(B, T, C, V, s)
-    non_embedding = sum(f.numel(p) for p in shapes) - T * C
+    block_saved += f.attention_option_activations(B, T, C, H, s, rope=rope, qk_norm=qk_norm)
+    if softcap:
+        head += f.softcap_activations(B, T, V)
+    copies, groups = optimizer_layout(layout, V, optimizer)
     return ModelFacts(
-        shapes, block, shapes[:2] + shapes[2 + L * per_block:], L,
+        shapes, block, layout.root, L,
         block_saved=block_saved, block_input=B * T * C * (f.FP32 if autocast else s),
-        head_saved=head, logits=B * T * V * s, loss_grads=2 * B * T * V * f.FP32,
+        head_saved=head, logits=B * T * V * (f.FP32 if softcap else s),
+        loss_grads=2 * B * T * V * f.FP32,
         block_grads_in_flight=f.mlp_backward_in_flight(B, T, C, s),
-        flops_per_token=f.minigpt_flops_per_token(non_embedding, L, H, C, T), tokens=B * T,
+        flops_per_token=f.minigpt_flops_per_token(
+            f.minigpt_matmul_params(L, C, V, T, bias, rope=rope, tied=tied), L, H, C, T),
+        tokens=B * T,
         gathered=s if params_low else f.FP32,
         reduced=s if params_low and reduce_low else f.FP32,
         cast_cache=sum(map(f.numel, block)) * s if autocast else 0,
         block_forward_peak=f.mlp_forward_transient(B, T, C, s,
-                                                   f.FP32 if autocast else s))
+                                                   f.FP32 if autocast else s),
+        state_copies=copies, optim_groups=groups,
+        buffers=f.rope_buffers(L, T, C, H) if rope else 0)
 
 
 @dataclass(frozen=True)
@@ -119,17 +164,15 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     L = facts.n_blocks
     sharded = variant.sharded
     shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
-    block = f.param_bytes(facts.block_shapes, s=facts.gathered)
+    block = f.gathered_bytes(facts.block_shapes, W, s=facts.gathered)  # (padded)
     block_shard = f.param_bytes(facts.block_shapes, W, sharded=True, s=s)
     if sharded:
-        base = {"parameters": shard + f.param_bytes(facts.root_shapes, s=facts.gathered),
-                "gradients": 0,
-                "optimizer": f.adamw_state_bytes(shard), "communication": 0}
+        base = {"parameters": shard + f.gathered_bytes(facts.root_shapes, W, s=facts.gathered)
+                + facts.buffers, "gradients": 0,
+                "optimizer": optimizer_bytes(facts, variant, W, s), "communication": 0}
     else:
-        state = f.zero_partition_bytes(facts.param_shapes, W, s=s) \
-            if "optimizer" in variant.shards else P
-        base = {"parameters": P, "gradients": P, "optimizer": f.adamw_state_bytes(state),
-                "communication": 0}
+        base = {"parameters": P + facts.buffers, "gradients": P,
+                "optimizer": optimizer_bytes(facts, variant, W, s), "communication": 0}
     per_block = facts.block_input if checkpointed else facts.block_saved
     saved = L * per_block + facts.head_saved
     kept = L if sharded and not variant.reshard else 0  # blocks gathered since forward
@@ -147,7 +190,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         out[f"block {L - 1 - k} backward"] = {
             **base, "parameters": base["parameters"] + (in_use * block if sharded else 0),
             "gradients": base["gradients"] + (k * block_shard if sharded else 0),
-            "communication": _fsdp_in_flight(facts, variant, k) if sharded else 0,
+            "communication": _fsdp_in_flight(facts, variant, k, W) if sharded else 0,
             "activations": alive + facts.logits + facts.block_grads_in_flight}
     if checkpointed:  # the last block's forward: every block's input kept, and under
         # autocast its weight copies too (the cast cache lives until forward ends)
@@ -160,15 +203,29 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     return out
 
 
-def _fsdp_in_flight(facts: ModelFacts, variant: Variant, k: int) -> int:
+def optimizer_bytes(facts: ModelFacts, variant: Variant, W: int, s: int = f.FP32) -> int:
+    """The optimizer state one rank holds (the fullest): of every parameter (ddp), of its
+    ZeRO partition (zero), or of its shard of every parameter (fsdp) — each parameter's
+    state copies (AdamW 2, Muon 1) times its bytes."""
+    copies = facts.copies()
+    if variant.sharded:
+        return f.optimizer_state_bytes(facts.param_shapes, copies, W, sharded=True, s=s)
+    if "optimizer" in variant.shards:
+        return f.zero_state_bytes(facts.param_shapes, copies, W, facts.groups(), s=s)
+    return f.optimizer_state_bytes(facts.param_shapes, copies, s=s)
+
+
+def _fsdp_in_flight(facts: ModelFacts, variant: Variant, k: int, W: int = 1) -> int:
     """FSDP buffers in flight during block L-1-k's backward: the next block's parameters
     gathered ahead (backward prefetch; none after the first block, none when blocks stay
     gathered since forward) and the previous block's full gradients, in the reduce
-    dtype, waiting for their reduce-scatter (from the second block on)."""
+    dtype, waiting for their reduce-scatter (from the second block on) — both padded to
+    W · ⌈d0/W⌉ rows, as the collectives take them (`formulas.gathered_bytes`)."""
     L = facts.n_blocks
-    gathered = f.param_bytes(facts.block_shapes, s=facts.gathered)
+    gathered = f.gathered_bytes(facts.block_shapes, W, s=facts.gathered)
     prefetch = gathered if variant.reshard and k < L - 1 else 0
-    return prefetch + (f.param_bytes(facts.block_shapes, s=facts.reduced) if k >= 1 else 0)
+    return prefetch + (f.gathered_bytes(facts.block_shapes, W, s=facts.reduced)
+                       if k >= 1 else 0)
 
 
 def peak(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import math
 
-from phalanx.models.shapes import minigpt_param_shapes, numel  # noqa: F401 - the planner's terms
+from phalanx.models.shapes import (  # noqa: F401 - the planner's terms
+    MiniGPTShapes,
+    minigpt_layout,
+    minigpt_matmul_params,
+    minigpt_param_shapes,
+    numel,
+)
 
 FP32 = 4
 INDEX = 8  # int64 token ids
@@ -31,6 +37,14 @@ def param_bytes(shapes: list[tuple[int, ...]], W: int = 1, sharded: bool = False
     return sum((shard_numel(p, W) if sharded else numel(p)) * s for p in shapes)
 
 
+def gathered_bytes(shapes: list[tuple[int, ...]], W: int = 1, s: int = FP32) -> int:
+    """What FSDP2's all-gather of these parameters allocates (and its reduce-scatter
+    takes): every rank's ⌈d0/W⌉-row shard, Σ W · ⌈d0/W⌉ · (numel/d0) · s — dim 0 padded
+    to a multiple of W (more than the parameters once W exceeds a dim, e.g. 768 rows at
+    W = 1,024)."""
+    return sum(W * shard_numel(p, W) * s for p in shapes)
+
+
 def adamw_state_bytes(param_bytes_held: int) -> int:
     """AdamW keeps exp_avg and exp_avg_sq per parameter element it updates, in the
     parameter's dtype: 2 · (bytes of the parameters this rank updates). (The per-tensor
@@ -38,16 +52,54 @@ def adamw_state_bytes(param_bytes_held: int) -> int:
     return 2 * param_bytes_held
 
 
+ADAMW_COPIES, MUON_COPIES = 2, 1  # state tensors per parameter element
+
+
+def optimizer_state_bytes(shapes: list[tuple[int, ...]], copies: list[int], W: int = 1,
+                          sharded: bool = False, s: int = FP32) -> int:
+    """Σ copies · numel · s over the parameters this rank updates (each sharded on dim 0
+    when `sharded`, as FSDP keeps its state): AdamW keeps 2 copies (exp_avg, exp_avg_sq),
+    Muon 1 (its momentum buffer), in the parameter's dtype. (The per-tensor `step`
+    counters are a few bytes each and left out.)"""
+    return sum(c * (shard_numel(p, W) if sharded else numel(p)) * s
+               for p, c in zip(shapes, copies, strict=True))
+
+
+def zero_assignment(shapes: list[tuple[int, ...]], W: int,
+                    groups: list[int] | None = None) -> list[int]:
+    """The rank ZeroRedundancyOptimizer gives each parameter: torch's
+    `_partition_parameters` walks the parameter groups in order and, within a group, the
+    parameters largest first (ties in their order), each to the rank holding the fewest
+    elements so far (the counts carried from group to group). `groups`: each parameter's
+    group (default: one group)."""
+    groups = groups or [0] * len(shapes)
+    loads, rank_of = [0] * W, [0] * len(shapes)
+    for g in sorted(set(groups)):
+        members = [i for i in range(len(shapes)) if groups[i] == g]
+        for i in sorted(members, key=lambda i: -numel(shapes[i])):
+            rank_of[i] = loads.index(min(loads))
+            loads[rank_of[i]] += numel(shapes[i])
+    return rank_of
+
+
 def zero_partition_bytes(shapes: list[tuple[int, ...]], W: int, rank: int = 0,
-                         s: int = FP32) -> int:
-    """ZeroRedundancyOptimizer's share for `rank`: torch assigns whole parameters, each
-    to the rank holding the fewest elements so far, in decreasing size order (its
-    `_partition_parameters` does this per parameter group; here over all parameters,
-    which is what the two groups together give within a parameter)."""
-    loads = [0] * W
-    for p in sorted((numel(p) for p in shapes), reverse=True):
-        loads[loads.index(min(loads))] += p
+                         s: int = FP32, groups: list[int] | None = None) -> int:
+    """ZeroRedundancyOptimizer's share (`zero_assignment`): the bytes of the parameters
+    the rank-th fullest rank updates."""
+    rank_of = zero_assignment(shapes, W, groups)
+    loads = [sum(numel(p) for p, r in zip(shapes, rank_of) if r == k) for k in range(W)]
     return sorted(loads, reverse=True)[rank] * s
+
+
+def zero_state_bytes(shapes: list[tuple[int, ...]], copies: list[int], W: int,
+                     groups: list[int] | None = None, s: int = FP32) -> int:
+    """The largest optimizer state a rank holds under ZeRO: Σ copies · numel · s over the
+    parameters `zero_assignment` gives it (the partition balances elements, not state:
+    with Muon's 1 copy beside AdamW's 2, the fullest rank by elements need not hold the
+    most state)."""
+    rank_of = zero_assignment(shapes, W, groups)
+    return max(sum(c * numel(p) * s for p, c, r in zip(shapes, copies, rank_of) if r == k)
+               for k in range(W))
 
 
 def minigpt_block_activations(B: int, T: int, C: int, H: int, s: int = FP32) -> int:
@@ -70,6 +122,38 @@ def minigpt_block_activations_autocast(B: int, T: int, C: int, H: int,
     in fp32."""
     return (2 * B * T * C * FP32 + 14 * B * T * C * s + block_params * s
             + 2 * 2 * B * T * FP32 + B * H * T * FP32)
+
+
+def attention_option_activations(B: int, T: int, C: int, H: int, s: int = FP32, *,
+                                 rope: bool = False, qk_norm: bool = False) -> int:
+    """What rotary positions and QK-norm add to a block's saved tensors (measured with
+    autograd's saved-tensor hooks): SDPA saves new queries and keys instead of views of the
+    qkv output (which stays alive through v), and its output no longer has the layout the
+    projection reads, which saves a contiguous copy: 3·B·T·C·s. QK-norm also saves its
+    fp32 rstd per head and position, 2·B·H·T·4, and with s-byte queries and keys (it
+    normalises in fp32) its fp32 copies of them, 2·B·T·C·4. Rotary positions on s-byte
+    queries and keys save s-byte copies of the fp32 cos/sin tables, 2·T·(C/H)·s (two
+    T×(C/H)/2 tables for each of q and k)."""
+    if not (rope or qk_norm):
+        return 0
+    out = 3 * B * T * C * s
+    if qk_norm:
+        out += 2 * B * H * T * FP32 + (2 * B * T * C * FP32 if s < FP32 else 0)
+    if rope and s < FP32:
+        out += 2 * T * (C // H) * s
+    return out
+
+
+def rope_buffers(L: int, T: int, C: int, H: int) -> int:
+    """The rotation tables every block holds as fp32 buffers (not parameters, never
+    sharded): cos and sin, T×(C/H)/2 each, L·T·(C/H)·4."""
+    return L * T * (C // H) * FP32
+
+
+def softcap_activations(B: int, T: int, V: int) -> int:
+    """The logit soft-cap c·tanh(logits/c) runs in fp32 and saves tanh's output,
+    B·T·V·4 (the capped fp32 logits are what the caller then holds)."""
+    return B * T * V * FP32
 
 
 def minigpt_head_activations_autocast(B: int, T: int, C: int, V: int, s: int = 2) -> int:
@@ -131,6 +215,14 @@ def minigpt_flops_per_token(N_non_embedding: int, L: int, H: int, C: int, T: int
     """Training FLOPs per token (PaLM appendix B, the bench's formula): 6·N + 12·L·H·Q·T
     with Q = C/H."""
     return 6 * N_non_embedding + 12 * L * H * (C // H) * T
+
+
+def newton_schulz_flops(shape: tuple[int, ...], steps: int = 5) -> int:
+    """Muon's orthogonalisation of one m×n update (m ≤ n: it runs on the wide side), per
+    optimizer step: each step's X·Xᵀ 2·m²·n, A·A 2·m³ and B·X 2·m²·n,
+    steps · (4·m²·n + 2·m³)."""
+    m, n = sorted(shape)
+    return steps * (4 * m * m * n + 2 * m ** 3)
 
 
 def exposed_seconds(comm_s: float, backward_s: float, overlap: float) -> float:

@@ -39,36 +39,28 @@ def measure(run, cfg, steps: int = 3) -> dict:
     rank, over `steps` optimizer steps after WARMUP untracked ones (optimizer state made,
     DDP's buckets in their final layout)."""
     import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from phalanx.models import build_model
-    from phalanx.runtime.optim import adamw
+    from phalanx.plan.recommend import planned_vocab
+    from phalanx.runtime.optim import make_optimizer
     from phalanx.runtime.step import micro_steps, optimizer_step
 
     t = cfg.train
     gen = torch.Generator().manual_seed(run.rank)
     shape = (t.micro_batch_size, cfg.model.block_size)
+    vocab = planned_vocab(cfg)[0]  # the tokenizer's, as the plan counts it
 
     def batches():
         while True:
-            x = torch.randint(0, 256, shape, generator=gen).to(run.device)
+            x = torch.randint(0, vocab, shape, generator=gen).to(run.device)
             yield x, torch.roll(x, -1, 1)
 
-    model, opt = run.setup(build_model(cfg), lambda params: adamw(
-        params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-        device=run.device), precision=t.precision)
-    acc = run.accumulate(model, t.grad_accum)
-    data, times = batches(), []
-    for _ in range(WARMUP):  # optimizer state made, DDP's buckets rebuilt: steady state
-        micro_steps(model, acc, data, run.precision)
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        optimizer_step(run, model, opt, t.grad_clip)
-    tracker = MemTracker()
-    # the gradients' storage that outlives zero_grad (DDP's buckets: the gradients are
-    # views into them) is tracked from the start, as "other" memory
-    buckets = has_buckets(model)
-    tracker.track_external(model, opt, *(grads if buckets else []))
-    del grads
+    net = build_model(cfg, vocab)
+    # the trainer's optimizer (`--optimizer`), over the wrapped model's parameters
+    model, opt = run.setup(net, lambda params: make_optimizer(
+        cfg, net, params, run.device, vocab), precision=t.precision)
+    acc, data, times = run.accumulate(model, t.grad_accum), batches(), []
+    tracker = warmed_tracker(run, cfg, model, opt, acc, data)
     with tracker:
         for _ in range(steps):
             start = time.perf_counter()
@@ -76,8 +68,38 @@ def measure(run, cfg, steps: int = 3) -> dict:
             optimizer_step(run, model, opt, t.grad_clip)
             times.append(time.perf_counter() - start)
             tracker.reset_mod_stats()  # per-module stats only; the peak is kept
-    snap = tracker.get_tracker_snapshot("peak")[run.device]
-    out: dict[str, float] = dict.fromkeys(sorted(set(CATEGORIES.values())), 0)
+    out: dict[str, float] = components(tracker.get_tracker_snapshot("peak")[run.device],
+                                       has_buckets(model))
+    timed = times[1:] or times
+    out["step_s"] = sorted(timed)[len(timed) // 2]
+    return out
+
+
+def warmed_tracker(run, cfg, model, opt, acc, data):
+    """WARMUP untracked steps (optimizer state made, DDP's buckets rebuilt: steady
+    state), then a MemTracker that also follows what it cannot find by itself: ZeRO's
+    state in its inner, local optimizer (not in the ZeroRedundancyOptimizer) and the
+    gradients' storage that outlives zero_grad (DDP's buckets: the gradients are views
+    into them), tracked from the start as "other" memory."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from phalanx.runtime.step import micro_steps, optimizer_step
+
+    grads: list = []
+    for _ in range(WARMUP):
+        micro_steps(model, acc, data, run.precision)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        optimizer_step(run, model, opt, cfg.train.grad_clip)
+    tracker = MemTracker()
+    inner = run.strategy.local_optimizer(opt)
+    tracker.track_external(model, opt, *([inner] if inner is not opt else []),
+                           *(grads if has_buckets(model) else []))
+    return tracker
+
+
+def components(snap: dict, buckets: bool) -> dict:
+    """MemTracker's categories at the peak → the planner's components, and "peak"."""
+    out: dict = dict.fromkeys(sorted(set(CATEGORIES.values())), 0)
     for kind, value in snap.items():
         name = str(kind).rsplit(".", 1)[-1]
         if name in CATEGORIES:
@@ -86,8 +108,6 @@ def measure(run, cfg, steps: int = 3) -> dict:
         out["gradients"] += out.pop("buffers")
         out["buffers"] = 0
     out["peak"] = int(snap["Total"])
-    timed = times[1:] or times
-    out["step_s"] = sorted(timed)[len(timed) // 2]
     return out
 
 

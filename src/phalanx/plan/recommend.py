@@ -1,66 +1,144 @@
 """`phalanx plan`'s table: per-rank memory at the peak of each strategy variant (ddp, zero,
 fsdp with and without reshard-after-forward), whether it fits, the largest micro-batch
-that does, the predicted step time, and one recommendation. Torch-free: the formulas of
-phalanx.plan.estimate and phalanx.plan.timing on the config's shapes."""
+that does, the predicted step time, and one recommendation. Torch-free for MiniGPT: the
+formulas of phalanx.plan.estimate and phalanx.plan.timing on the config's shapes; a
+user's model (`--model`) comes traced (phalanx.plan.user_model)."""
 
 from __future__ import annotations
 
+from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
 from phalanx.plan import estimate, timing
 from phalanx.plan import formulas as f
 from phalanx.plan.devices import human
 
+MICRO_BATCH_LIMIT = 1 << 16  # where the search for the largest micro-batch stops
+
+
+def planned_vocab(cfg) -> tuple[int, str | None]:
+    """The vocabulary the config's `--tokenizer` gives the model, and a note when it is a
+    guess: a tokenizer file that cannot be read here is planned at 256 (`bytes`)."""
+    found = vocab_size_of(cfg.data.tokenizer, cfg.data.path)
+    if found is None:
+        why = ("`--data` holds token ids: their vocabulary is known once they are read"
+               if cfg.data.tokenizer == "auto" else
+               f"the vocabulary of `--tokenizer {cfg.data.tokenizer}` could not be read (not "
+               f"a tokenizer.json here)")
+        return UNKNOWN_VOCAB_FALLBACK, f"{why}: planned at {UNKNOWN_VOCAB_FALLBACK} tokens"
+    return found, None
+
 
 def facts_for(cfg, micro_batch: int | None = None,
               variant: estimate.Variant | None = None) -> estimate.ModelFacts:
-    """MiniGPT's facts; with bf16/fp16, FSDP's mixed precision gathers parameters in
-    low precision while ddp/zero autocast fp32 parameters (different activations)."""
+    """MiniGPT's facts, for the config's tokenizer, position embedding, head tying and
+    optimizer; with bf16/fp16, FSDP's mixed precision gathers parameters in low precision
+    while ddp/zero autocast fp32 parameters (different activations)."""
     m = cfg.model
     s = 4 if cfg.train.precision == "fp32" else 2
     low = s < 4 and variant is not None and variant.sharded  # FSDP: parameters gathered
-    return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size, 256,
+    return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size,
+                                  planned_vocab(cfg)[0],
                                   micro_batch or cfg.train.micro_batch_size, m.bias, s,
-                                  params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce)
+                                  params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce,
+                                  rope=m.rope, tied=m.tie_embeddings,
+                                  qk_norm=m.qk_norm, softcap=m.logit_softcap > 0,
+                                  optimizer=cfg.train.optimizer)
+
+
+def parameter_count(cfg) -> int:
+    """MiniGPT's parameters for this config (the tied head counted once)."""
+    m = cfg.model
+    return sum(map(f.numel, f.minigpt_param_shapes(
+        m.n_layer, m.n_embd, planned_vocab(cfg)[0], m.block_size, m.bias, rope=m.rope,
+        tied=m.tie_embeddings)))
 
 
 def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
-         busbw: float | None, facts: estimate.ModelFacts | None = None) -> dict:
-    """Every variant's memory at its peak, whether it fits, its largest micro-batch
-    (MiniGPT; None for a user's model) and step time; and a recommendation."""
+         busbw: float | None, user=None) -> dict:
+    """Every variant's memory at its peak, whether it fits, its largest micro-batch and
+    step time; and a recommendation. `user`: a `plan.user_model.UserModel` (`--model`),
+    traced at the planned micro-batch and precision; else MiniGPT's formulas."""
     checkpointed = cfg.model.activation_checkpointing
-    user = facts is not None
+    B = cfg.train.micro_batch_size
     budget = dev.usable if dev.peak_flops else dev.usable // W  # CPU ranks share the RAM
     rows = []
     for v in estimate.VARIANTS:
-        facts = facts if user else facts_for(cfg, variant=v)
-        assert facts is not None  # the user's (given), or MiniGPT's
+        facts_of = _facts_of(cfg, v, user)
+        facts = facts_of(B)
         mem = estimate.peak(facts, v, W, checkpointed)
+        scalable = user is None or user.scalable
         row = {"strategy": v.label, **mem, "fits": mem["peak"] <= budget,
-               "largest_micro_batch": None if user else
-               largest_micro_batch(cfg, v, W, budget)}
-        if peak_flops and busbw and not user:
+               "largest_micro_batch": largest_micro_batch(facts_of, v, W, budget,
+                                                          checkpointed)
+               if scalable else None}
+        if peak_flops and busbw:
             row["time"] = _time(cfg, facts, v, W, mfu, peak_flops, busbw)
         rows.append(row)
-    return {"model": "yours" if user else "MiniGPT", "world_size": W, "device": dev.name,
-            "device_note": dev.note,
-            "budget_bytes": budget, "activation_checkpointing": checkpointed,
-            "precision": cfg.train.precision, "micro_batch": cfg.train.micro_batch_size,
-            "mfu": mfu, "peak_flops": peak_flops, "busbw": busbw, "rows": rows,
-            "recommendation": recommend(rows, budget)}
+    vocab, vocab_note = planned_vocab(cfg)
+    out = {"model": "yours" if user else "MiniGPT", "world_size": W, "device": dev.name,
+           "device_note": dev.note, "tokenizer": cfg.data.tokenizer, "vocab_size": vocab,
+           "vocab_note": vocab_note, "optimizer": cfg.train.optimizer,
+           "parameters": user.n_params if user else parameter_count(cfg),
+           "budget_bytes": budget, "activation_checkpointing": checkpointed,
+           "precision": cfg.train.precision, "micro_batch": B,
+           "mfu": mfu, "peak_flops": peak_flops, "busbw": busbw, "rows": rows,
+           "recommendation": recommend(rows, budget)}
+    if user:
+        out["user_notes"] = [n for n in (user.scale_note(B), user.flops_note(B),
+                                         _precision_note(cfg.train.precision)) if n]
+    return out
+
+
+def _facts_of(cfg, v, user):
+    """micro-batch → the variant's facts: the user's trace (FSDP's: 2-byte gathered
+    parameters under bf16/fp16), or MiniGPT's formulas."""
+    if user is not None:
+        return lambda b: user.facts(b, sharded=v.sharded)
+    return lambda b: facts_for(cfg, b, v)
+
+
+def _precision_note(precision: str) -> str | None:
+    if precision == "fp32":
+        return None
+    return (f"{precision}: ddp/zero traced under torch.autocast over fp32 parameters "
+            f"(autocast's CPU op lists on fake tensors; CUDA's differ in a few ops), fsdp "
+            f"with parameters and floating inputs in 2 bytes (its mixed-precision policy)")
 
 
 def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) -> dict:
-    P = f.param_bytes(facts.param_shapes)
-    passes = timing.comm_per_pass(v.strategy, v.reshard, P, P, W, cfg.train.grad_accum)
+    shapes = facts.param_shapes
+    # FSDP moves its parameters and gradients in their mixed-precision dtypes (bf16/fp16
+    # gathers, the reduce dtype's gradients); ddp/zero move fp32 (autocast keeps them)
+    # (FSDP's collectives carry dim 0 padded to a multiple of W: formulas.gathered_bytes)
+    P = f.gathered_bytes(shapes, W, facts.gathered) if v.sharded else f.param_bytes(shapes)
+    G = f.gathered_bytes(shapes, W, facts.reduced) if v.sharded else f.param_bytes(shapes)
+    hidden = [p for p, c in zip(shapes, facts.copies()) if c == f.MUON_COPIES]
+    passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
+                                  muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
+                                  else f.param_bytes(hidden))
     t = timing.step_time(facts.flops_per_token, facts.tokens * cfg.train.grad_accum,
-                         peak_flops, mfu, passes, busbw)
+                         peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W))
     return {"compute_s": t.compute_s, "comm_bytes": t.comm_bytes, "comm_s": t.comm_s,
             "exposed_s": t.exposed_s, "step_s": t.step_s}
 
 
-def largest_micro_batch(cfg, v, W: int, budget: int, limit: int = 1 << 16) -> int:
-    """The largest micro-batch whose peak fits `budget` (0: not even 1)."""
-    fits = lambda b: estimate.peak(facts_for(cfg, b, v), v, W,  # noqa: E731
-                                   cfg.model.activation_checkpointing)["peak"] <= budget
+def _muon_flops(facts, v, W: int) -> int:
+    """Newton–Schulz FLOPs of the rank that orthogonalises the most: every hidden matrix
+    (ddp; fsdp, on the gathered whole), or the ZeRO share (whole matrices it owns)."""
+    copies = facts.copies()
+    ns = [f.newton_schulz_flops(p) if c == f.MUON_COPIES else 0
+          for p, c in zip(facts.param_shapes, copies)]
+    if "optimizer" in v.shards and not v.sharded:
+        rank_of = f.zero_assignment(facts.param_shapes, W, facts.groups())
+        return max(sum(n for n, r in zip(ns, rank_of) if r == k) for k in range(W))
+    return sum(ns)
+
+
+def largest_micro_batch(facts_of, v, W: int, budget: int, checkpointed: bool = False,
+                        limit: int = MICRO_BATCH_LIMIT) -> int:
+    """The largest micro-batch whose peak fits `budget` (0: not even 1), at most `limit`
+    (a result of `limit`: that many or more fit); `facts_of`: micro-batch → ModelFacts."""
+    fits = lambda b: estimate.peak(facts_of(b), v, W,  # noqa: E731
+                                   checkpointed)["peak"] <= budget
     if not fits(1):
         return 0
     low, high = 1, 2
@@ -69,7 +147,7 @@ def largest_micro_batch(cfg, v, W: int, budget: int, limit: int = 1 << 16) -> in
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    return min(low, limit)
 
 
 def recommend(rows: list[dict], budget: int) -> str:

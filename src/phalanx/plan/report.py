@@ -1,86 +1,144 @@
-"""`phalanx plan`'s tables (rich)."""
+"""`phalanx plan`'s tables (rich). Every table keeps its strategy labels whole at any
+width (80 columns when piped): the label column never wraps or shrinks, headers are
+short, what the columns mean goes in a caption below the table."""
 
 from __future__ import annotations
 
 from phalanx.plan.devices import GiB, human
-from phalanx.plan.estimate import COMPONENTS
+from phalanx.plan.estimate import COMPONENTS, VARIANTS
+from phalanx.plan.recommend import MICRO_BATCH_LIMIT
 
 HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim",
            "activations": "activ.", "communication": "comm"}
+MOMENTS = (("backward start", "bwd start"), ("optimizer step", "opt step"),
+           ("forward, last block", "fwd last"), ("backward", "bwd"), ("block ", "blk "))
+LABEL_WIDTH = max(len("strategy"), *(len(v.label) for v in VARIANTS))
 
 
 def _unit(rows: list[dict]) -> tuple[str, int]:
     return ("GiB", GiB) if max(r["peak"] for r in rows) >= 4 * GiB else ("MiB", 2**20)
 
 
-def print_plan(result: dict) -> None:
+def _table(title: str, caption: str | None = None):
+    """A table whose first column (the strategy) is added by the caller with `_label`."""
+    from rich import box
+    from rich.table import Table
+
+    # one space between columns (no padding): ten columns fit in 80
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, caption_justify="left",
+                 title_justify="left", padding=0, pad_edge=False)
+
+
+def _label(table) -> None:
+    table.add_column("strategy", no_wrap=True, min_width=LABEL_WIDTH)
+
+
+def short_moment(moment: str) -> str:
+    """`block 3 backward` → `blk 3 bwd`: the peak's moment in 9 characters or so."""
+    for long, short in MOMENTS:
+        moment = moment.replace(long, short)
+    return moment
+
+
+def console(file=None, width: int | None = None):
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console()
-    ac = "on" if result["activation_checkpointing"] else "off"
+    return Console(file=file, width=width)
+
+
+def print_plan(result: dict, out=None) -> None:
+    out = out or console()
     unit, size = _unit(result["rows"])
-    table = Table(title=f"per-rank memory ({unit}) at {result['world_size']} rank(s) on "
-                        f"{result['device']} ({result['device_note']}), micro-batch "
-                        f"{result['micro_batch']}, {result['precision']}, activation "
-                        f"checkpointing {ac}")
-    for column in ("strategy", *(HEADERS[c] for c in COMPONENTS), "peak", "at", "fits",
-                   "max mb"):
-        table.add_column(column, justify="left" if column in ("strategy", "at") else "right",
-                         no_wrap=column != "strategy")
+    ac = "on" if result["activation_checkpointing"] else \
+        ("off (Phalanx does not wrap --model; checkpointing your module does itself is "
+         "traced)" if result["model"] != "MiniGPT" else "off")
+    out.print(f"{result['world_size']} rank(s) on {result['device']} "
+              f"({result['device_note']}), micro-batch {result['micro_batch']}, "
+              f"{result['precision']}, activation checkpointing {ac}")
+    table = _table(f"per-rank memory ({unit}) at each strategy's peak",
+                   "params … comm: the bytes held at the peak moment (`at`), not each "
+                   "term's own maximum over the step; peak = their sum; fits: within the "
+                   "budget per rank; max mb: the largest micro-batch that fits.")
+    _label(table)
+    for column in (*(HEADERS[c] for c in COMPONENTS), "peak", "at", "fits", "max mb"):
+        table.add_column(column, justify="left" if column == "at" else "right",
+                         no_wrap=True)
     for r in result["rows"]:
-        at = r["moment"].replace("backward", "bwd").replace("optimizer", "optim")
         table.add_row(r["strategy"], *(f"{r[c] / size:.1f}" for c in COMPONENTS),
-                      f"{r['peak'] / size:.1f}", at, "yes" if r["fits"] else "NO",
-                      "—" if r["largest_micro_batch"] is None else
-                      str(r["largest_micro_batch"]))
-    console.print(table)
-    console.print(f"budget per rank: {human(result['budget_bytes'])}")
+                      f"{r['peak'] / size:.1f}", short_moment(r["moment"]),
+                      "yes" if r["fits"] else "NO",
+                      _micro_batches(r["largest_micro_batch"]))
+    out.print(table)
+    n = result["parameters"]
+    out.print(f"model: {result['model']}, "
+              f"{f'{n / 1e6:.1f} M' if n >= 1e6 else f'{n:,}'} parameters, "
+              f"vocabulary {result['vocab_size']:,} (--tokenizer "
+              f"{result['tokenizer']}), optimizer {result['optimizer']}")
+    if result.get("vocab_note"):
+        out.print(f"note: {result['vocab_note']}")
+    for note in result.get("user_notes", ()):
+        out.print(f"your model: {note}")
+    out.print(f"budget per rank: {human(result['budget_bytes'])}")
     if all("time" in r for r in result["rows"]):
-        _print_time(console, result)
-    elif result["model"] != "MiniGPT":
-        console.print("your model: activations traced on the meta device; step time and "
-                      "the largest micro-batch are predicted for MiniGPT only")
+        _print_time(out, result)
     else:
-        console.print("step time: not predicted (no peak FLOP/s or bandwidth for this "
-                      "device: give --gpu, or --peak-tflops and --busbw-gbs)")
-    console.print(f"recommendation: {result['recommendation']}")
+        out.print("step time: not predicted (no peak FLOP/s or bandwidth for this "
+                  "device: give --gpu, or --peak-tflops and --busbw-gbs)")
+    out.print(f"recommendation: {result['recommendation']}")
 
 
-def _print_time(console, result: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"step time at MFU {result['mfu']:g}, {result['peak_flops'] / 1e12:g} "
-                        f"TFLOP/s peak, bus bandwidth {result['busbw'] / 1e9:g} GB/s "
-                        f"(communication hides behind the pass it runs in, up to that "
-                        f"pass's compute)")
-    for column in ("strategy", "compute ms", "comm MB/step", "comm ms", "exposed ms",
-                   "step ms"):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
+def _print_time(out, result: dict) -> None:
+    table = _table(f"step time at MFU {result['mfu']:g}, {result['peak_flops'] / 1e12:g} "
+                   f"TFLOP/s peak, bus bandwidth {result['busbw'] / 1e9:g} GB/s",
+                   "comm MB: sent per rank per optimizer step; exposed: the communication "
+                   "left after it hides behind the pass it runs in (up to that pass's "
+                   "compute); step = compute + exposed.")
+    _label(table)
+    for column in ("compute ms", "comm MB", "comm ms", "exposed ms", "step ms"):
+        table.add_column(column, justify="right", no_wrap=True)
     for r in result["rows"]:
         t = r["time"]
         table.add_row(r["strategy"], f"{t['compute_s'] * 1e3:.2f}",
                       f"{t['comm_bytes'] / 1e6:.1f}", f"{t['comm_s'] * 1e3:.2f}",
                       f"{t['exposed_s'] * 1e3:.2f}", f"{t['step_s'] * 1e3:.2f}")
-    console.print(table)
+    out.print(table)
 
 
-def print_measured(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+MEASURED = (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optim"),
+            ("activations", "activ."))
 
-    table = Table(title="predicted / measured per rank (MiB; torch's memory tracker, the "
-                        "worst rank)")
-    names = ("parameters", "gradients", "optimizer", "activations", "peak")
-    table.add_column("strategy")
-    for n in names:
-        table.add_column(n, justify="right")
-    table.add_column("step s", justify="right")
+
+def print_measured(result: dict, out=None) -> None:
+    out = out or console()
+    table = _table("predicted ÷ measured per rank (torch's memory tracker, the worst rank)",
+                   "params … activ.: the ratio at the measured peak (— : both under 5% of "
+                   "the peak, too small to compare; ! : outside its band); peak MiB: predicted / measured; "
+                   "activ. includes communication buffers (the tracker files them as "
+                   "temporaries).")
+    _label(table)
+    for _, header in MEASURED:
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("peak MiB", justify="right", no_wrap=True)
+    table.add_column("ratio", justify="right", no_wrap=True)
+    table.add_column("step s", justify="right", no_wrap=True)
     for label, m in result["measured"].items():
-        cells = []
-        for n in names:
-            c = m[n]
-            ratio = f" = {c['ratio']:.3f}" if c["ratio"] is not None else ""
-            cells.append(f"{c['predicted'] / 2**20:.2f} / {c['measured'] / 2**20:.2f}{ratio}")
-        table.add_row(label, *cells, f"{m['step_s']:.3f}")
-    Console().print(table)
+        cells = [_ratio(m[name], m["peak"]["measured"]) for name, _ in MEASURED]
+        peak = m["peak"]
+        table.add_row(label, *cells, f"{peak['predicted'] / 2**20:.1f} / "
+                                     f"{peak['measured'] / 2**20:.1f}",
+                      _ratio(peak, None), f"{m['step_s']:.3f}")
+    out.print(table)
+
+
+def _ratio(cell: dict, peak: float | None) -> str:
+    small = peak is not None and max(cell["predicted"], cell["measured"]) < 0.05 * peak
+    if cell["ratio"] is None or small:
+        return "—"
+    return f"{cell['ratio']:.2f}" + ("" if cell.get("within", True) else " !")
+
+
+def _micro_batches(n: int | None) -> str:
+    """`max mb`: the search stops at 65,536 (then: that many or more fit)."""
+    if n is None:
+        return "—"
+    return f"≥{n}" if n >= MICRO_BATCH_LIMIT else str(n)

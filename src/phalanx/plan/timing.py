@@ -29,7 +29,7 @@ class StepTime:
 
 
 def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: int,
-                  W: int, accum: int) -> dict[str, float]:
+                  W: int, accum: int, muon_bytes: int = 0) -> dict[str, float]:
     """Bytes each rank sends per optimizer step, by the pass that can hide them; what
     moves follows from what the strategy shards (its spec's `shards`).
 
@@ -38,7 +38,9 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
     sharded (zero), each rank updates its share and broadcasts it: (W−1)/W·P. Sharded
     parameters (fsdp), per micro-step: all-gather (W−1)/W·P in forward, again in
     backward when parameters are resharded after forward, and reduce-scatter
-    (W−1)/W·G in backward.
+    (W−1)/W·G in backward; with `--optimizer muon` each rank also all-gathers the
+    hidden matrices' updates in the optimizer step, (W−1)/W·M (M = `muon_bytes`), which
+    hides behind nothing.
     """
     if W == 1:
         return {"forward": 0.0, "backward": 0.0, "exposed": 0.0}
@@ -49,16 +51,21 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
                 "exposed": after}
     gather = f.ring_all_gather_bytes(param_bytes, W)
     backward = (gather if reshard else 0.0) + f.ring_all_gather_bytes(grad_bytes, W)
-    return {"forward": accum * gather, "backward": accum * backward, "exposed": 0.0}
+    return {"forward": accum * gather, "backward": accum * backward,
+            "exposed": f.ring_all_gather_bytes(muon_bytes, W)}
 
 
 def step_time(flops_per_token: int, tokens_per_rank: int, peak_flops: float, mfu: float,
-              passes: dict[str, float], busbw: float) -> StepTime:
-    """compute = flops_per_token · tokens / (peak · MFU); each pass's communication
-    (bytes / busbw) is exposed beyond that pass's compute (`formulas.exposed_seconds`)."""
+              passes: dict[str, float], busbw: float, optimizer_flops: float = 0.0
+              ) -> StepTime:
+    """compute = flops_per_token · tokens / (peak · MFU), plus the optimizer step's own
+    FLOPs at the same rate (Muon's Newton–Schulz, `formulas.newton_schulz_flops`); each
+    pass's communication (bytes / busbw) is exposed beyond that pass's compute
+    (`formulas.exposed_seconds`)."""
     compute = f.compute_seconds(flops_per_token, tokens_per_rank, peak_flops, mfu)
     seconds = {k: v / busbw for k, v in passes.items()}
     exposed = (f.exposed_seconds(seconds["forward"], compute / 3, 1.0) +
                f.exposed_seconds(seconds["backward"], 2 * compute / 3, 1.0) +
                seconds["exposed"])
-    return StepTime(compute, sum(passes.values()), sum(seconds.values()), exposed)
+    step = f.compute_seconds(optimizer_flops, 1, peak_flops, mfu)
+    return StepTime(compute + step, sum(passes.values()), sum(seconds.values()), exposed)

@@ -12,6 +12,8 @@ from typing import Any
 # unit when it has one (loss_label)
 CHARTS = [
     ("Loss", "loss", [("loss", "train", "-"), ("val_loss", "validation", "o-")]),
+    ("Validation loss per byte", "nats/byte (compares tokenizers)",
+     [("val_nats_per_byte", "validation", "o-")]),
     ("Learning rate", "lr", [("lr", "lr", "-")]),
     ("Throughput", "tokens/s", [("tokens_per_s", "tokens/s", "-")]),
     ("Step time", "seconds per step", [("step_time_s", "step time", "-")]),
@@ -29,6 +31,11 @@ def loss_label(unit: str | None) -> str:
     return f"cross-entropy ({unit})" if unit else "loss"
 
 
+def _same_as_val_loss(records: list[dict[str, Any]]) -> bool:
+    return all(r.get("val_nats_per_byte") == r.get("val_loss") for r in records
+               if "val_nats_per_byte" in r)
+
+
 def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]],
                loss_unit: str | None = None) -> list[tuple[str, str]]:
     """(what it shows, SVG) per chart that has data; events are marked on the loss chart.
@@ -44,6 +51,8 @@ def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]],
             warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # overflow drawing e.g. 1e308
         for title, ylabel, series in CHARTS:
+            if series[0][0] == "val_nats_per_byte" and _same_as_val_loss(records):
+                continue  # bytes: a token is a byte, the loss chart says it already
             ylabel = loss_label(loss_unit) if title == "Loss" else ylabel
             points = [(label, style, [(r["step"], r[key]) for r in records
                                       if _drawable(r.get(key))])

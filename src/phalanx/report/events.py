@@ -18,7 +18,10 @@ from phalanx.report.records import check_event, read_records
 # `phalanx run`'s launcher records these: the run began, or ended in one of three ways
 LIFECYCLE = ("start", "end", "failure", "stop")
 
-KINDS = ("restart", "nan", "rollback", "spike", "straggler", *LIFECYCLE)
+# torchft (phalanx.ft): the live replica groups changed; this group was healed from a peer
+FAULT_TOLERANCE = ("membership", "heal")
+
+KINDS = ("restart", "nan", "rollback", "spike", "straggler", *LIFECYCLE, *FAULT_TOLERANCE)
 
 FILE = RunDir("").events.name
 

@@ -21,8 +21,8 @@ from phalanx.report.metrics import parse_lines
 Warn = Callable[[str], None]
 
 # the figures the report draws and sums; each must be a number when present
-FIGURES = ("loss", "val_loss", "lr", "tokens_per_s", "step_time_s", "grad_norm",
-           "memory_mib")
+FIGURES = ("loss", "val_loss", "val_nats_per_byte", "lr", "tokens_per_s", "step_time_s",
+           "grad_norm", "memory_mib")
 MAX_STEP = 2**63  # steps are counted in int64 everywhere else
 
 

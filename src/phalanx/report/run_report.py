@@ -106,12 +106,15 @@ def _body(run_dir: Path, files: RunFiles) -> list[str]:
 
 def write_environment(run, cfg, out_dir: Path) -> None:
     """`out_dir/environment.json`: where and with what the run trains (rank 0, at start).
-    `loss_unit`: the trainer's loss is cross-entropy over bytes, in nats."""
+    `loss_unit`: the trainer's loss is cross-entropy per token, in nats (a byte is a
+    token with `--tokenizer bytes`); `val_nats_per_byte` compares tokenizers."""
     import platform
 
     import torch
 
+    from phalanx.config.data_spec import resolve_spec
 
+    tokenizer = resolve_spec(cfg.data.tokenizer, cfg.data.path)
     device = run.device
     peers = getattr(run.topology, "peers", None)
     env = {"phalanx": __version__, "torch": torch.__version__,
@@ -121,7 +124,8 @@ def write_environment(run, cfg, out_dir: Path) -> None:
            "backend": run.backend, "launcher": run.launcher,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "threads_per_rank": run.threads, "precision": cfg.train.precision,
-           "loss_unit": "nats/byte"}
+           "loss_unit": "nats/byte" if tokenizer == "bytes" else "nats/token",
+           "tokenizer": tokenizer}
     write_atomic(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
 
 
@@ -137,6 +141,9 @@ def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:
         ("steps", f"{done:,} / {total:,}" if whole_step(total) else f"{done:,}"),
         ("final train loss" if used.trainer_run(config) else "final loss", _num(last("loss"))),
         ("final val loss", _num(last("val_loss"))),
+        *([("final val nats/byte", _num(last("val_nats_per_byte")))]
+          if last("val_nats_per_byte") is not None and last("val_nats_per_byte")
+          != last("val_loss") else []),
         ("median tokens/s", _num(statistics.median(speed), ",.0f") if speed else "–"),
         ("median step time", _num(statistics.median(step_times), ".3f") + " s"
          if step_times else "–"),

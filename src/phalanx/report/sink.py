@@ -21,7 +21,8 @@ from phalanx.errors import UserError
 from phalanx.paths import RunDir
 from phalanx.report.metrics import MetricsWriter, read_metrics
 
-_TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr"}
+_TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr",
+         "val_nats_per_byte": "val/nats_per_byte"}
 
 
 def tag_of(name: str) -> str:

@@ -1,11 +1,16 @@
-"""AdamW with decoupled weight decay on matrices only, fused where torch has a kernel."""
+"""The trainer's optimizers: AdamW with decoupled weight decay on matrices only, fused where
+torch has a kernel; or Muon + AdamW (`runtime.muon`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from phalanx.config.sections import Config
 
 
 def adamw(params: Iterable[nn.Parameter], *, lr: float, weight_decay: float,
@@ -24,3 +29,18 @@ def adamw(params: Iterable[nn.Parameter], *, lr: float, weight_decay: float,
     ]
     fused = device.type in ("cpu", "cuda") if fused is None else fused
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+def make_optimizer(cfg: Config, model: nn.Module, params: Iterable[nn.Parameter],
+                   device: torch.device, vocab_size: int | None = None) -> torch.optim.Optimizer:
+    """The config's optimizer (`--optimizer`) over `params` (the wrapped model's): AdamW,
+    or Muon on `model`'s hidden matrices with AdamW for the rest (`runtime.muon`)."""
+    t = cfg.train
+    if t.optimizer == "muon":
+        from phalanx.runtime.muon import muon_adamw
+
+        return muon_adamw(model, params, lr=t.lr, muon_lr=t.muon_lr,
+                          weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                          vocab_size=vocab_size)
+    return adamw(params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
+                 device=device)

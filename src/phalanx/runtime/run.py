@@ -152,9 +152,11 @@ class Run(StepMethods, CheckpointMethods):
         loss for fp16 (call it after `setup`)."""
         return Accumulator(self.strategy, model, steps, self.precision)
 
-    def seed_step(self, step: int) -> None:
-        """Seed torch's RNG from (seed, step, rank): dropout replays exactly on resume."""
-        torch.manual_seed(derive_seed(self.seed, step, self.rank))
+    def seed_step(self, step: int, rank: int | None = None) -> None:
+        """Seed torch's RNG from (seed, step, rank): dropout replays exactly on resume.
+        `rank`: this process's data-parallel rank when it is not `run.rank` (a torchft
+        replica group's place in this step's quorum)."""
+        torch.manual_seed(derive_seed(self.seed, step, self.rank if rank is None else rank))
 
     # -- collectives and output -----------------------------------------------------
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):
@@ -261,6 +263,11 @@ class Run(StepMethods, CheckpointMethods):
                 outer.requested = self._stop.requested  # a request outlives the inner block
             self._stop.restore()
             self._stop = outer
+
+    def stop_signal_here(self) -> int:
+        """The stop signal this process caught (0: none), without a collective: for a
+        caller that agrees on it its own way (torchft's replica groups, phalanx.ft)."""
+        return self._stop.requested if self._stop is not None else 0
 
     def stop_requested(self) -> int:
         """The signal number that asked any rank to stop, agreed by all ranks (0: none).

@@ -28,12 +28,13 @@ if TYPE_CHECKING:
     from phalanx.runtime.run import Run
 
 # what may differ between hosts: where each keeps its files, its own place in the job,
-# its cores; the token data itself is compared by size instead of by path
-PER_HOST = frozenset({"data.path", "data.cache_dir", "train.out", "train.resume",
-                      "dist.node_rank", "dist.rdzv_endpoint", "dist.threads_per_rank",
-                      "dist.tee_ranks", "dist.nccl_preset"})
+# its cores; the token data and tokenizer are compared by sizes instead of by path
+PER_HOST = frozenset({"data.path", "data.cache_dir", "data.tokenizer", "train.out",
+                      "train.resume", "dist.node_rank", "dist.rdzv_endpoint",
+                      "dist.threads_per_rank", "dist.tee_ranks", "dist.nccl_preset"})
 DATA_SIZES = (("data.train_tokens", "the training split of `--data` (tokens)"),
-              ("data.val_tokens", "the validation split of `--data` (tokens)"))
+              ("data.val_tokens", "the validation split of `--data` (tokens)"),
+              ("data.vocab_size", "the vocabulary of `--tokenizer`"))
 
 
 def _flag(key: str) -> str:
@@ -51,6 +52,7 @@ def shared_settings(cfg: Config, splits: TokenSplits | None = None) -> dict[str,
             for name, value in fields.items() if f"{section}.{name}" not in PER_HOST}
     if splits is not None:
         flat["data.train_tokens"], flat["data.val_tokens"] = splits.n_train, splits.n_val
+        flat["data.vocab_size"] = splits.vocab_size
     return flat
 
 

@@ -17,13 +17,19 @@ from typing import TYPE_CHECKING
 from phalanx.checkpoint.resume import checkpoints_dir, newest_valid, resolve_resume
 from phalanx.checkpoint.rundir import reconcile
 from phalanx.checkpoint.store import read_sidecar
+from phalanx.cluster.protocol import in_replica_group
 from phalanx.cluster.rendezvous import restart_note
 from phalanx.config.sections import Config
 from phalanx.errors import UserError
 from phalanx.paths import RunDir
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
-from phalanx.train.changes import SHAPE_FIELDS, check_compatible
+from phalanx.train.changes import (
+    ORIGINAL_SHAPE,
+    SAVED_BEFORE,
+    SHAPE_FIELDS,
+    check_compatible,
+)
 from phalanx.train.nan_guard import advice, parameters_finite
 from phalanx.train.state import TrainState
 
@@ -33,12 +39,15 @@ if TYPE_CHECKING:
 
 
 def config_hash(cfg: Config) -> str:
-    shape = {k: getattr(cfg.model, k) for k in SHAPE_FIELDS}
+    shape = {k: getattr(cfg.model, k) for k in SHAPE_FIELDS  # options added later count
+             if k in ORIGINAL_SHAPE or getattr(cfg.model, k) != SAVED_BEFORE[k]}  # when set
+    if cfg.model.factory is not None:  # (MiniGPT runs keep the hash they always had)
+        shape["factory"] = cfg.model.factory
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def save(run: Run, cfg: Config, out_dir: RunDir | Path, state: TrainState, model, opt,
-         precision: Precision) -> None:
+         precision: Precision, tokenizer: dict | None = None) -> None:
     """Commit a checkpoint of `state.step` — never one whose parameters are not finite
     (the run diverged: a UserError saying so, and the last good checkpoint stays)."""
 
@@ -48,13 +57,23 @@ def save(run: Run, cfg: Config, out_dir: RunDir | Path, state: TrainState, model
                         f"committed one is kept); {advice(cfg.train.precision)}.")
     meta = {"train_state": dataclasses.asdict(state), "config": cfg.to_dict(),
             "scaler": precision.scaler.state_dict() if precision.scaler else None,
-            "world_size": run.world_size, "strategy": run.strategy.name}
+            "world_size": run.world_size, "strategy": run.strategy.name,
+            "vocab_size": _vocab_size(run, model), "tokenizer": tokenizer}
     run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
              keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg),
              asynchronous=cfg.train.async_checkpoint, overlap_staging=True)
 
 
-def precheck(cfg: Config, out_dir: RunDir | Path) -> tuple[Path | None, str | None]:
+def _vocab_size(run: Run, model) -> int | None:
+    """The vocabulary the model was built for (`phalanx export` rebuilds it so)."""
+    inner = run.unwrap(model)
+    vocab = getattr(type(inner), "phalanx_vocab", None)  # a factory's (models.adapter)
+    config = getattr(inner, "config", None)
+    return vocab if vocab is not None else getattr(config, "vocab_size", None)
+
+
+def precheck(cfg: Config, out_dir: RunDir | Path,
+             tokenizer: dict | None = None) -> tuple[Path | None, str | None]:
     """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
     and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings.
 
@@ -64,7 +83,7 @@ def precheck(cfg: Config, out_dir: RunDir | Path) -> tuple[Path | None, str | No
     if path is None:
         return None, None
     meta = read_sidecar(path)["meta"]
-    check_compatible(cfg, meta, path)
+    check_compatible(cfg, meta, path, tokenizer=tokenizer)
     step = int(meta.get("train_state", {}).get("step", 0))
     if step < cfg.train.max_steps:
         return path, None
@@ -77,13 +96,15 @@ def precheck(cfg: Config, out_dir: RunDir | Path) -> tuple[Path | None, str | No
                     "further, or start over with `--resume never`.")
 
 
-def last_val_loss(out_dir: RunDir | Path, step: int) -> float | None:
-    """The newest validation loss `metrics.jsonl` holds at or before `step` (None: none)."""
+def last_val_loss(out_dir: RunDir | Path, step: int,
+                  key: str = "val_loss") -> float | None:
+    """The newest validation loss (`key`: or `val_nats_per_byte`) `metrics.jsonl` holds at
+    or before `step` (None: none)."""
     path = RunDir(out_dir).metrics
     if not path.is_file():
         return None
-    losses = [float(r["val_loss"]) for r in read_metrics(path)
-              if type(r.get("val_loss")) in (int, float)  # a torn or odd record: not a loss
+    losses = [float(r[key]) for r in read_metrics(path)
+              if type(r.get(key)) in (int, float)  # a torn or odd record: not a loss
               and type(r.get("step")) is int and r["step"] <= step]
     return losses[-1] if losses else None
 
@@ -103,13 +124,17 @@ def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
     path = None
     if run.is_main:
         path = resolve_resume(cfg.train.resume, out_dir, run.print)
-        reconcile(out_dir, path, run.print)  # a no-op after the CLI's start_lineage
+        if not (path is None and in_replica_group()):  # a torchft group restarted with no
+            reconcile(out_dir, path, run.print)  # checkpoint heals from a live one: its
+            # history stays (else: a no-op after the CLI's start_lineage)
     path = run.broadcast(path)
     restart = restart_note()  # after a restart: which rank died, in the same line
     if path is None:
         if restart:
-            run.print(f"phalanx: {restart}; no checkpoint was committed yet: every rank "
-                      "starts again from step 0")
+            run.print(f"phalanx: {restart}; " + (
+                "this replica group has no checkpoint yet: it rejoins the live groups and "
+                "copies their state" if in_replica_group() else
+                "no checkpoint was committed yet: every rank starts again from step 0"))
             if run.is_main:
                 record_event(out_dir, "restart", 0, f"{restart}; started again from step 0")
         return None

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import time
 
+from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
 from phalanx.config.sections import Config
-from phalanx.models.shapes import minigpt_param_shapes, numel
+from phalanx.models.shapes import minigpt_matmul_params
 
 WARN_ABOVE_S = 5.0  # per step
-VOCAB = 256
 
 
-def flops_per_step(cfg: Config) -> float:
-    """Training FLOPs of one optimizer step on one rank."""
+def flops_per_step(cfg: Config, vocab_size: int | None = None) -> float:
+    """Training FLOPs of one optimizer step on one rank, for the tokenizer's vocabulary
+    (`vocab_size`; default: what `--tokenizer` implies, 256 when a file can't be read)."""
     m, t = cfg.model, cfg.train
-    shapes = minigpt_param_shapes(m.n_layer, m.n_embd, VOCAB, m.block_size, m.bias)
-    n = sum(numel(s) for s in shapes) - m.block_size * m.n_embd  # without the positions
+    V = vocab_size or vocab_size_of(cfg.data.tokenizer, cfg.data.path) or UNKNOWN_VOCAB_FALLBACK
+    n = minigpt_matmul_params(m.n_layer, m.n_embd, V, m.block_size, m.bias, rope=m.rope,
+                              tied=m.tie_embeddings)  # without the positions
     per_token = 6.0 * n + 12.0 * m.n_layer * m.n_embd * m.block_size
     return per_token * t.micro_batch_size * t.grad_accum * m.block_size
 
@@ -45,9 +47,12 @@ def matmul_flops(threads: int, size: int = 512, budget_s: float = 0.2) -> float:
     return 2.0 * size**3 / best
 
 
-def cpu_warning(cfg: Config, threads: int) -> str | None:
-    """The note for a model whose steps will be slow on this CPU, or None."""
-    work = flops_per_step(cfg)
+def cpu_warning(cfg: Config, threads: int, vocab_size: int | None = None) -> str | None:
+    """The note for a model whose steps will be slow on this CPU, or None (also for a
+    `--model` factory's module: its FLOPs are not known before it is built)."""
+    if cfg.model.factory is not None:
+        return None
+    work = flops_per_step(cfg, vocab_size)
     if work / 1e12 < 0.5:  # under 0.5 TFLOP a step: no measurement needed
         return None
     speed = matmul_flops(threads)

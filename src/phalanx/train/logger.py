@@ -36,6 +36,13 @@ class Logger:
         self.t_last, self.steps_since = time.perf_counter(), 0
         self.first = start_step + 1  # this process's first step: said at once
 
+    def rebase(self, step: int) -> None:
+        """The state jumped to `step` (a torchft group healed from a live one): progress
+        and throughput count from here, not over the steps it did not take."""
+        if self.progress is not None:
+            self.progress = ProgressReporter(self.cfg.train.max_steps, step)
+        self.pending, self.steps_since, self.t_last = [], 0, time.perf_counter()
+
     def step_done(self, loss: torch.Tensor, skipped: bool = False) -> None:
         """After each optimizer step: it counts for throughput; its loss is reported
         unless the step was skipped (a NaN guard's skip is not averaged in)."""
@@ -93,7 +100,10 @@ class Logger:
             self.run.log(record["step"], reduce=None,
                          **{k: v for k, v in record.items() if k != "step"})
         if self.progress is not None and "val_loss" in record:
-            self.progress.message(f"step {record['step']}: val loss {record['val_loss']:.4f}")
+            per_byte = record.get("val_nats_per_byte")
+            self.progress.message(f"step {record['step']}: val loss {record['val_loss']:.4f}"
+                                  + (f" ({per_byte:.4f} nats/byte)" if per_byte is not None
+                                     and per_byte != record["val_loss"] else ""))
         self.t_last = time.perf_counter()
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -24,11 +24,12 @@ from phalanx.config.sections import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
 from phalanx.errors import UserError
+from phalanx.ft.gate import QuorumBatches, step_gate
 from phalanx.models import build_model
 from phalanx.paths import RunDir, atomic_write
 from phalanx.report.events import warn
 from phalanx.report.run_report import write_environment
-from phalanx.runtime.optim import adamw
+from phalanx.runtime.optim import make_optimizer
 from phalanx.runtime.run import Run
 from phalanx.runtime.step import micro_steps, optimizer_step
 from phalanx.strategies.precision import Precision
@@ -41,21 +42,24 @@ from phalanx.train.watchers import StragglerWatch
 
 
 def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | None = None,
-          samples: list[int] | None = None) -> TrainResult:
+          samples: list[int] | None = None, gate: Any = None) -> TrainResult:
     """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses.
 
     With `out_dir`, checkpoints are committed there and `--resume` is honoured. With a
     `samples` list, every training sample id this rank reads is appended to it. The
     first SIGINT/SIGTERM ends the loop after the step in progress, with a checkpoint
     (`result.stopped` names the signal); a second one stops the process at once.
+    `gate`: what runs around each step (default: torchft's `ReplicaGroup` in a replica
+    group of `--fault-tolerance torchft`, else nothing; see phalanx.ft.replica).
     """
     t = cfg.train
     out_dir = None if out_dir is None else RunDir(out_dir)
     if out_dir is not None:  # the verbs made it (`prepare_out_dir`); a library call may not
         out_dir.root.mkdir(parents=True, exist_ok=True)
-    model, opt = run.setup(build_model(cfg), lambda params: adamw(
-        params, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2),
-        device=run.device), precision=t.precision)
+    net = build_model(cfg, splits.vocab_size)
+    model, opt = run.setup(net, lambda params: make_optimizer(cfg, net, params, run.device,
+                                                              splits.vocab_size),
+                           precision=t.precision)
     precision = run.precision
     assert precision is not None  # set by run.setup
     mark("model built and wrapped, optimizer made")
@@ -63,43 +67,68 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
         atomic_write(out_dir.run_config, json.dumps(cfg.to_dict(), indent=2))
+        splits.export_tokenizer(out_dir.root)  # `phalanx export` of a checkpoint copies it
         write_environment(run, cfg, out_dir.root)
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     if samples is not None:
         train_ds = Recorded(train_ds, samples)
     val_ds = TokenWindows(splits.load("val"), cfg.model.block_size)
-    batches = iter(run.loader(train_ds, t.micro_batch_size, seed=t.seed, stream=True,
-                              position=state.position))
-    result = TrainResult(model=model, optimizer=opt, state=state)
+    if gate is None:  # torchft or not
+        gate = step_gate(run, cfg, None if out_dir is None else out_dir.root)
+    batches: Iterator = QuorumBatches(train_ds, t.micro_batch_size, t.seed, run.device) \
+        if gate.aims_batches else iter(run.loader(
+            train_ds, t.micro_batch_size, seed=t.seed, stream=True, position=state.position))
+    result = TrainResult(model=model, optimizer=opt, state=state,
+                         token_bytes=_token_bytes(splits, run.device),
+                         tokenizer=splits.tokenizer_record())
+    gate.attach(result)
     log = Logger(run, cfg, out_dir, state.step)
     try:
         with run.catch_stop_signals():
-            _steps(cfg, run, result, batches, precision, log, val_ds, out_dir)
+            _steps(cfg, run, result, batches, precision, log, val_ds, out_dir, gate)
     finally:
         log.close()
+        gate.shutdown()
     return result
+
+
+def _token_bytes(splits: TokenSplits, device: torch.device) -> torch.Tensor | None:
+    """Each token id's length in bytes (None: unknown, e.g. bare token ids)."""
+    found = splits.token_bytes()
+    return None if found is None else torch.as_tensor(found, dtype=torch.float64, device=device)
 
 
 def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
            precision: Precision, log: Logger, val_ds: TokenWindows,
-           out_dir: RunDir | None) -> None:
-    """The loop: one optimizer step per iteration, until `--max-steps` or a stop signal."""
+           out_dir: RunDir | None, gate: Any) -> None:
+    """The loop: one optimizer step per iteration, until `--max-steps` or a stop signal.
+    `gate`: torchft's quorum, gradient average and commit vote around each step (a no-op
+    without `--fault-tolerance`)."""
     t, model, opt = cfg.train, result.model, result.optimizer  # model: as wrapped
     inner = run.unwrap(model)  # the user's module: evaluation, fault hooks, NaN messages
     # the micro-steps' (same weights); on a Module torch.compile returns an OptimizedModule,
     # which torch's stubs type as a plain Callable
     forward = cast(nn.Module, torch.compile(model)) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
-    global_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
     stragglers = StragglerWatch(run, cfg.dist.straggler_every)
     after_step = _after_step_checks(cfg, run, log, stragglers, model, inner, out_dir)
     while result.state.step < t.max_steps:
+        gate.begin_step(batches)  # torchft: the quorum (a returning group is healed here)
         step = result.state.step
-        run.seed_step(step)  # dropout replays exactly on resume
+        if gate.healed:
+            log.rebase(step)
+        if step >= t.max_steps:
+            break  # healed to the end
+        run.seed_step(step, gate.rank)  # dropout replays exactly on resume
         lr = _set_lr(cfg, opt, step)
         loss = micro_steps(forward, acc, batches, precision,
                            lambda step=step: stragglers.timing(step))
+        loss = gate.average(model, loss)  # torchft: over the live groups (with the loss)
+        if not gate.commit():  # torchft: a group failed during this step: do it again
+            opt.zero_grad(set_to_none=True)
+            continue
+        global_batch = gate.global_batch
         run.checkpoint_staged()  # a background save's copy must be done before the step
         done = optimizer_step(run, model, opt, t.grad_clip,  # the NaN guard asked first
                               check=functools.partial(_nan_check, guard, loss,
@@ -113,12 +142,13 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         state = result.state  # (a rollback to this very step replaced it)
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
+        gate.stepped(inner)
         for check in after_step:
             check(state.step)
         _report(run, cfg, log, result, inner, val_ds, precision, lr)
-        result.stopped = run.stop_requested()  # every rank agrees to stop at this step
+        result.stopped = gate.stop(run)  # every rank (and replica group) agrees to stop here
         if out_dir is not None and (ckpt.should_save(cfg, state.step) or result.stopped):
-            ckpt.save(run, cfg, out_dir, state, model, opt, precision)
+            ckpt.save(run, cfg, out_dir, state, model, opt, precision, result.tokenizer)
         if result.stopped:
             break
     run.wait_checkpoint()
@@ -156,9 +186,12 @@ def _set_lr(cfg: Config, opt: torch.optim.Optimizer, step: int) -> float:
     """Set the learning rate of `step` (a function of the step alone) on every group."""
     t = cfg.train
     lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-               max_steps=cfg.decay_steps())
+               max_steps=cfg.decay_steps(), schedule=t.lr_schedule,
+               decay_fraction=t.decay_fraction)
     for group in opt.param_groups:
         group["lr"] = lr
+        if group.get("use_muon"):  # (a resumed optimizer's groups hold the saved ratio)
+            group["lr_scale"] = t.muon_lr / t.lr
     return lr
 
 
@@ -213,26 +246,38 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
         record = record or {"step": step}
         run.beat(step, "eval")
         fault_point("eval", step)
-        record["val_loss"] = evaluate(run, inner, cfg, val_ds, precision)
+        record["val_loss"], per_byte = evaluate(run, inner, cfg, val_ds, precision,
+                                                result.token_bytes)
         result.val_losses[step] = record["val_loss"]
+        if per_byte is not None:
+            record["val_nats_per_byte"] = result.val_nats_per_byte[step] = per_byte
     if record is not None:
         log.write(record)
 
 
 @torch.no_grad()
 def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
-             precision: Precision) -> float:
-    """Mean validation loss over the same `eval_batches` global batches every time."""
+             precision: Precision, token_bytes: torch.Tensor | None = None
+             ) -> tuple[float, float | None]:
+    """Validation loss over the same `eval_batches` global batches every time: the mean
+    per token (nats/token), and — given each token id's length in bytes — the same
+    losses' total over the text's bytes (nats/byte: what compares tokenizers)."""
     t = cfg.train
     loader = run.loader(val, t.micro_batch_size, seed=t.seed + 1, stream=True)
     batches = iter(loader)
     was_training = model.training
     model.eval()
-    total = torch.zeros((), device=run.device)
+    total = torch.zeros((), device=run.device, dtype=torch.float64)
+    counted = torch.zeros(2, device=run.device, dtype=torch.float64)  # tokens, bytes
     for _ in range(t.eval_batches):
         x, y = next(batches)
         with precision.autocast():
             _, loss = model(x, y)
-        total += loss.float()
+        total += loss.double() * y.numel()
+        counted[0] += y.numel()
+        if token_bytes is not None:
+            counted[1] += token_bytes[y.to(token_bytes.device)].sum()
     model.train(was_training)
-    return run.all_reduce_mean(total / t.eval_batches).item()
+    sums = run.all_reduce_sum(torch.cat([total.view(1), counted]))
+    per_byte = (sums[0] / sums[2]).item() if token_bytes is not None else None
+    return (sums[0] / sums[1]).item(), per_byte

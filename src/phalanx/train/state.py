@@ -24,7 +24,10 @@ class TrainResult:
     model: nn.Module  # as wrapped by the strategy
     optimizer: torch.optim.Optimizer
     losses: list[float] = field(default_factory=list)  # global mean train loss per step
-    val_losses: dict[int, float] = field(default_factory=dict)
+    val_losses: dict[int, float] = field(default_factory=dict)  # nats/token
+    val_nats_per_byte: dict[int, float] = field(default_factory=dict)  # where bytes are known
+    token_bytes: torch.Tensor | None = None  # each token id's length in bytes
+    tokenizer: dict | None = None  # what checkpoints record of it (TokenSplits.tokenizer_record)
     state: TrainState = field(default_factory=TrainState)
     stopped: int = 0  # the signal (SIGINT/SIGTERM) that ended the loop early, or 0
     grad_norms: list = field(default_factory=list)  # per step, before clipping (floats once logged)

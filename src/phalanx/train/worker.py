@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 
 from phalanx.cluster.lifecycle import exit_code
-from phalanx.cluster.protocol import one_machine_worker, phalanx_worker, under_launcher
+from phalanx.cluster.protocol import (
+    in_replica_group,
+    one_machine_worker,
+    phalanx_worker,
+    under_launcher,
+)
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.sections import Config
@@ -30,6 +35,15 @@ def check_data_fits(cfg: Config, splits: TokenSplits) -> None:
                 f"`--block-size` {cfg.model.block_size} is longer than the corpus allows: the "
                 f"{name} split of `{splits.description}` has {n} tokens and one sample needs "
                 f"{need}. Use a smaller `--block-size` or more text in `--data`.")
+
+
+def check_model(cfg: Config, vocab_size: int) -> None:
+    """`--model`: the factory builds a module (on the meta device) whose logits fit the
+    tokenizer's vocabulary, before anything is launched (MiniGPT always does)."""
+    if cfg.model.factory is not None:
+        from phalanx.models.user import check_user_model
+
+        check_user_model(cfg.model.factory, vocab_size, cfg.model.block_size)
 
 
 def owns_run_dir(cfg: Config) -> bool:
@@ -62,6 +76,8 @@ def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
     latest = read_latest(RunDir(out).checkpoints)
     kept = (f"checkpoint {latest.name} is committed" if latest is not None and latest.is_dir()
             else "no checkpoint was committed yet")
+    if in_replica_group():  # its launcher (phalanx.ft.groups) says how to resume, once
+        return f"stopped by {signal.Signals(signum).name}: {kept}."
     args, skip = [], False
     for a in argv:  # the resume command continues: no `--resume never` / PATH
         if skip or a == "--resume" or a.startswith("--resume="):

@@ -1,0 +1,69 @@
+"""Pre-tokenized data: nanoGPT's `train.bin` / `val.bin`, flat arrays of token ids.
+
+They are used where they are (memory-mapped, not copied into the cache), after a scan
+that catches a wrong `--bin-dtype`:
+
+- a size that is not a whole number of ids;
+- a uint32 file read as uint16: every other value is 0 (ids are little-endian and below
+  65536, so their high halves are zeros);
+- a uint16 file read as uint32: ids beyond the vocabulary — the `--tokenizer` file's, or
+  above `MAX_GUESSED_VOCAB` when there is none (the vocabulary is then max id + 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from phalanx.errors import UserError
+
+MAX_GUESSED_VOCAB = 1 << 20  # no tokenizer file: a larger max id means a wrong dtype
+_BLOCK = 1 << 24  # ids scanned at a time
+
+
+def _scan(path: Path, dtype: str) -> tuple[int, int, int, int]:
+    """(ids, max id, zeros at odd positions, zeros at even positions) of one file."""
+    size, item = path.stat().st_size, np.dtype(dtype).itemsize
+    other = "uint32" if dtype == "uint16" else "uint16"
+    if size == 0:
+        raise UserError(f"`{path}` is empty: it holds no token ids.")
+    if size % item:
+        raise UserError(f"`{path}` is {size:,} bytes, not a whole number of {dtype} ids "
+                        f"({item} bytes each): was it written as {other}? Pass "
+                        f"`--bin-dtype {other}` if so.")
+    ids = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+    top, odd_zeros, even_zeros = 0, 0, 0
+    for start in range(0, len(ids), _BLOCK):  # _BLOCK is even: positions keep their parity
+        block = np.asarray(ids[start:start + _BLOCK])
+        top = max(top, int(block.max()))
+        odd_zeros += int(np.count_nonzero(block[1::2] == 0))
+        even_zeros += int(np.count_nonzero(block[0::2] == 0))
+    return len(ids), top, odd_zeros, even_zeros
+
+
+def check_bins(files: list[Path], dtype: str, vocab: int | None,
+               vocab_from: str) -> tuple[int, int, int]:
+    """(train ids, val ids, vocabulary) of `train.bin` and `val.bin` read as `dtype`;
+    `vocab`: the tokenizer's (None: max id + 1). A wrong dtype: one line (UserError)."""
+    counts, top = [], 0
+    for path in files:
+        n, high, odd_zeros, even_zeros = _scan(path, dtype)
+        if dtype == "uint16" and n >= 64 and odd_zeros == n // 2 and even_zeros < n // 4:
+            raise UserError(f"`{path}` read as uint16 has 0 at every other position: it looks "
+                            f"like uint32 ids. Pass `--bin-dtype uint32`.")
+        counts.append(n)
+        top = max(top, high)
+    if vocab is not None and top >= vocab:
+        hint = " Was it written as uint16? Pass `--bin-dtype uint16`." \
+            if dtype == "uint32" else ""
+        raise UserError(f"`{files[0].parent}` holds token id {top:,}, beyond the {vocab:,} ids "
+                        f"of {vocab_from}: the ids were made with another tokenizer or read "
+                        f"with the wrong dtype ({dtype}).{hint} Give the `tokenizer.json` "
+                        f"they were made with as `--tokenizer`.")
+    if vocab is None and top >= MAX_GUESSED_VOCAB:
+        raise UserError(f"`{files[0].parent}` read as {dtype} holds token id {top:,}: no "
+                        f"vocabulary is that large, so the dtype is likely wrong; pass "
+                        f"`--bin-dtype uint16` (nanoGPT's), or the `tokenizer.json` the ids "
+                        f"were made with as `--tokenizer`.")
+    return counts[0], counts[1], vocab if vocab is not None else top + 1

@@ -1,0 +1,93 @@
+"""What the trainer's loop runs around each step (`step_gate`): torchft's `ReplicaGroup`
+in a replica group of `--fault-tolerance torchft`, else `NoReplicas` (nothing); and the
+data a replica group reads when its place in the quorum changes per step
+(`QuorumBatches`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from phalanx.cluster import protocol
+from phalanx.data.sampler import ShardedBatchSampler
+
+
+class QuorumBatches:
+    """The trainer's micro-batches when the data-parallel rank and world change per step:
+    `aim(position, rank, world)` before each step, then one `next()` per micro-step —
+    the positions ShardedBatchSampler's stream mode gives rank `rank` of `world`."""
+
+    def __init__(self, dataset, batch_size: int, seed: int, device: torch.device) -> None:
+        self.dataset, self.batch_size, self.device = dataset, batch_size, device
+        self.sampler = ShardedBatchSampler(len(dataset), batch_size, 0, 1, seed=seed,
+                                           stream=True)
+        self.cursor, self.stride = 0, batch_size
+
+    def aim(self, position: int, rank: int, world: int) -> None:
+        self.cursor, self.stride = position + rank * self.batch_size, world * self.batch_size
+
+    def __iter__(self) -> QuorumBatches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        items = [self.dataset[i] for i in self.sampler.indices(self.cursor, self.batch_size)]
+        self.cursor += self.stride
+        x, y = (torch.stack(parts).to(self.device) for parts in zip(*items))
+        return x, y
+
+
+class NoReplicas:
+    """The trainer's loop without torchft: every step commits, with the fixed global
+    batch; the data comes from `run.loader`; the stop is agreed by `run.stop_requested`."""
+
+    rank = None
+    aims_batches = False
+    healed = False
+
+    def __init__(self, global_batch: int) -> None:
+        self.global_batch = global_batch
+
+    def attach(self, result: Any) -> None:
+        pass
+
+    def begin_step(self, batches: Any) -> None:
+        pass
+
+    def average(self, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def commit(self) -> bool:
+        return True
+
+    def stop(self, run) -> int:
+        return run.stop_requested()
+
+    def stepped(self, model: nn.Module) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def group_from_env() -> tuple[str, str] | None:
+    """(this replica group's name, the lighthouse) when started by `phalanx.ft.groups`."""
+    group, lighthouse = os.environ.get(protocol.FT_GROUP), os.environ.get(protocol.FT_LIGHTHOUSE)
+    if group is None or lighthouse is None:
+        return None
+    return group, lighthouse
+
+
+def step_gate(run, cfg, out_dir: Path | None):
+    """A `ReplicaGroup` in a group started by `phalanx.ft.groups`, else `NoReplicas`."""
+    t = cfg.train
+    group_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
+    found = group_from_env() if cfg.dist.fault_tolerance != "none" else None
+    if found is None:
+        return NoReplicas(group_batch)
+    from phalanx.ft.replica import ReplicaGroup
+
+    return ReplicaGroup(run, cfg.dist, found[0], found[1], group_batch, out_dir)

@@ -1,0 +1,219 @@
+"""`phalanx train --fault-tolerance torchft` on one machine: the lighthouse, and one
+`phalanx train` per replica group (`OUT/replica-G`, one rank each, under torch's elastic
+agent with `--max-restarts`), their output on the console prefixed `gG|`.
+
+The groups are started in sessions of their own; a Ctrl-C or SIGTERM reaching this
+launcher is marked as a stop of the whole job and forwarded to each group (they stop
+after the same step, each committing a checkpoint), and the launcher ends with the usual
+exit code (130 / 143)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from phalanx.cluster import protocol
+from phalanx.cluster.env import usable_cores
+from phalanx.config.sections import Config
+from phalanx.config.strategy import choose
+from phalanx.errors import Interrupted, UserError
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+HTTP_LOG = re.compile(r'\] "GET /checkpoint/\S+ HTTP/[\d.]+" \d+ ')
+
+
+def check(cfg: Config) -> None:
+    """What `--fault-tolerance torchft` cannot do yet, refused before anything starts (the
+    verb calls it before it writes anything)."""
+    d = cfg.dist
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers: no line per quorum (read
+    try:  # when torchft is first imported)
+        import torchft  # noqa: F401
+    except ImportError:
+        raise UserError("`--fault-tolerance torchft` needs torchft, which is not installed: "
+                        "pip install 'phalanx[ft]'.") from None
+    shards = choose(d, d.nproc_per_node or 2, cfg.train.grad_accum).spec.shards
+    if shards:
+        raise UserError(f"`--fault-tolerance torchft` runs one rank per replica group with "
+                        f"replicated weights; `--strategy {d.strategy}` shards them (HSDP "
+                        f"inside a group is not built yet). Use `--strategy ddp`.")
+    if d.node_range()[1] > 1:
+        raise UserError("`--fault-tolerance torchft` across machines: start `phalanx train "
+                        "--fault-tolerance torchft --lighthouse HOST:PORT` on each machine "
+                        "(one shared lighthouse, `torchft_lighthouse`), without `--nnodes`.")
+    if cfg.train.on_nan == "rollback":
+        raise UserError("`--fault-tolerance torchft` with `--on-nan rollback`: a rollback "
+                        "reloads one group's own checkpoint while the others go on. Use "
+                        "`--on-nan skip` (the groups skip a bad step together) or `stop`.")
+    if cfg.train.precision == "fp16":
+        raise UserError("`--fault-tolerance torchft` with fp16: the loss scaler's state is "
+                        "not carried to a rejoining group yet. Use bf16 or fp32.")
+
+
+def group_name(g: int, shared_lighthouse: bool) -> str:
+    """Group g of this machine: `g`, or `HOST-g` when machines share a lighthouse (the
+    names are the groups' torchft replica ids and their OUT/replica-NAME folders)."""
+    return f"{socket.gethostname()}-{g}" if shared_lighthouse else str(g)
+
+
+def group_command(argv: list[str], out: Path, name: str, threads: int) -> list[str]:
+    """`phalanx train` for one replica group: the user's flags, one rank, its own OUT,
+    its share of the cores."""
+    return [sys.executable, "-m", "phalanx", "train", *argv, "--nproc-per-node", "1",
+            "--threads-per-rank", str(threads), "--out", str(out / f"replica-{name}")]
+
+
+def run_groups(cfg: Config, argv: list[str], out: Path) -> int:
+    """Start the lighthouse (unless `--lighthouse`) and the groups; wait for them all
+    (`check(cfg)` first)."""
+    groups = cfg.dist.nproc_per_node or 2
+    names = [group_name(g, cfg.dist.lighthouse is not None) for g in range(groups)]
+    done = finished_group(out, names)
+    if done is not None:
+        print(f"phalanx: the run is complete: replica group {done} finished it "
+              f"({out}/replica-{done}); nothing to do.", flush=True)
+        return 0
+    server, store, start = None, None, {}
+    address = cfg.dist.lighthouse
+    if address is None:
+        from torch.distributed import TCPStore
+        from torchft._torchft import LighthouseServer
+
+        wait_ms = int(cfg.dist.ft_join_timeout_s * 1000)  # for a late group, and a gone one
+        server = LighthouseServer(bind="127.0.0.1:0", min_replicas=cfg.dist.min_replicas,
+                                  join_timeout_ms=wait_ms, heartbeat_timeout_ms=wait_ms)
+        address = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]  # not its hostname
+        # where the groups of a launch wait for each other before their first quorum
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        start = {protocol.FT_START: f"127.0.0.1:{store.port}:{','.join(names)}"}
+    print(f"phalanx: fault tolerance (torchft): {groups} replica groups of 1 rank, "
+          f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
+    try:
+        threads = cfg.dist.threads_per_rank or max(1, usable_cores() // groups)
+        groups_ = Groups(names, store)
+        groups_.start(argv, out, address, threads, start)
+        return groups_.wait(cfg.dist.ft_join_timeout_s + 10)
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+class Groups:
+    """The replica groups' processes, their output pumps, and how they end."""
+
+    KILL_AFTER_S = 30.0  # a group told to stop (SIGTERM) and still there: SIGKILL
+
+    def __init__(self, names: list[str], store) -> None:
+        self.names, self.store = names, store
+        self.procs: list[subprocess.Popen] = []
+        self.pumps: list[threading.Thread] = []
+        self.signals: list[int] = []
+
+    def start(self, argv: list[str], out: Path, address: str, threads: int,
+              start: dict[str, str]) -> None:
+        for name in self.names:
+            env = {**os.environ, protocol.FT_GROUP: name, protocol.FT_LIGHTHOUSE: address,
+                   protocol.LAUNCHER_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1", **start}
+            proc = subprocess.Popen(group_command(argv, out, name, threads), env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            pump = threading.Thread(target=_pump, args=(proc, f"g{name}| "), daemon=True)
+            pump.start()
+            self.procs.append(proc)
+            self.pumps.append(pump)
+
+    def wait(self, grace_s: float) -> int:
+        """0 once a group has finished the run (the others, behind it, are stopped
+        `grace_s` later: a group that trained on alone after the others finished would
+        hold another run). Each stop signal is forwarded to every group (a second one
+        stops them at once, as it does a run without torchft)."""
+        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        finished: float | None = None
+        told: float | None = None
+        try:
+            while any(proc.poll() is None for proc in self.procs):
+                self._mark_ended()
+                now = time.monotonic()
+                if finished is None and any(proc.poll() == 0 for proc in self.procs):
+                    finished = now
+                elif finished is not None and told is None and now - finished > grace_s:
+                    self._send(signal.SIGTERM)
+                    told = now
+                elif told is not None and now - told > self.KILL_AFTER_S:
+                    self._send(signal.SIGKILL)
+                time.sleep(0.1)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for pump in self.pumps:  # every group's last lines before the launcher's own
+            pump.join(timeout=10)
+        return _outcome([proc.returncode for proc in self.procs], self.signals, self.names)
+
+    def _forward(self, signum: int, frame: object) -> None:
+        """A stop of the whole job: marked first (the groups then stop after the same
+        step, see replica.ReplicaGroup.average), then forwarded."""
+        self.signals.append(signum)
+        if self.store is not None:
+            from phalanx.ft.replica import StartStore
+
+            self.store.set(StartStore.STOP, str(signum))
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def _mark_ended(self) -> None:
+        """A group that ended is no longer waited for by the others' start (see
+        replica.StartStore.meet)."""
+        if self.store is None:
+            return
+        from phalanx.ft.replica import started_key
+
+        for name, proc in zip(self.names, self.procs):
+            if proc.poll() is not None:
+                self.store.set(started_key(name), "ended")
+
+
+def _pump(proc: subprocess.Popen, prefix: str) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if HTTP_LOG.search(line):  # torchft's checkpoint server logs each request it serves
+            continue  # (a heal): the heal line says it
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
+def _outcome(codes: list[int], got: list[int], names: list[str]) -> int:
+    winners = [names[g] for g, code in enumerate(codes) if code == 0]
+    if got and not winners:
+        stopped = all(code in (130, 143, 138) for code in codes)
+        raise Interrupted(got[0], f"stopped by {signal.Signals(got[0]).name}: " + (
+            "each replica group committed a checkpoint; run the same command to resume."
+            if stopped else ", ".join(f"replica group {names[g]} exited with code {c}"
+                                      for g, c in enumerate(codes)) +
+            "; run the same command to resume from the groups' checkpoints."))
+    if winners:
+        behind = [names[g] for g, code in enumerate(codes) if code != 0]
+        note = f" (stopped behind it: group {', '.join(map(str, behind))})" if behind else ""
+        print(f"phalanx: replica group {winners[0]} finished the run{note}; its outputs are "
+              f"in OUT/replica-{winners[0]}", flush=True)
+        return 0
+    print("phalanx: " + ", ".join(f"replica group {names[g]} exited with code {c}"
+                                  for g, c in enumerate(codes)), file=sys.stderr, flush=True)
+    return 2 if all(c == 2 for c in codes) else 1
+
+
+def finished_group(out: Path, names: list[str]) -> str | None:
+    """A replica group whose run in OUT/replica-NAME is complete (rerunning a finished
+    run starts nothing: the groups behind it must not train on alone)."""
+    return next((n for n in names if (out / f"replica-{n}" / "model.safetensors").is_file()),
+                None)

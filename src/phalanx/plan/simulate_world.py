@@ -1,0 +1,114 @@
+"""The fake world `phalanx plan --simulate` runs one rank in: torch's fake process group
+(with the launcher variables `phalanx.init` reads), fake tensors that `Module.to` can
+move, a dispatch mode that records collectives, and DDP's comm hook for that group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+from phalanx.errors import UserError
+
+_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """The fake process group of `world_size` ranks, this process rank `rank`, and the
+    launcher variables `phalanx.init` reads (it then reuses the group: it creates one
+    only when none is initialised). Afterwards the group is destroyed and the variables,
+    torch's thread count and `sys.excepthook` (which `phalanx.init` chains) restored."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UserError("`--simulate` runs rank r of an N-rank job in this process, and a "
+                        "process group is already initialised here; run it from a fresh "
+                        "process (phalanx plan --simulate), not inside a running job.")
+    if not 0 <= rank < world_size:
+        raise UserError(f"`--simulate-rank {rank}` is not a rank of {world_size}: give "
+                        f"0 … {world_size - 1}.")
+    saved = {k: os.environ.get(k) for k in _ENV}
+    hook, threads = sys.excepthook, torch.get_num_threads()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                      LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        sys.excepthook = hook
+        torch.set_num_threads(threads)
+
+
+def recorder():
+    """A dispatch mode that records every collective (op, bytes of its largest tensor)
+    and answers reads of a tensor's value (`.item()`) under fake tensors: 1.0 for a
+    floating tensor (an optimizer's step count: bias corrections stay finite), 0
+    otherwise. Memory does not depend on these values."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[str, int]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
+                return 1.0 if args[0].dtype.is_floating_point else 0
+            out = func(*args, **(kwargs or {}))
+            if func.namespace in ("c10d", "_c10d_functional") and "barrier" not in func.__name__:
+                sizes = [t.nbytes for t in tree_leaves((args, kwargs, out))
+                         if isinstance(t, torch.Tensor)]
+                self.log.append((func.__name__.split(".")[0], max(sizes, default=0)))
+            return out
+
+    return Recorder()
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def fake_tensors():
+    """FakeTensorMode whose converter keeps no memo of the fake tensors it makes: its
+    weak references would stop `Module.to` (which swaps a fake parameter's contents and
+    refuses tensors with weak references) in the strategy's "move to device" step. The
+    memo only maps real tensors to their fakes; nothing real enters the simulated step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NoMemo(dict):
+        def __setitem__(self, key, value) -> None:
+            pass
+
+    mode = FakeTensorMode()
+    mode.fake_tensor_converter.meta_converter.tensor_memo = NoMemo()  # type: ignore[assignment]
+    return mode
+
+
+def count_hook(log: list):
+    """DDP's comm hook under the fake group: records the bucket's all-reduce and returns
+    the bucket as it is (the fake group's all-reduce gives the reducer no tensor back)."""
+    import torch
+
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        log.append(("allreduce_", buf.nbytes))
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(buf)
+        return done
+
+    return hook

@@ -1,0 +1,135 @@
+"""`phalanx plan --simulate`: one rank of an N-rank job run in this process (torch's fake
+process group, fake tensors for fsdp), against `--measure` on real gloo ranks at N = 2
+and 3, against the formulas at N = 64 and 1,024, and the one line a failure gives."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import phalanx.models as models
+from phalanx.config.sections import build_config
+from phalanx.errors import UserError
+from phalanx.plan.devices import device
+from phalanx.plan.estimate import VARIANTS
+from phalanx.plan.recommend import plan
+from phalanx.plan.simulate import add_simulate_arguments, run_simulate, simulate
+from phalanx.plan.simulate_report import NAMES, compare_all
+
+SHAPE = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},
+         "train": {"micro_batch_size": 4}}
+
+
+def small(**train) -> object:
+    return build_config({**SHAPE, "train": {**SHAPE["train"], **train}})
+
+
+def predicted(cfg, W: int) -> tuple[dict, dict]:
+    result = plan(cfg, W, device(None), 0.4, None, None)
+    return result, {r["strategy"]: r for r in result["rows"]}
+
+
+@pytest.fixture(autouse=True)
+def no_group_left():
+    yield
+    assert not dist.is_initialized(), "the simulation left a process group initialised"
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_simulated_equals_measured_on_real_gloo_ranks(W):
+    from phalanx.plan.compare import measure_locally
+
+    cfg = small()
+    _, rows = predicted(cfg, W)
+    measured = measure_locally(cfg, W, 1, list(rows.values()))
+    found = simulate(cfg, W)
+    for label, m in measured.items():
+        sim = found["variants"][label]
+        assert "failed" not in sim and "skipped" not in sim, sim
+        for name in NAMES:
+            got, want = sim[name], m[name]["measured"]
+            assert abs(got - want) <= 0.05 * max(got, want), (label, name, got, want)
+
+
+@pytest.mark.parametrize("W", [64, 1024])
+def test_simulation_agrees_with_the_formulas_or_says_why(W):
+    cfg = small()
+    _, rows = predicted(cfg, W)
+    result = compare_all(cfg, simulate(cfg, W, predicted=rows), rows)
+    for label, v in result["variants"].items():
+        assert "components" in v, v
+        off = [n for n, c in v["components"].items() if not c["within"]]
+        for name in off:  # every difference over 10 % has a line naming its variant
+            assert v["why"], (label, name, v["components"][name])
+            assert all(line.startswith(label) for line in v["why"])
+        if not v["comm"]["within"]:
+            assert any("sends" in line for line in v["why"]), v["why"]
+        if not off and v["comm"]["within"]:
+            assert v["why"] == []
+    if W == 64:  # this shape splits evenly over 64 ranks: nothing may differ
+        assert all(not v["why"] for v in result["variants"].values()), result
+        ck = result["variants"]["fsdp"]["checkpoint"]  # DCP writes this rank's shards
+        assert abs(ck["simulated"] / ck["even_share"] - 1) < 0.05, ck
+    else:  # 1,024 ranks: FSDP pads 64-row tensors to 1,024 rows, which the plan does not
+        fsdp = result["variants"]["fsdp"]
+        assert fsdp["comm"]["simulated"] > 2 * fsdp["comm"]["predicted"]
+        assert any("padded" in line for line in fsdp["why"])
+
+
+def test_bf16_fsdp_communication_is_explained_when_it_differs():
+    cfg = small(precision="bf16")
+    _, rows = predicted(cfg, 8)
+    result = compare_all(cfg, simulate(cfg, 8, variants=(VARIANTS[2],), predicted=rows),
+                         rows)
+    fsdp = result["variants"]["fsdp"]
+    assert fsdp["components"]["peak"]["within"], fsdp["components"]["peak"]
+    if not fsdp["comm"]["within"]:  # gathered in bf16, counted in fp32 by the planner
+        assert any("bf16" in line for line in fsdp["why"]), fsdp["why"]
+
+
+def test_zero_rank_holds_its_partition_and_the_rank_is_chosen():
+    cfg = small()
+    found = simulate(cfg, 64, variants=(VARIANTS[1],))
+    fullest = found["variants"]["zero"]
+    last = simulate(cfg, 64, variants=(VARIANTS[1],), rank=63)["variants"]["zero"]
+    assert fullest["optimizer"] > 0
+    assert last["rank"] == 63 and last["optimizer"] < fullest["optimizer"]
+
+
+def test_a_parameter_that_cannot_shard_gives_one_line(monkeypatch):
+    built = models.build_model
+
+    def with_scalar(cfg, vocab):
+        net = built(cfg, vocab)
+        net.blocks[0].register_parameter("temperature", torch.nn.Parameter(torch.ones(())))
+        return net
+
+    monkeypatch.setattr(models, "build_model", with_scalar)
+    found = simulate(small(), 8, variants=(VARIANTS[2],))
+    line = found["variants"]["fsdp"]["failed"]
+    assert "\n" not in line and "rank 0 of 8" in line and "scalar" in line
+
+
+@pytest.mark.parametrize("cfg, W, rank, words", [
+    (small(), 8, 8, "--simulate-rank 8"),
+    (small(precision="fp16"), 8, None, "fp16"),
+], ids=["rank-outside-world", "fp16"])
+def test_a_wrong_setting_is_one_user_error(cfg, W, rank, words):
+    with pytest.raises(UserError) as err:
+        simulate(cfg, W, rank=rank)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_entry_points_print_the_table(capsys):
+    cfg = small()
+    result, _ = predicted(cfg, 4)
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser.add_argument_group("plan options"))
+    ns = parser.parse_args(["--simulate", "--simulate-rank", "0"])
+    run_simulate(ns, cfg, 4, result)
+    out = capsys.readouterr().out
+    assert "fsdp (no reshard)" in out and "comm/step" in out
+    assert set(result["simulated"]["variants"]) == {v.label for v in VARIANTS}

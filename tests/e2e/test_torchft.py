@@ -1,0 +1,165 @@
+"""`--fault-tolerance torchft` (issue 31): 2 replica groups of 1 rank on gloo.
+
+- Without failures the run is the same run as `--strategy ddp` on 2 ranks: weights
+  bit-identical.
+- Group 1's rank SIGKILLed three times (each after it trained a few steps since it
+  rejoined, torchft's punisher style): the run finishes; both groups' weights agree after
+  every step both took (their fingerprints in ft-steps.jsonl); each rejoin is a heal;
+  each membership change is one console line; and the final weights equal a reference
+  replayed in one process from the membership the run recorded (tests/ft_replay.py).
+The time each failure costs beside restart-from-checkpoint: benchmarks/ft_vs_restart.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from ft_vs_restart import command, punish  # noqa: E402
+
+from ft_replay import recorded, replay  # noqa: E402
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "2", "--eval-every", "10", "--eval-batches", "2",
+        "--log-every", "5", "--sample-tokens", "0", "--checkpoint-every", "10",
+        "--max-steps", "20", "--hang-timeout-s", "0", "--nproc-per-node", "2",
+        "--threads-per-rank", "1", "--tokenizer", "bytes"]
+
+
+def _train(out: Path, corpus: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phalanx", "train", *TINY, "--data",
+                           str(corpus), "--cache-dir", str(cache), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _same(a: Path, b: Path) -> bool:
+    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def _steps(replica: Path) -> dict[int, dict]:
+    lines = (replica / "ft-steps.jsonl").read_text().splitlines()
+    return {rec["step"]: rec for rec in map(json.loads, lines)}
+
+
+def _events(replica: Path, kind: str) -> list[dict]:
+    lines = (replica / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["kind"] == kind]
+
+
+def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_file,
+                                                         cache_dir):
+    ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    assert ft.returncode == 0, ft.stdout + ft.stderr
+    ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    out = tmp_path / "ft"
+    assert _same(out / "replica-0", tmp_path / "ddp")
+    assert _same(out / "replica-1", tmp_path / "ddp")
+    assert {r["participants"] for r in _steps(out / "replica-0").values()} == {2}
+    said = [line for line in ft.stdout.splitlines() if " live (global batch " in line]
+    assert said == ["g0| phalanx: step 1: 2 replica groups live (global batch 4 sequences)"]
+    assert "Traceback" not in ft.stdout + ft.stderr
+    again = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    assert again.returncode == 0 and "the run is complete" in again.stdout, again.stdout
+
+
+def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file, cache_dir):
+    out = tmp_path / "chaos"
+    cmd = command("torchft", out, corpus_file, cache_dir, steps=500, every=50)
+    run = punish("torchft", cmd, kills=3, life=25, say=lambda line: None)
+    console = "\n".join(run.console)
+    assert run.code == 0, console[-3000:]
+    assert run.kills == 3 and "Traceback" not in console, console[-3000:]
+    g0, g1 = _steps(out / "replica-0"), _steps(out / "replica-1")
+    assert sorted(g0) == list(range(1, 501))  # group 0 took every step
+    both = sorted(set(g0) & set(g1))
+    assert [s for s in both if g0[s]["fingerprint"] != g1[s]["fingerprint"]] == []
+    assert any(r["participants"] == 1 for r in g0.values())  # it went on alone meanwhile
+    heals = _events(out / "replica-1", "heal")
+    assert len(heals) == 3, heals
+    for heal in heals:  # the step after each heal: already identical to the live group
+        assert g1[heal["step"]]["healed"] and \
+            g1[heal["step"]]["fingerprint"] == g0[heal["step"]]["fingerprint"]
+    changes = [line for line in run.console if " live (global batch " in line]
+    assert all(line.startswith("g0| phalanx: step ") for line in changes), changes
+    rejoined = [line for line in run.console if "group 1 rejoined" in line]
+    assert len(rejoined) == 3 and all(x.startswith("g1| phalanx: step ") for x in rejoined)
+    members = recorded(out / "replica-0")
+    expected = 1 + sum(members[s] != members[s - 1] for s in range(2, 501))
+    assert len(changes) == expected, changes  # one line per change, and only then
+    assert _same(out / "replica-0", out / "replica-1")
+    reference = replay(out / "replica-0")
+    final = load_file(out / "replica-0" / "model.safetensors")
+    assert all(torch.equal(final[k], reference[k]) for k in final), "not the recorded run"
+
+
+def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_file,
+                                                         cache_dir):
+    """Ctrl-C while the groups step (milliseconds a step: the signal reaches them at
+    different steps): they agree to stop after the same step, each commits a checkpoint
+    there, the launcher says how it ended in one line (the groups' lines name no internal
+    command); the same command resumes both groups, they meet before their first quorum,
+    and the run ends as the ddp run does."""
+    import os
+    import signal
+    import threading
+
+    out = tmp_path / "ft"
+    cmd = [sys.executable, "-m", "phalanx", "train", *TINY, "--log-every", "1", "--data",
+           str(small_corpus_file), "--cache-dir", str(cache_dir), "--out", str(out),
+           "--fault-tolerance", "torchft", "--max-steps", "400", "--checkpoint-every", "1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("g0| step 30/") and not any("SENT" in x for x in lines):
+                lines.append("SENT\n")
+                os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc.wait(timeout=300)
+    reader.join(timeout=10)
+    console = "".join(lines)
+    assert proc.returncode == 130, console
+    said = [x for x in lines if x.startswith(("phalanx: stopped", "g0| phalanx: stopped",
+                                              "g1| phalanx: stopped"))]
+    assert said[-1].startswith("phalanx: stopped by SIGINT: each replica group committed"), said
+    assert not any("Resume with" in x for x in said) and "Traceback" not in console
+    kept = {g: sorted(p.name for p in (out / f"replica-{g}" / "checkpoints").glob("step-*"))
+            for g in (0, 1)}
+    assert kept[0] == kept[1] and len(kept[0]) == 1, kept  # the same step in both
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "1 replica group live" not in resumed.stdout  # they met before their first quorum
+    ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "400")
+    assert ddp.returncode == 0, ddp.stderr
+    assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1",
+                                                               tmp_path / "ddp")
+
+
+def test_a_refused_combination_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "phalanx", "train", "--fault-tolerance",
+                           "torchft", "--strategy", "fsdp", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "phalanx: error: `--fault-tolerance torchft` runs one rank per replica group with "
+        "replicated weights; `--strategy fsdp` shards them (HSDP inside a group is not built "
+        "yet). Use `--strategy ddp`."]
+    assert not out.exists()

@@ -1,0 +1,77 @@
+"""phalanx.ft's pieces that need no process: the data a replica group reads per step, the
+refusals of `--fault-tolerance torchft`, and how the group launcher ends."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from phalanx.config.sections import build_config
+from phalanx.data.sampler import ShardedBatchSampler
+from phalanx.errors import Interrupted, UserError
+from phalanx.ft.gate import QuorumBatches
+from phalanx.ft.groups import HTTP_LOG, _outcome, check
+
+
+def test_a_group_reads_what_the_same_rank_of_ddp_reads():
+    data = TensorDataset(torch.arange(100), torch.arange(100) * 10)
+    batches = QuorumBatches(data, 3, seed=7, device=torch.device("cpu"))
+    for world in (1, 2, 3):
+        for rank in range(world):
+            ddp = iter(ShardedBatchSampler(100, 3, rank, world, seed=7, stream=True,
+                                           position=12))
+            batches.aim(12, rank, world)
+            for _ in range(4):  # four micro-batches (accumulation), across the epoch's end
+                x, y = next(batches)
+                assert x.tolist() == next(ddp) and torch.equal(y, x * 10)
+
+
+def _cfg(**dist):
+    return build_config({"dist": {"fault_tolerance": "torchft", **dist}})
+
+
+@pytest.mark.parametrize("dist, train, says", [
+    ({"strategy": "fsdp"}, {}, "HSDP inside a group is not built yet"),
+    ({"nnodes": "2", "rdzv_endpoint": "127.0.0.1:29400"}, {}, "--lighthouse HOST:PORT"),
+    ({}, {"precision": "fp16"}, "loss scaler's state"),
+    ({}, {"on_nan": "rollback"}, "reloads one group's own checkpoint"),
+])
+def test_what_torchft_cannot_do_yet_is_refused_plainly(dist, train, says):
+    pytest.importorskip("torchft", reason="torchft is not installed")
+    cfg = build_config({"dist": {"fault_tolerance": "torchft", **dist}, "train": train})
+    with pytest.raises(UserError, match=says):
+        check(cfg)
+
+
+def test_without_torchft_installed_it_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchft", None)  # import torchft raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'phalanx\[ft\]'"):
+        check(_cfg())
+
+
+def test_a_bad_lighthouse_address_names_its_flag():
+    with pytest.raises(UserError, match="`--lighthouse nowhere` must be HOST:PORT"):
+        _cfg(lighthouse="nowhere")
+
+
+def test_the_run_ends_with_the_group_that_finished_it(capsys):
+    names = ["0", "1"]
+    assert _outcome([0, -15], [], names) == 0
+    assert "replica group 0 finished the run (stopped behind it: group 1)" in \
+        capsys.readouterr().out
+    assert _outcome([2, 2], [], names) == 2  # a user error in every group
+    assert _outcome([1, -9], [], names) == 1
+    with pytest.raises(Interrupted, match="each replica group committed a checkpoint"):
+        _outcome([130, 130], [signal.SIGINT], names)
+    with pytest.raises(Interrupted, match="replica group 1 exited with code 1"):
+        _outcome([130, 1], [signal.SIGINT], names)
+
+
+def test_torchfts_request_log_is_told_from_a_training_line():
+    assert HTTP_LOG.search('::ffff:127.0.0.1 - - [25/Nov/2026 10:03:06] '
+                           '"GET /checkpoint/60/full HTTP/1.1" 200 -')
+    assert not HTTP_LOG.search("step 60/300 | loss 1.0 | GET /checkpoint/")

@@ -1,0 +1,71 @@
+"""What a resume refuses: another optimizer, another tokenizer (down to a BPE retrained
+with other merges) — and what it still accepts: a checkpoint written before the
+architecture options and tokenizers existed, trained on bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.config.sections import LEGACY, build_config, from_dict
+from phalanx.errors import UserError
+from phalanx.train.changes import check_compatible
+
+BYTES = {"kind": "bytes", "label": "bytes", "vocab_size": 256, "digest": None}
+BPE = {"kind": "bpe", "label": "bpe 4096", "vocab_size": 4096, "digest": "aaaa"}
+
+
+def meta(cfg, tokenizer=None, **train) -> dict:
+    saved = cfg.to_dict()
+    saved["train"].update(train)
+    return {"config": saved, "train_state": {"step": 2}, "tokenizer": tokenizer,
+            "vocab_size": (tokenizer or BYTES)["vocab_size"]}
+
+
+def test_an_old_checkpoint_on_bytes_still_resumes_and_another_tokenizer_is_refused():
+    cfg = build_config({k: dict(v) for k, v in LEGACY.items()})  # 0.1's recipe, today
+    old = meta(cfg)
+    for key in ("rope", "tie_embeddings", "qk_norm"):  # written before these existed
+        old["config"]["model"].pop(key)
+    old["config"]["train"].pop("optimizer")
+    old.pop("tokenizer")
+    assert check_compatible(cfg, old, Path("c"), tokenizer=BYTES) == []
+    with pytest.raises(UserError, match="tokenizer `bytes`.*this run's is `bpe 4096`"):
+        check_compatible(cfg, old, Path("c"), tokenizer=BPE)
+
+
+def test_a_bpe_retrained_with_other_merges_is_refused():
+    cfg = build_config({})
+    with pytest.raises(UserError, match="same size with other merges"):
+        check_compatible(cfg, meta(cfg, BPE), Path("c"), tokenizer={**BPE, "digest": "bbbb"})
+    assert check_compatible(cfg, meta(cfg, BPE), Path("c"), tokenizer=BPE) == []
+
+
+def test_another_optimizer_is_refused_and_a_new_muon_rate_is_said():
+    cfg = build_config({"train": {"optimizer": "muon", "muon_lr": 0.03}})
+    with pytest.raises(UserError, match="--optimizer adamw.*--optimizer muon"):
+        check_compatible(cfg, meta(cfg, optimizer="adamw"), Path("c"))
+    changes = check_compatible(cfg, meta(cfg, muon_lr=0.02), Path("c"))
+    assert changes == ["--muon-lr 0.02 → 0.03"]
+
+
+def test_a_wsd_schedule_re_sized_is_said_with_its_own_rates():
+    cfg = build_config({"train": {"lr_schedule": "wsd", "max_steps": 20, "warmup_steps": 1}})
+    old = meta(cfg, max_steps=10)
+    old["train_state"]["step"] = 8  # decaying in the old run, at the peak in the new one
+    (line,) = [c for c in check_compatible(cfg, old, Path("c")) if "schedule" in c]
+    assert line.startswith("the wsd schedule now spans 20 steps instead of 10: at step 9 "
+                           "the learning rate is 2.00e-03 where the old schedule had 1.40e-03")
+
+
+def test_a_saved_config_without_the_new_fields_means_the_old_recipe():
+    saved = build_config({}).to_dict()
+    for section, fields in LEGACY.items():
+        for key in fields:
+            saved[section].pop(key)
+    cfg = from_dict(saved)
+    assert (cfg.model.rope, cfg.model.tie_embeddings, cfg.model.activation) == (
+        False, True, "gelu")
+    assert (cfg.train.optimizer, cfg.train.lr_schedule, cfg.data.tokenizer) == (
+        "adamw", "cosine", "bytes")
