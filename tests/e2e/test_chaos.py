@@ -14,9 +14,12 @@ from chaos import punish, same_weights, straight_run  # noqa: E402
 
 
 def test_a_punished_run_ends_bit_identical(tmp_path, corpus_file, cache_dir):
-    steps, every = 400, 20  # one to several minutes here: many kills
+    # ~80 steps/s here once started: each life trains 1-2 s (80-160 steps, past a
+    # checkpoint) before its kill, so 800 steps take several lives even on a machine twice
+    # as fast (with 400 steps and 3-6 s lives, CI's run finished after one kill)
+    steps, every = 800, 20
     straight_run(tmp_path / "straight", corpus_file, cache_dir, steps, every)
-    chaos = punish(tmp_path / "chaos", corpus_file, cache_dir, steps, every, (3.0, 6.0),
+    chaos = punish(tmp_path / "chaos", corpus_file, cache_dir, steps, every, (1.0, 2.0),
                    seed=1, say=lambda line: None)
     console = "\n".join(chaos.console)
     assert chaos.exit_codes[-1] == 0, console

@@ -14,7 +14,7 @@ from phalanx.config.sections import build_config
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.errors import Interrupted, UserError
 from phalanx.ft.gate import QuorumBatches
-from phalanx.ft.groups import HTTP_LOG, _outcome, check
+from phalanx.ft.groups import HTTP_LOG, _outcome, check, without_access_logs
 
 
 def test_a_group_reads_what_the_same_rank_of_ddp_reads():
@@ -75,3 +75,17 @@ def test_torchfts_request_log_is_told_from_a_training_line():
     assert HTTP_LOG.search('::ffff:127.0.0.1 - - [25/Nov/2026 10:03:06] '
                            '"GET /checkpoint/60/full HTTP/1.1" 200 -')
     assert not HTTP_LOG.search("step 60/300 | loss 1.0 | GET /checkpoint/")
+
+
+def test_an_access_log_entry_inside_a_line_is_cut_out_and_the_line_rejoined():
+    """What CI saw: the server's entry written between a message and its newline (print
+    writes them apart when unbuffered) hid the membership line from the console."""
+    entry = '::ffff:127.0.0.1 - - [25/Nov/2026 10:03:06] "GET /checkpoint/111/full HTTP/1.1" 200 -\n'
+    message = "phalanx: step 112: 2 replica groups live (global batch 16 sequences)"
+    assert list(without_access_logs([message + entry, "\n", "step 112/500 | loss 1.0\n"])) == \
+        [message + "\n", "step 112/500 | loss 1.0\n"]
+    assert list(without_access_logs(["step 5/9 | eta 0m12" + entry, "\n"])) == \
+        ["step 5/9 | eta 0m12\n"]  # the digits before the address stay
+    assert list(without_access_logs([entry, "a\n"])) == ["a\n"]  # a whole entry: dropped
+    assert list(without_access_logs(["phal" + entry, "anx\n"])) == ["phalanx\n"]
+    assert list(without_access_logs(["last, no newline"])) == ["last, no newline"]

@@ -26,7 +26,9 @@ from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
-HTTP_LOG = re.compile(r'\] "GET /checkpoint/\S+ HTTP/[\d.]+" \d+ ')
+# torchft's checkpoint server logs each request it serves (a heal; the heal line says it)
+# to stderr, from its own thread: possibly in the middle of another line of the same process
+HTTP_LOG = re.compile(r'(?:::ffff:)?\d{1,3}(?:\.\d{1,3}){3} - - \[[^\]\n]*\] "GET /checkpoint/\S+ HTTP/[\d.]+" \d+ \S*\n?')
 
 
 def check(cfg: Config) -> None:
@@ -185,11 +187,26 @@ class Groups:
 
 def _pump(proc: subprocess.Popen, prefix: str) -> None:
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if HTTP_LOG.search(line):  # torchft's checkpoint server logs each request it serves
-            continue  # (a heal): the heal line says it
+    for line in without_access_logs(proc.stdout):
         sys.stdout.write(prefix + line)
         sys.stdout.flush()
+
+
+def without_access_logs(lines):
+    """The lines with torchft's access-log entries cut out; a line such an entry broke
+    in two (it ended the line's first part) is joined again."""
+    carry = ""
+    for line in lines:
+        kept = carry + HTTP_LOG.sub("", line)
+        carry = ""
+        if not kept:
+            continue
+        if not kept.endswith("\n") and line.endswith("\n"):  # the rest follows
+            carry = kept
+            continue
+        yield kept
+    if carry:
+        yield carry + "\n"
 
 
 def _outcome(codes: list[int], got: list[int], names: list[str]) -> int:

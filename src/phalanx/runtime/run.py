@@ -287,9 +287,14 @@ class Run(StepMethods, CheckpointMethods):
             self.print(text)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` on rank 0 only."""
+        """`print` on rank 0 only, as one write (a line is never split by another
+        thread's output into the same stream: torchft's server logs to stderr)."""
         if self.is_main:
-            print(*args, **kwargs, flush=True)
+            out, sep, end = kwargs.get("file"), kwargs.get("sep"), kwargs.get("end")
+            out = sys.stdout if out is None else out
+            out.write((" " if sep is None else sep).join(map(str, args))
+                      + ("\n" if end is None else end))
+            out.flush()
 
     def close(self, failed: bool = False) -> None:
         """Finish a background checkpoint (unless failing), destroy the process group
