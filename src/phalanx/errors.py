@@ -26,10 +26,11 @@ class StorageFull(UserError):
     """A write failed because the disk is full, over quota or read-only."""
 
 
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # no room left (not read-only)
+_STORAGE_ERRNOS = FULL_ERRNOS | {errno.EROFS}
 
 
-def _storage_error(exc: BaseException, into: str | os.PathLike | None = None
+def storage_error(exc: BaseException, into: str | os.PathLike | None = None
                   ) -> StorageFull | None:
     """The user's error behind an OSError of a full, over-quota or read-only disk (wherever
     in a run it came: metrics, logs, a plot, an export); None for any other error. `into`:
@@ -47,11 +48,11 @@ def _storage_error(exc: BaseException, into: str | os.PathLike | None = None
 @contextlib.contextmanager
 def storage_errors(into: str | os.PathLike | None = None):
     """Raise a full, over-quota or read-only disk met inside as the user's error
-    (`_storage_error`); any other error passes unchanged."""
+    (`storage_error`); any other error passes unchanged."""
     try:
         yield
     except OSError as exc:
-        known = _storage_error(exc, into)
+        known = storage_error(exc, into)
         if known is None:
             raise
         raise known from exc

@@ -84,3 +84,26 @@ def test_gradient_norms_are_read_in_one_copy_and_kept_as_floats():
     assert isinstance(norms[0], torch.Tensor) and norms[1:] == [None, 2.0, 4.0]  # floats now
     assert _settle_norms(norms, 4) == pytest.approx(7 / 3) and norms[0] == 1.0
     assert _settle_norms([None, None], 2) is None and _settle_norms([], 0) is None
+
+
+def test_a_full_disk_at_the_out_probe_says_full_and_read_only_says_not_writable(
+        tmp_path, monkeypatch):
+    import errno
+
+    from phalanx.checkpoint import rundir
+    from phalanx.errors import StorageFull, UserError
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(rundir, "create_new", full)
+    with pytest.raises(StorageFull, match=rf"^No space left on device writing `{tmp_path}/"
+                                          r"\.phalanx-write-test-\d+`\. Free space"):
+        rundir.prepare_out_dir(str(tmp_path))
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(rundir, "create_new", read_only)
+    with pytest.raises(UserError, match=r"is not a writable directory \(Read-only file system"):
+        rundir.prepare_out_dir(str(tmp_path))

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from phalanx.errors import UserError
+from phalanx.errors import FULL_ERRNOS, UserError, storage_error
 from phalanx.paths import RunDir, check_run_dir, create_new, link_error, refuse_link
 
 
@@ -185,6 +185,9 @@ def prepare_out_dir(path: str) -> RunDir:
         create_new(probe, "ok")  # O_EXCL: never through a link planted at its name
         probe.unlink()
     except OSError as exc:
+        full = storage_error(exc, out) if exc.errno in FULL_ERRNOS else None
+        if full is not None:  # a full disk: say so, not that the folder is not writable
+            raise full from None
         raise UserError(f"`--out` `{path}` is not a writable directory ({exc.strerror}). "
                         f"Choose a directory you can write to.") from None
     return RunDir(out)
