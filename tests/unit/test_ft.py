@@ -30,6 +30,24 @@ def test_a_group_reads_what_the_same_rank_of_ddp_reads():
                 assert x.tolist() == next(ddp) and torch.equal(y, x * 10)
 
 
+def test_a_group_collates_a_users_items_as_the_loader_does():
+    from phalanx.data.loader import DeviceLoader
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return {"ids": torch.full((2,), i), "label": i}
+
+    sampler = ShardedBatchSampler(20, 4, 1, 2, seed=3, stream=True)
+    loader = next(iter(DeviceLoader(Dicts(), sampler, torch.device("cpu"))))
+    batches = QuorumBatches(Dicts(), 4, seed=3, device=torch.device("cpu"))
+    batches.aim(0, 1, 2)
+    mine = next(batches)
+    assert mine.keys() == loader.keys() and all(torch.equal(mine[k], loader[k]) for k in mine)
+
+
 def _cfg(**dist):
     return build_config({"dist": {"fault_tolerance": "torchft", **dist}})
 

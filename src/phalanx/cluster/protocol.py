@@ -97,6 +97,13 @@ def record_for_agent(exc: BaseException) -> bool:
     return phalanx_worker()
 
 
+def replica_group() -> tuple[str, str] | None:
+    """(this replica group's name, the lighthouse's address) when this `phalanx train` is
+    one replica group of a torchft job (started by `phalanx.ft.groups`), else None."""
+    group, lighthouse = os.environ.get(FT_GROUP), os.environ.get(FT_LIGHTHOUSE)
+    return None if group is None or lighthouse is None else (group, lighthouse)
+
+
 def in_replica_group() -> bool:
     """This `phalanx train` is one replica group of a torchft job (`phalanx.ft.groups`)."""
-    return FT_GROUP in os.environ
+    return replica_group() is not None

@@ -5,14 +5,15 @@ data a replica group reads when its place in the quorum changes per step
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.data import default_collate
 
 from phalanx.cluster import protocol
+from phalanx.data.loader import to_device
 from phalanx.data.sampler import ShardedBatchSampler
 
 
@@ -33,11 +34,10 @@ class QuorumBatches:
     def __iter__(self) -> QuorumBatches:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Any:
         items = [self.dataset[i] for i in self.sampler.indices(self.cursor, self.batch_size)]
         self.cursor += self.stride
-        x, y = (torch.stack(parts).to(self.device) for parts in zip(*items))
-        return x, y
+        return to_device(default_collate(items), self.device)  # as DeviceLoader's batches
 
 
 class NoReplicas:
@@ -73,19 +73,11 @@ class NoReplicas:
         pass
 
 
-def group_from_env() -> tuple[str, str] | None:
-    """(this replica group's name, the lighthouse) when started by `phalanx.ft.groups`."""
-    group, lighthouse = os.environ.get(protocol.FT_GROUP), os.environ.get(protocol.FT_LIGHTHOUSE)
-    if group is None or lighthouse is None:
-        return None
-    return group, lighthouse
-
-
 def step_gate(run, cfg, out_dir: Path | None):
     """A `ReplicaGroup` in a group started by `phalanx.ft.groups`, else `NoReplicas`."""
     t = cfg.train
     group_batch = t.micro_batch_size * t.grad_accum * run.topology.dp_size
-    found = group_from_env() if cfg.dist.fault_tolerance != "none" else None
+    found = protocol.replica_group() if cfg.dist.fault_tolerance != "none" else None
     if found is None:
         return NoReplicas(group_batch)
     from phalanx.ft.replica import ReplicaGroup

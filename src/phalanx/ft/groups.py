@@ -117,6 +117,7 @@ class Groups:
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []
+        self.marked: set[str] = set()  # groups marked as ended in the store
 
     def start(self, argv: list[str], out: Path, address: str, threads: int,
               start: dict[str, str]) -> None:
@@ -181,8 +182,9 @@ class Groups:
         from phalanx.ft.replica import started_key
 
         for name, proc in zip(self.names, self.procs):
-            if proc.poll() is not None:
+            if name not in self.marked and proc.poll() is not None:
                 self.store.set(started_key(name), "ended")
+                self.marked.add(name)
 
 
 def _pump(proc: subprocess.Popen, prefix: str) -> None:

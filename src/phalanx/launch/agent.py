@@ -74,7 +74,7 @@ def plan_launch(dist, env: dict[str, str] | None = None) -> LaunchPlan:
     notes = nccl_preset(dist, nodes.ifname if nodes is not None else None, env)
     return LaunchPlan(nproc, threads_per_rank(nproc, dist.threads_per_rank),
                       dist.max_restarts, nodes, env, tuple(notes),
-                      via_agent=getattr(dist, "fault_tolerance", "none") != "none")
+                      via_agent=dist.fault_tolerance != "none")
 
 
 def _preset_here(dist) -> None:
