@@ -157,7 +157,9 @@ class ReplicaGroup:
         """After a committed step: its membership and a fingerprint of the weights."""
         if self.out_dir is None or not self.run.is_main:
             return
-        _, rows = fingerprints(named_state(model), torch.device("cpu"))
+        # on the model's device, one copy back (not one per tensor: a sync each on a GPU)
+        _, rows = fingerprints(named_state(model), self.run.device)
+        rows = rows.cpu()
         line = {"step": self.result.state.step, "group": self.group,
                 "participants": self.participants, "rank": self.rank,
                 "global_batch": self.global_batch, "healed": self.healed,
