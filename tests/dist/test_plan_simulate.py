@@ -73,21 +73,29 @@ def test_simulation_agrees_with_the_formulas_or_says_why(W):
         assert all(not v["why"] for v in result["variants"].values()), result
         ck = result["variants"]["fsdp"]["checkpoint"]  # DCP writes this rank's shards
         assert abs(ck["simulated"] / ck["even_share"] - 1) < 0.05, ck
-    else:  # 1,024 ranks: FSDP pads 64-row tensors to 1,024 rows, which the plan does not
-        fsdp = result["variants"]["fsdp"]
-        assert fsdp["comm"]["simulated"] > 2 * fsdp["comm"]["predicted"]
-        assert any("padded" in line for line in fsdp["why"])
+    else:  # 1,024 ranks: FSDP pads 64-row tensors to 1,024 rows, and the plan counts them
+        fsdp = result["variants"]["fsdp"]  # padded (formulas.gathered_bytes), as its table
+        assert _gathered(cfg, W) > 2 * _gathered(cfg, 1)  # padding more than doubles them
+        assert fsdp["comm"]["within"] and fsdp["why"] == [], fsdp
 
 
-def test_bf16_fsdp_communication_is_explained_when_it_differs():
+def _gathered(cfg, W: int) -> int:
+    from phalanx.plan import formulas
+    from phalanx.plan.recommend import facts_for
+
+    return formulas.gathered_bytes(facts_for(cfg, variant=VARIANTS[2]).param_shapes, W)
+
+
+def test_bf16_fsdp_communication_is_counted_in_its_dtypes():
     cfg = small(precision="bf16")
     _, rows = predicted(cfg, 8)
     result = compare_all(cfg, simulate(cfg, 8, variants=(VARIANTS[2],), predicted=rows),
                          rows)
     fsdp = result["variants"]["fsdp"]
     assert fsdp["components"]["peak"]["within"], fsdp["components"]["peak"]
-    if not fsdp["comm"]["within"]:  # gathered in bf16, counted in fp32 by the planner
-        assert any("bf16" in line for line in fsdp["why"]), fsdp["why"]
+    # gathered in bf16, reduce-scattered in fp32: what the planner counts (it counted fp32
+    # for both until the simulation showed the difference)
+    assert fsdp["comm"]["within"] and fsdp["why"] == [], fsdp
 
 
 def test_zero_rank_holds_its_partition_and_the_rank_is_chosen():

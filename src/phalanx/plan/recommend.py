@@ -104,17 +104,22 @@ def _precision_note(precision: str) -> str | None:
             f"with parameters and floating inputs in 2 bytes (its mixed-precision policy)")
 
 
-def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) -> dict:
+def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
+    """The bytes one rank sends per optimizer step, by pass (`timing.comm_per_pass`).
+    FSDP moves its parameters and gradients in their mixed-precision dtypes (bf16/fp16
+    gathers, the reduce dtype's gradients), dim 0 padded to a multiple of W
+    (`formulas.gathered_bytes`); ddp/zero move fp32 (autocast keeps them)."""
     shapes = facts.param_shapes
-    # FSDP moves its parameters and gradients in their mixed-precision dtypes (bf16/fp16
-    # gathers, the reduce dtype's gradients); ddp/zero move fp32 (autocast keeps them)
-    # (FSDP's collectives carry dim 0 padded to a multiple of W: formulas.gathered_bytes)
     P = f.gathered_bytes(shapes, W, facts.gathered) if v.sharded else f.param_bytes(shapes)
     G = f.gathered_bytes(shapes, W, facts.reduced) if v.sharded else f.param_bytes(shapes)
     hidden = [p for p, c in zip(shapes, facts.copies()) if c == f.MUON_COPIES]
-    passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
-                                  muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
-                                  else f.param_bytes(hidden))
+    return timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
+                                muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
+                                else f.param_bytes(hidden))
+
+
+def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) -> dict:
+    passes = comm_passes(cfg, facts, v, W)
     t = timing.step_time(facts.flops_per_token, facts.tokens * cfg.train.grad_accum,
                          peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W))
     return {"compute_s": t.compute_s, "comm_bytes": t.comm_bytes, "comm_s": t.comm_s,

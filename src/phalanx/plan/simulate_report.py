@@ -26,16 +26,11 @@ def sent_bytes(op: str, nbytes: int, W: int) -> float:
 
 
 def predicted_comm(cfg, label: str, W: int) -> float:
-    """The planner's bytes per rank per optimizer step (recommend._time's inputs)."""
-    from phalanx.plan import timing
-    from phalanx.plan.recommend import facts_for
+    """The planner's bytes per rank per optimizer step (what its table's comm says)."""
+    from phalanx.plan.recommend import comm_passes, facts_for
 
     v = next(v for v in VARIANTS if v.label == label)
-    facts = facts_for(cfg, variant=v)
-    P = f.param_bytes(facts.param_shapes)
-    hidden = [p for p, c in zip(facts.param_shapes, facts.copies()) if c == f.MUON_COPIES]
-    return sum(timing.comm_per_pass(v.strategy, v.reshard, P, P, W, cfg.train.grad_accum,
-                                    muon_bytes=f.param_bytes(hidden)).values())
+    return sum(comm_passes(cfg, facts_for(cfg, variant=v), v, W).values())
 
 
 def compare_variant(cfg, label: str, sim: dict, row: dict, W: int, rank: int) -> dict:
@@ -107,27 +102,7 @@ def explain(cfg, label: str, cmp: dict, sim: dict, W: int, rank: int) -> list[st
                          f"(phalanx.plan.formulas) and what the step allocates differ")
     if not cmp["comm"]["within"]:
         lines.append(_comm_line(label, cmp["comm"]))
-        low = _low_precision_line(cfg, label)
-        if low:
-            lines.append(low)
     return lines
-
-
-def _low_precision_line(cfg, label: str) -> str | None:
-    """FSDP under bf16/fp16 gathers parameters (and with --fsdp-bf16-reduce reduces
-    gradients) in 2 bytes: the planner's communication counts 4."""
-    from phalanx.plan.recommend import facts_for
-
-    v = next(v for v in VARIANTS if v.label == label)
-    if not v.sharded:
-        return None
-    facts = facts_for(cfg, variant=v)
-    if facts.gathered == f.FP32 and facts.reduced == f.FP32:
-        return None
-    return (f"{label}: under {cfg.train.precision} FSDP all-gathers parameters in "
-            f"{facts.gathered} bytes and reduce-scatters gradients in {facts.reduced} bytes "
-            f"per element (its MixedPrecisionPolicy); the planner's communication counts "
-            f"fp32 for both (phalanx.plan.recommend._time passes fp32 parameter bytes)")
 
 
 def _same_moment(sim: str, predicted: str) -> bool:
