@@ -71,6 +71,14 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     assert "Traceback" not in ft.stdout + ft.stderr
     again = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
     assert again.returncode == 0 and "the run is complete" in again.stdout, again.stdout
+    # a higher --max-steps trains further, as it does without torchft: the same bits
+    more = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft",
+                  "--max-steps", "26")
+    assert more.returncode == 0 and "the run is complete" not in more.stdout, more.stdout
+    ddp_more = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "26")
+    assert ddp_more.returncode == 0, ddp_more.stdout + ddp_more.stderr
+    assert max(_steps(out / "replica-0")) == 26
+    assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1", out / "replica-0")
 
 
 def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file, cache_dir):

@@ -35,10 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
-    if protocol.in_replica_group():  # started by phalanx.ft.groups: ends with it
-        from phalanx.cluster.lifecycle import die_with_parent
-
-        die_with_parent()
     cfg = resolve(ns)
     mark("config resolved")
     check_faults()
@@ -56,9 +52,13 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     out = prepare_out_dir(cfg.train.out)
     try:
         if ft_launcher:
-            from phalanx.ft.groups import run_groups  # a lighthouse, a `phalanx train` a group
+            from phalanx.ft.groups import group_count, run_groups
+            from phalanx.launch.agent import threads_per_rank
 
-            return run_groups(cfg, argv, out.root)
+            # a lighthouse, a `phalanx train` a group, each with its share of the cores
+            return run_groups(cfg, argv, out.root,
+                              threads_per_rank(group_count(cfg.dist), cfg.dist.threads_per_rank),
+                              lambda folder: complete_quietly(cfg, RunDir(folder)))
         with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
             return _train_in(cfg, out, argv)
     except UserError:

@@ -33,9 +33,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def die_with_agent() -> None:
-    """In a worker of an elastic agent (Phalanx's launcher or torchrun): SIGKILL this
-    process when the agent dies. Elsewhere: nothing."""
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
+    """In a worker of an elastic agent (Phalanx's launcher or torchrun), or in a torchft
+    replica group (started by `phalanx.ft.groups`): SIGKILL this process when the process
+    that started it dies. Elsewhere: nothing."""
+    if os.environ.get("TORCHELASTIC_RUN_ID") or protocol.in_replica_group():
         die_with_parent()
 
 

@@ -17,10 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.cluster import protocol
-from phalanx.cluster.env import usable_cores
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
@@ -41,7 +41,7 @@ def check(cfg: Config) -> None:
     except ImportError:
         raise UserError("`--fault-tolerance torchft` needs torchft, which is not installed: "
                         "pip install 'phalanx[ft]'.") from None
-    shards = choose(d, d.nproc_per_node or 2, cfg.train.grad_accum).spec.shards
+    shards = choose(d, group_count(d), cfg.train.grad_accum).spec.shards
     if shards:
         raise UserError(f"`--fault-tolerance torchft` runs one rank per replica group with "
                         f"replicated weights; `--strategy {d.strategy}` shards them (HSDP "
@@ -69,18 +69,32 @@ def group_command(argv: list[str], out: Path, name: str, threads: int) -> list[s
     """`phalanx train` for one replica group: the user's flags, one rank, its own OUT,
     its share of the cores."""
     return [sys.executable, "-m", "phalanx", "train", *argv, "--nproc-per-node", "1",
-            "--threads-per-rank", str(threads), "--out", str(out / f"replica-{name}")]
+            "--threads-per-rank", str(threads), "--out", str(replica_dir(out, name))]
 
 
-def run_groups(cfg: Config, argv: list[str], out: Path) -> int:
-    """Start the lighthouse (unless `--lighthouse`) and the groups; wait for them all
-    (`check(cfg)` first)."""
-    groups = cfg.dist.nproc_per_node or 2
+def group_count(dist) -> int:
+    """Replica groups on this machine: `--nproc-per-node`, 2 by default."""
+    return dist.nproc_per_node or 2
+
+
+def replica_dir(out: Path, name: str) -> Path:
+    """Where replica group NAME's run is: OUT/replica-NAME."""
+    return out / f"replica-{name}"
+
+
+def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
+               complete: Callable[[Path], bool]) -> int:
+    """Start the lighthouse (unless `--lighthouse`) and the groups, each with `threads`
+    torch threads; wait for them all (`check(cfg)` first). A run one group has completed
+    (`complete(its folder)`: at `--max-steps`, its outputs written) starts nothing: the
+    groups behind it must not train on alone; a higher `--max-steps` or `--resume never`
+    is not complete."""
+    groups = group_count(cfg.dist)
     names = [group_name(g, cfg.dist.lighthouse is not None) for g in range(groups)]
-    done = finished_group(out, names)
+    done = next((n for n in names if complete(replica_dir(out, n))), None)
     if done is not None:
         print(f"phalanx: the run is complete: replica group {done} finished it "
-              f"({out}/replica-{done}); nothing to do.", flush=True)
+              f"({replica_dir(out, done)}); nothing to do.", flush=True)
         return 0
     server, store, start = None, None, {}
     address = cfg.dist.lighthouse
@@ -98,7 +112,6 @@ def run_groups(cfg: Config, argv: list[str], out: Path) -> int:
     print(f"phalanx: fault tolerance (torchft): {groups} replica groups of 1 rank, "
           f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
     try:
-        threads = cfg.dist.threads_per_rank or max(1, usable_cores() // groups)
         groups_ = Groups(names, store)
         groups_.start(argv, out, address, threads, start)
         return groups_.wait(cfg.dist.ft_join_timeout_s + 10)
@@ -229,10 +242,3 @@ def _outcome(codes: list[int], got: list[int], names: list[str]) -> int:
     print("phalanx: " + ", ".join(f"replica group {names[g]} exited with code {c}"
                                   for g, c in enumerate(codes)), file=sys.stderr, flush=True)
     return 2 if all(c == 2 for c in codes) else 1
-
-
-def finished_group(out: Path, names: list[str]) -> str | None:
-    """A replica group whose run in OUT/replica-NAME is complete (rerunning a finished
-    run starts nothing: the groups behind it must not train on alone)."""
-    return next((n for n in names if (out / f"replica-{n}" / "model.safetensors").is_file()),
-                None)

@@ -91,7 +91,6 @@ class ReplicaGroup:
         """The quorum for the next step (healing this group first if it is behind), then
         aim the data at this group's place in it."""
         assert self.result is not None
-        self.run.checkpoint_staged()  # a heal writes the weights a background save copies
         self.healed = False
         try:
             with warnings.catch_warnings():  # torch's note on the state it receives
@@ -187,6 +186,7 @@ class ReplicaGroup:
 
     def _load(self, state: dict[str, Any]) -> None:
         assert self.result is not None
+        self.run.checkpoint_staged()  # a heal writes the weights a background save copies
         r = self.result
         self.run.unwrap(r.model).load_state_dict(state["model"])
         r.optimizer.load_state_dict(state["optimizer"])
