@@ -112,12 +112,38 @@ def test_bins_are_used_in_place(tmp_path):
     assert s.vocab_size == max(train.max(), val.max()) + 1 and s.tokenizer() is None
     assert np.array_equal(s.load("train"), train) and s.train == tmp_path / "b" / "train.bin"
     assert "the vocabulary is the largest id + 1" in said[0]
-    assert not (tmp_path / "c").exists()  # nothing copied
+    kept = list((tmp_path / "c").iterdir())  # nothing copied: the scans' records only
+    assert len(kept) == 2 and all(p.name.startswith("bins-") and p.stat().st_size < 100
+                                  for p in kept), kept
     big = prepare(_bins(tmp_path / "b32", train + 70_000, val, np.uint32), None,
                   bin_dtype="uint32", **QUIET)
     assert big.vocab_size == train.max() + 70_001 and big.dtype == "uint32"
     small = prepare(_bins(tmp_path / "b8", train % 256, val % 256, np.uint16), None, **QUIET)
     assert small.tokenizer_kind == "bytes" and small.vocab_size == 256
+
+
+def test_a_bins_scan_is_remembered_per_version_of_the_file(tmp_path, monkeypatch):
+    import os
+
+    from phalanx.data import bins
+
+    scans: list[str] = []
+    real = bins._scan
+    monkeypatch.setattr(bins, "_scan", lambda path, dtype: scans.append(path.name) or
+                        real(path, dtype))
+    folder = _bins(tmp_path / "b", np.arange(3000) % 700, np.arange(300), np.uint16)
+    first = prepare(folder, str(tmp_path / "c"), **QUIET)
+    assert scans == ["train.bin", "val.bin"]
+    again = prepare(folder, str(tmp_path / "c"), **QUIET)  # another rank, a restart
+    assert scans == ["train.bin", "val.bin"] and again.vocab_size == first.vocab_size == 700
+    st = os.stat(tmp_path / "b" / "train.bin")
+    os.utime(tmp_path / "b" / "train.bin", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    prepare(folder, str(tmp_path / "c"), **QUIET)  # a new version of train.bin: read again
+    assert scans == ["train.bin", "val.bin", "train.bin"]
+    for record in (tmp_path / "c").glob("bins-*.json"):
+        record.write_text("not json")  # a damaged record: scanned again, not trusted
+    assert prepare(folder, str(tmp_path / "c"), **QUIET).vocab_size == 700
+    assert len(scans) == 5
 
 
 @pytest.mark.parametrize("written, read, needle", [

@@ -12,11 +12,15 @@ that catches a wrong `--bin-dtype`:
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 import numpy as np
 
+from phalanx.data.cache import cache_key
 from phalanx.errors import UserError
+from phalanx.paths import atomic_write
 
 MAX_GUESSED_VOCAB = 1 << 20  # no tokenizer file: a larger max id means a wrong dtype
 _BLOCK = 1 << 24  # ids scanned at a time
@@ -37,18 +41,40 @@ def _scan(path: Path, dtype: str) -> tuple[int, int, int, int]:
     for start in range(0, len(ids), _BLOCK):  # _BLOCK is even: positions keep their parity
         block = np.asarray(ids[start:start + _BLOCK])
         top = max(top, int(block.max()))
-        odd_zeros += int(np.count_nonzero(block[1::2] == 0))
-        even_zeros += int(np.count_nonzero(block[0::2] == 0))
+        if dtype == "uint16":  # (the zeros tell only a uint32 file read as uint16)
+            zeros = block == 0
+            odd = int(np.count_nonzero(zeros[1::2]))
+            odd_zeros, even_zeros = odd_zeros + odd, even_zeros + int(
+                np.count_nonzero(zeros)) - odd
     return len(ids), top, odd_zeros, even_zeros
 
 
+def _scanned(path: Path, dtype: str, cache: Path | None) -> tuple[int, int, int, int]:
+    """`_scan`, remembered in the cache folder per version of the file (its path, size and
+    mtime): every rank of every start of a run reads a large train.bin once, not each time."""
+    if cache is None:
+        return _scan(path, dtype)
+    record = cache / f"bins-{cache_key([path], 0, f'scan:{dtype}')}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        found = json.loads(record.read_text())
+        if isinstance(found, list) and len(found) == 4 and all(type(x) is int for x in found):
+            n, top, odd, even = found
+            return n, top, odd, even
+    result = _scan(path, dtype)
+    with contextlib.suppress(OSError):  # a read-only cache: scanned again next time
+        cache.mkdir(parents=True, exist_ok=True)
+        atomic_write(record, json.dumps(list(result)))
+    return result
+
+
 def check_bins(files: list[Path], dtype: str, vocab: int | None,
-               vocab_from: str) -> tuple[int, int, int]:
+               vocab_from: str, cache: Path | None = None) -> tuple[int, int, int]:
     """(train ids, val ids, vocabulary) of `train.bin` and `val.bin` read as `dtype`;
-    `vocab`: the tokenizer's (None: max id + 1). A wrong dtype: one line (UserError)."""
+    `vocab`: the tokenizer's (None: max id + 1); `cache`: where scans are remembered. A
+    wrong dtype: one line (UserError)."""
     counts, top = [], 0
     for path in files:
-        n, high, odd_zeros, even_zeros = _scan(path, dtype)
+        n, high, odd_zeros, even_zeros = _scanned(path, dtype, cache)
         if dtype == "uint16" and n >= 64 and odd_zeros == n // 2 and even_zeros < n // 4:
             raise UserError(f"`{path}` read as uint16 has 0 at every other position: it looks "
                             f"like uint32 ids. Pass `--bin-dtype uint32`.")

@@ -157,13 +157,13 @@ def prepare(data_path: str | None, cache_dir: str | None = None, val_fraction: f
     tokenizer = resolve_spec(tokenizer, data_path)
     kind, arg = parse_spec(tokenizer)
     user_tok = load_tokenizer_file(str(arg)) if kind == "file" else None
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if source.kind == "bins":
-        return _bins(source, bin_dtype, kind, user_tok, tokenizer, log)
+        return _bins(source, bin_dtype, kind, user_tok, tokenizer, log, root)
     extra = "" if kind == "bytes" else f"{kind}:{arg}" if kind == "bpe" else \
         f"file:{file_digest(Path(str(arg)).expanduser())}"
     if source.kind == "dataset" or any(f.suffix in (".jsonl", *TABLES) for f in source.files):
         extra += f"|field:{text_field}"
-    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     folder = root / f"tokens-{cache_key(source.files, val_fraction, extra)}"
     meta = read_meta(folder, log)
     if meta is None:
@@ -237,7 +237,7 @@ def _no_text(source: Source, skipped: list[str]) -> None:
 
 
 def _bins(source: Source, dtype: str, kind: str, user_tok: HFTokenizer | None, spec: str,
-          log) -> TokenSplits:
+          log, cache: Path) -> TokenSplits:
     """Pre-tokenized `train.bin`/`val.bin`: checked, used in place (not copied)."""
     if kind == "bpe":
         raise UserError(f"`--data` `{source.label}` holds token ids already (train.bin/val.bin), "
@@ -247,7 +247,7 @@ def _bins(source: Source, dtype: str, kind: str, user_tok: HFTokenizer | None, s
     vocab_from = f"the tokenizer `{spec}`"
     n_train, n_val, vocab = check_bins(source.files, dtype,
                                        None if user_tok is None else user_tok.vocab_size,
-                                       vocab_from)
+                                       vocab_from, cache)
     desc = f"{source.label}: token ids ({dtype})"
     train, val = source.files
     if user_tok is not None:
