@@ -94,7 +94,8 @@ def test_pre_tokenized_bins_with_their_tokenizer(tmp_path):
     config = _ok(proc, out)
     assert config["vocab_size"] == tok.vocab_size
     assert "token ids" not in (out / "sample.txt").read_text()  # decoded with the file
-    assert not (tmp_path / "c").exists()  # used in place, nothing cached
+    kept = sorted(p.name[:5] for p in (tmp_path / "c").iterdir())
+    assert kept == ["bins-", "bins-"]  # used in place: only each file's dtype scan remembered
 
 
 def _refused(capfd, argv: list[str], needle: str, out, cache) -> None:

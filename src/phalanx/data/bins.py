@@ -49,22 +49,26 @@ def _scan(path: Path, dtype: str) -> tuple[int, int, int, int]:
     return len(ids), top, odd_zeros, even_zeros
 
 
-def _scanned(path: Path, dtype: str, cache: Path | None) -> tuple[int, int, int, int]:
-    """`_scan`, remembered in the cache folder per version of the file (its path, size and
-    mtime): every rank of every start of a run reads a large train.bin once, not each time."""
-    if cache is None:
-        return _scan(path, dtype)
-    record = cache / f"bins-{cache_key([path], 0, f'scan:{dtype}')}.json"
-    with contextlib.suppress(OSError, ValueError, TypeError):
+def _record(path: Path, dtype: str, cache: Path) -> Path:
+    """Where `_scan`'s result for this version of the file (its path, size and mtime) is
+    remembered: every rank of every start of a run then reads a large train.bin once."""
+    return cache / f"bins-{cache_key([path], 0, f'scan:{dtype}')}.json"
+
+
+def _recalled(record: Path) -> tuple[int, int, int, int] | None:
+    with contextlib.suppress(OSError, ValueError):
         found = json.loads(record.read_text())
         if isinstance(found, list) and len(found) == 4 and all(type(x) is int for x in found):
-            n, top, odd, even = found
-            return n, top, odd, even
-    result = _scan(path, dtype)
-    with contextlib.suppress(OSError):  # a read-only cache: scanned again next time
-        cache.mkdir(parents=True, exist_ok=True)
-        atomic_write(record, json.dumps(list(result)))
-    return result
+            return found[0], found[1], found[2], found[3]
+    return None  # none yet, or damaged: scanned again
+
+
+def _remember(scans: dict[Path, tuple[int, int, int, int]]) -> None:
+    """The scans of files that passed the checks (a refused file leaves nothing)."""
+    for record, result in scans.items():
+        with contextlib.suppress(OSError):  # a read-only cache: scanned again next time
+            record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(record, json.dumps(list(result)))
 
 
 def check_bins(files: list[Path], dtype: str, vocab: int | None,
@@ -72,9 +76,15 @@ def check_bins(files: list[Path], dtype: str, vocab: int | None,
     """(train ids, val ids, vocabulary) of `train.bin` and `val.bin` read as `dtype`;
     `vocab`: the tokenizer's (None: max id + 1); `cache`: where scans are remembered. A
     wrong dtype: one line (UserError)."""
-    counts, top = [], 0
+    counts, top, fresh = [], 0, {}
     for path in files:
-        n, high, odd_zeros, even_zeros = _scanned(path, dtype, cache)
+        record = _record(path, dtype, cache) if cache is not None else None
+        found = _recalled(record) if record is not None else None
+        if found is None:
+            found = _scan(path, dtype)
+            if record is not None:
+                fresh[record] = found
+        n, high, odd_zeros, even_zeros = found
         if dtype == "uint16" and n >= 64 and odd_zeros == n // 2 and even_zeros < n // 4:
             raise UserError(f"`{path}` read as uint16 has 0 at every other position: it looks "
                             f"like uint32 ids. Pass `--bin-dtype uint32`.")
@@ -92,4 +102,5 @@ def check_bins(files: list[Path], dtype: str, vocab: int | None,
                         f"vocabulary is that large, so the dtype is likely wrong; pass "
                         f"`--bin-dtype uint16` (nanoGPT's), or the `tokenizer.json` the ids "
                         f"were made with as `--tokenizer`.")
+    _remember(fresh)
     return counts[0], counts[1], vocab if vocab is not None else top + 1
