@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phalanx.data.corpus import prepare, source_files, split_chunks, stdlib_files
+from phalanx.data.corpus import prepare, split_chunks, stdlib_files
+from phalanx.data.sources import find_source
 from phalanx.errors import UserError
 
 
@@ -52,4 +53,4 @@ def test_bad_data_paths_are_refused(tmp_path, content, needle):
 def test_empty_directory_is_refused(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(UserError, match="contains no files"):
-        source_files(str(tmp_path / "d"))
+        find_source(str(tmp_path / "d"))

@@ -11,7 +11,6 @@ tokenizer (`phalanx.data.writer`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -56,7 +55,7 @@ from phalanx.paths import atomic_write
 if TYPE_CHECKING:
     from phalanx.config.sections import DataConfig
 
-__all__ = ["TokenSplits", "prepare", "prepare_data", "check_data", "source_files",
+__all__ = ["TokenSplits", "prepare", "prepare_data", "check_data",
            "stdlib_files", "split_chunks", "default_cache_dir"]
 
 
@@ -117,8 +116,7 @@ class TokenSplits:
         """What a checkpoint records of the tokenizer, so that a resume with another one
         (another `--tokenizer`, or a BPE retrained on changed data: the same size, other
         merges) is refused: its kind, label, vocabulary and the file's digest."""
-        digest = None if self.tokenizer_path is None else hashlib.sha256(
-            self.tokenizer_path.read_bytes()).hexdigest()[:16]
+        digest = None if self.tokenizer_path is None else file_digest(self.tokenizer_path)
         return {"kind": self.tokenizer_kind, "label": self.tokenizer_label,
                 "vocab_size": self.vocab_size, "digest": digest}
 
@@ -126,12 +124,6 @@ class TokenSplits:
 @lru_cache(maxsize=4)
 def _load(path: str, label: str) -> HFTokenizer:
     return load_tokenizer_file(path, label)
-
-
-def source_files(path: str | None) -> tuple[list[Path], str]:
-    """Files to read for `--data PATH` (None: the embedded stdlib corpus) and a label."""
-    source = find_source(path)
-    return source.files, source.label
 
 
 def check_data(data: DataConfig) -> None:

@@ -22,7 +22,7 @@ import json
 import os
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import UserError
@@ -46,7 +46,6 @@ class Source:
     files: list[Path]
     label: str
     root: Path | None = None
-    skipped: list[str] = field(default_factory=list)
 
 
 def stdlib_files() -> list[Path]:
