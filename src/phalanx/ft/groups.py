@@ -28,7 +28,8 @@ from phalanx.errors import Interrupted, UserError
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 # torchft's checkpoint server logs each request it serves (a heal; the heal line says it)
 # to stderr, from its own thread: possibly in the middle of another line of the same process
-HTTP_LOG = re.compile(r'(?:::ffff:)?\d{1,3}(?:\.\d{1,3}){3} - - \[[^\]\n]*\] "GET /checkpoint/\S+ HTTP/[\d.]+" \d+ \S*\n?')
+HTTP_LOG = re.compile(r'(?:::ffff:)?\d{1,3}(?:\.\d{1,3}){3} - - \[[^\]\n]*\] '
+                      r'"GET /checkpoint/\S+ HTTP/[\d.]+" \d+ \S*\n?')
 
 
 def check(cfg: Config) -> None:
