@@ -104,7 +104,7 @@ def test_the_export_is_the_users_state_dict_and_names_the_factory(work, runs):
         sys.path.remove(str(work))
     assert (out / "sample.txt").is_file()
     proc = subprocess.run([*phalanx(), "export", "fsdp-halves", "--out",
-                           "again/model.safetensors"],
+                           "again/model.safetensors", "--model", "mylm.model:conv_lm"],
                           cwd=work, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "`--model mylm.model:conv_lm`" in proc.stdout

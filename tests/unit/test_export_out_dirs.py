@@ -4,6 +4,8 @@ removed again when that write fails."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from phalanx.cli import main
@@ -77,3 +79,45 @@ def test_a_file_in_the_way_is_refused_before_the_checkpoint_is_read(tmp_path, ca
     err = capsys.readouterr().err
     assert f"cannot create `{out.parent}` for `--out`: `{tmp_path / 'file'}` is a regular " \
            f"file, not a directory" in err, err
+
+
+# -- issue 39: a checkpoint names code; export runs it only when the user names it too --
+PLANTED = ("import pathlib\npathlib.Path('imported').write_text('ran')\n"
+           "def make(vocab_size=256):\n    pathlib.Path('called').write_text('ran')\n")
+
+
+@pytest.fixture
+def a_factory_checkpoint(monkeypatch, tmp_path):
+    """A checkpoint whose `train_state.json` names `planted_mod:make`, a module in the
+    current directory that leaves a file behind when imported or called."""
+    import phalanx.checkpoint.resume as resume
+    import phalanx.checkpoint.store as store
+    import phalanx.cli.export as command
+    from phalanx.config.sections import build_config
+
+    (tmp_path / "planted_mod.py").write_text(PLANTED)
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config({"model": {"factory": "planted_mod:make", "block_size": 8}})
+    monkeypatch.setattr(resume, "find_checkpoint", lambda source, warn: tmp_path)
+    monkeypatch.setattr(command, "_saved_meta", lambda checkpoint: {"config": cfg.to_dict()})
+    monkeypatch.setattr(store, "load_checkpoint", lambda *args: None)
+    monkeypatch.delitem(sys.modules, "planted_mod", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("given", [[], ["--model", "planted_mod:other"]])
+def test_export_runs_no_code_a_checkpoint_names(a_factory_checkpoint, capsys, given):
+    out = a_factory_checkpoint / "new" / "model.safetensors"
+    code = main(["export", "run", "--out", str(out), *given])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1, err
+    assert "`--model planted_mod:make`" in err[0] and "names" in err[0], err
+    left = sorted(p.name for p in a_factory_checkpoint.iterdir())
+    assert left == ["planted_mod.py"], left  # not imported, not called, nothing written
+    assert "planted_mod" not in sys.modules
+
+
+def test_export_runs_the_factory_the_user_names(a_factory_checkpoint, capsys):
+    out = a_factory_checkpoint / "new" / "model.safetensors"
+    main(["export", "run", "--out", str(out), "--model", "planted_mod:make"])
+    assert (a_factory_checkpoint / "called").read_text() == "ran"  # the user's choice

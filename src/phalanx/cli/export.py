@@ -1,7 +1,8 @@
 """`phalanx export RUN_DIR_OR_CHECKPOINT --out model.safetensors`: consolidated weights
 from a (sharded, any world size) DCP checkpoint, plus `config.json` beside them (a
-`--model` factory's run: the factory is imported and called again to rebuild the
-module, so its module must be importable here; config.json records it). A
+`--model` factory's run: the factory rebuilds the module, so its module must be
+importable here; config.json records it). Export runs no code a checkpoint names: a
+factory's run is exported only when `--model` names the same factory here. A
 checkpoint a script wrote (`run.save`) of a transformers model: `--out DIR`, the
 directory `from_pretrained` reads."""
 
@@ -24,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE",
                         help="the .safetensors file to write; config.json goes beside it "
                              "(a script's transformers model: the directory to write)")
+    parser.add_argument("--model", metavar="PKG.MODULE:FACTORY", default=None,
+                        help="a `--model` factory's run: the factory it was trained with, "
+                             "named again here (export never imports the code a checkpoint "
+                             "names on its own; default: none, a MiniGPT run)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite an existing FILE or config.json beside it "
                              "(default: refuse)")
@@ -116,6 +121,22 @@ def _saved_config(checkpoint: Path, meta: dict):
     return step, from_dict(meta["config"], f"checkpoint `{checkpoint}`'s configuration")
 
 
+def _same_factory(checkpoint: Path, saved: str | None, given: str | None) -> None:
+    """The factory the checkpoint names is imported and called only when the user names
+    the same one (`--model`): a checkpoint is data, and loading data runs no code."""
+    if saved == given:
+        return
+    if saved is None:
+        raise UserError(f"checkpoint `{checkpoint}` holds a MiniGPT model, not a `--model` "
+                        f"factory's; export it without `--model {given}`.")
+    fix = (f"if you trust that code, name it yourself: `--model {saved}`" if given is None
+           else f"`--model {given}` is another; export with the factory it was trained "
+                f"with, or not at all")
+    raise UserError(f"checkpoint `{checkpoint}` names `--model {saved}`, code that export "
+                    f"would import and run; Phalanx runs no code a checkpoint names on its "
+                    f"own. {fix[0].upper()}{fix[1:]}.")
+
+
 def _export_library_model(checkpoint: Path, recipe: dict, out: str, force: bool) -> int:
     """A script's transformers model: rebuilt from the checkpoint's recipe, its weights
     loaded, written as its library's directory (`from_pretrained` reads it)."""
@@ -152,6 +173,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
         return _export_library_model(checkpoint, meta[MODEL_KEY], ns.out, ns.force)
     target = _target(ns.out, ns.force)
     step, cfg = _saved_config(checkpoint, meta)
+    _same_factory(checkpoint, cfg.model.factory, ns.model)
     vocab = meta.get("vocab_size")  # (checkpoints before it was recorded: bytes, 256)
     model = build_model(cfg, vocab if isinstance(vocab, int) and vocab > 0 else 256)
     load_checkpoint(checkpoint, model, None)
