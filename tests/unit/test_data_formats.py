@@ -66,19 +66,33 @@ def test_a_jsonl_without_the_field_is_one_line_and_caches_nothing(tmp_path):
         prepare(str(path), str(tmp_path / "cache"), 0.1, **QUIET)
 
 
+def test_a_deeply_nested_jsonl_line_is_one_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "x", "a": ' + "[" * 100_000 + "]" * 100_000
+                    + "}\n")
+    with pytest.raises(UserError) as info:
+        prepare(str(path), str(tmp_path / "cache"), 0.1, **QUIET)
+    assert str(info.value).startswith(f"`{path}` line 2 is nested too deeply")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_parquet_arrow_and_a_saved_dataset(tmp_path):
     datasets = pytest.importorskip("datasets")
     import pyarrow as pa
+    import pyarrow.feather as feather
     import pyarrow.parquet as pq
 
     table = pa.table({"id": list(range(len(DOCS))), "text": DOCS})
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=50)
     with pa.ipc.new_stream(str(tmp_path / "d.arrow"), table.schema) as writer:
-        writer.write_table(table)
+        writer.write_table(table, max_chunksize=64)
+    with pa.ipc.new_file(str(tmp_path / "file.arrow"), table.schema) as writer:  # IPC file
+        writer.write_table(table, max_chunksize=64)  # format: several batches
+    feather.write_feather(table, tmp_path / "f.arrow")  # (pandas to_feather, polars write_ipc)
     ds = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS}),
                                "test": datasets.Dataset.from_dict({"text": ["other"]})})
     ds.save_to_disk(str(tmp_path / "saved"))
-    for path in ("d.parquet", "d.arrow", "saved"):
+    for path in ("d.parquet", "d.arrow", "file.arrow", "f.arrow", "saved"):
         splits = prepare(str(tmp_path / path), str(tmp_path / "c"), 0.1, **QUIET)
         assert sorted(_text_of(splits)) == sorted(JOINED), path
     with pytest.raises(UserError, match=r"has no column `body` \(its columns: `id`, `text`\)"):

@@ -9,8 +9,9 @@ Detection (`find_source`), in this order:
   `save_to_disk` writes): a Hugging Face dataset, its `train` split when it has several;
 - any other file or folder (every file below it, hidden ones skipped): each file by its
   extension: `.jsonl` one JSON object per line, text in `--text-field`; `.parquet` and
-  `.arrow` tables (through `datasets`' pyarrow), text in `--text-field`; any other file
-  is UTF-8 text (binary and non-UTF-8 files are skipped and said).
+  `.arrow` tables (Arrow IPC stream or file, through `datasets`' pyarrow), text in
+  `--text-field`; any other file is UTF-8 text (binary and non-UTF-8 files are skipped
+  and said).
 
 Documents are joined with a blank line (`SEPARATOR`) in file order, then split.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import sys
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,6 +193,10 @@ def _jsonl_texts(path: Path, text_field: str) -> Iterator[bytes]:
             except ValueError as exc:
                 raise UserError(f"`{path}` line {number} is not JSON ({exc}). A `.jsonl` file "
                                 f"holds one JSON object per line.") from None
+            except RecursionError:  # valid JSON, but Python's parser recurses per level
+                raise UserError(f"`{path}` line {number} is nested too deeply to read (more "
+                                f"than ~{sys.getrecursionlimit()} levels of arrays or "
+                                f"objects). Flatten or drop that record.") from None
             text = _field_text(record, text_field, f"`{path}` line {number}")
             if text.strip():
                 yield text
@@ -227,9 +233,9 @@ def _table_texts(path: Path, text_field: str) -> Iterator[bytes]:
             if text_field in names:
                 batches = pf.iter_batches(columns=[text_field], batch_size=1024)
         else:
-            reader = _arrow_reader(pa, path)
+            reader, batches = _arrow_batches(pa, path)
             names = reader.schema.names
-            batches = iter(reader) if text_field in names else None
+            batches = batches if text_field in names else None
         if batches is None:
             raise UserError(f"`{path}` has no column `{text_field}` (its columns: "
                             f"{', '.join(f'`{n}`' for n in names[:8]) or 'none'}). Name the "
@@ -242,12 +248,16 @@ def _table_texts(path: Path, text_field: str) -> Iterator[bytes]:
             from None
 
 
-def _arrow_reader(pa, path: Path):
-    """An Arrow IPC stream (what `datasets` writes) or file reader over `path`."""
+def _arrow_batches(pa, path: Path):
+    """(reader, its record batches) of an Arrow IPC stream (what `datasets` writes) or an
+    IPC file (Feather v2: `pyarrow.ipc.new_file`, `feather.write_feather`, pandas
+    `to_feather`, polars `write_ipc`), which is read by batch index, not iterated."""
     try:
-        return pa.ipc.open_stream(pa.memory_map(str(path)))
+        reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+        return reader, iter(reader)
     except pa.ArrowInvalid:
-        return pa.ipc.open_file(pa.memory_map(str(path)))
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        return reader, (reader.get_batch(i) for i in range(reader.num_record_batches))
 
 
 def _column_texts(column, path: Path, text_field: str) -> Iterator[bytes]:
