@@ -57,6 +57,7 @@ def _cfg(**dist):
     ({"nnodes": "2", "rdzv_endpoint": "127.0.0.1:29400"}, {}, "--lighthouse HOST:PORT"),
     ({}, {"precision": "fp16"}, "loss scaler's state"),
     ({}, {"on_nan": "rollback"}, "reloads one group's own checkpoint"),
+    ({"min_replicas": 3}, {}, r"`--min-replicas 3` is more than the 2 replica groups"),
 ])
 def test_what_torchft_cannot_do_yet_is_refused_plainly(dist, train, says):
     pytest.importorskip("torchft", reason="torchft is not installed")
@@ -74,6 +75,26 @@ def test_without_torchft_installed_it_says_how_to_get_it(monkeypatch):
 def test_a_bad_lighthouse_address_names_its_flag():
     with pytest.raises(UserError, match="`--lighthouse nowhere` must be HOST:PORT"):
         _cfg(lighthouse="nowhere")
+
+
+@pytest.mark.parametrize("given, url", [
+    ("10.0.0.1:29510", "http://10.0.0.1:29510"), ("lh.example:29510", "http://lh.example:29510"),
+    ("http://lh:29510", "http://lh:29510"), ("http://lh:29510/", "http://lh:29510"),
+    ("[fd00::1]:29510", "http://[fd00::1]:29510")])
+def test_a_lighthouse_is_host_port_or_its_url(given, url):
+    """What the docs say (`--lighthouse HOST:PORT`) is what torchft is given as a URL: a
+    bare HOST:PORT made every group wait 60 s for 'scheme is missing' (issue 39)."""
+    from phalanx.config.dist import lighthouse_url
+
+    assert lighthouse_url(_cfg(lighthouse=given).dist.lighthouse) == url
+
+
+@pytest.mark.parametrize("bad", ["ftp://lh:29510", "https://lh:29510", "http://lh",
+                                 "http://lh:29510/x", "lh:29510/x", "a/b:29510", "u@lh:29510",
+                                 "http://:29510"])
+def test_any_other_lighthouse_is_refused_before_launch(bad):
+    with pytest.raises(UserError, match=r"must be HOST:PORT or http://HOST:PORT"):
+        _cfg(lighthouse=bad)
 
 
 def test_the_run_ends_with_the_group_that_finished_it(capsys):

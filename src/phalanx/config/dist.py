@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -85,8 +86,9 @@ class DistConfig:
                                        "on without it and it rejoins with a live group's "
                                        "state (pip install 'phalanx[ft]'; "
                                        "docs/fault-tolerance.md).", choices=FAULT_TOLERANCE)
-    lighthouse: str | None = opt(None, "torchft: HOST:PORT of a lighthouse every machine "
-                                       "reaches (default: Phalanx starts one on loopback).",
+    lighthouse: str | None = opt(None, "torchft: HOST:PORT (or http://HOST:PORT) of a "
+                                       "lighthouse every machine reaches (default: Phalanx "
+                                       "starts one on loopback).",
                                  metavar="HOST:PORT")
     min_replicas: int = opt(1, "torchft: the fewest replica groups that may take a step "
                                 "(across machines, a majority avoids a split brain).")
@@ -128,7 +130,7 @@ class DistConfig:
                                 f"{getattr(self, name)}.")
         _positive(self, "rdzv_timeout_s", "min_replicas", "ft_join_timeout_s")
         if self.lighthouse:
-            endpoint(self.lighthouse, "--lighthouse")
+            lighthouse_url(self.lighthouse)
         _at_most(self, "rdzv_timeout_s", MAX_TIMEOUT_S, "the machines would wait that long")
         low, high = self.node_range()
         if high > 1 and not self.rdzv_endpoint:
@@ -179,3 +181,21 @@ def endpoint(text: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:
         raise UserError(f"`{flag} {text}` must be HOST:PORT with a port in 1..65535, "
                         f"e.g. `{flag} 10.0.0.1:29400`.")
     return host, int(port)
+
+
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+def lighthouse_url(text: str) -> str:
+    """`--lighthouse` HOST:PORT, [v6]:PORT or http://HOST:PORT[/] → the URL torchft
+    connects to (`http://HOST:PORT`), or a UserError naming the flag."""
+    rest = text[len("http://"):].rstrip("/") if text.startswith("http://") else text
+    host = rest.rpartition(":")[0]
+    if not _HOST.fullmatch(host):
+        rest = ""  # a path, a user, another scheme: refused below
+    try:
+        endpoint(rest, "--lighthouse")
+    except UserError:
+        raise UserError(f"`--lighthouse {text}` must be HOST:PORT or http://HOST:PORT with a "
+                        f"port in 1..65535, e.g. `--lighthouse 10.0.0.1:29510`.") from None
+    return f"http://{rest}"

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.cluster import protocol
+from phalanx.config.dist import lighthouse_url
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
@@ -51,6 +52,11 @@ def check(cfg: Config) -> None:
         raise UserError("`--fault-tolerance torchft` across machines: start `phalanx train "
                         "--fault-tolerance torchft --lighthouse HOST:PORT` on each machine "
                         "(one shared lighthouse, `torchft_lighthouse`), without `--nnodes`.")
+    if d.lighthouse is None and d.min_replicas > group_count(d):  # no other machine's join
+        raise UserError(f"`--min-replicas {d.min_replicas}` is more than the "
+                        f"{group_count(d)} replica groups this launch starts "
+                        f"(`--nproc-per-node`): no step could ever be taken. Lower it, or "
+                        f"start more groups.")
     if cfg.train.on_nan == "rollback":
         raise UserError("`--fault-tolerance torchft` with `--on-nan rollback`: a rollback "
                         "reloads one group's own checkpoint while the others go on. Use "
@@ -98,8 +104,9 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
               f"({replica_dir(out, done)}); nothing to do.", flush=True)
         return 0
     server, store, start = None, None, {}
-    address = cfg.dist.lighthouse
-    if address is None:
+    if cfg.dist.lighthouse is not None:
+        address = lighthouse_url(cfg.dist.lighthouse)  # HOST:PORT as the URL torchft takes
+    else:
         from torch.distributed import TCPStore
         from torchft._torchft import LighthouseServer
 
