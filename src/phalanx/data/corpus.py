@@ -237,7 +237,7 @@ def _bins(source: Source, dtype: str, kind: str, user_tok: HFTokenizer | None, s
                         f"on. Give the `tokenizer.json` the ids were made with (`--tokenizer "
                         f"PATH`), or `--tokenizer auto` to use the ids as they are.")
     vocab_from = f"the tokenizer `{spec}`"
-    n_train, n_val, vocab = check_bins(source.files, dtype,
+    n_train, n_val, vocab, _digest = check_bins(source.files, dtype,
                                        None if user_tok is None else user_tok.vocab_size,
                                        vocab_from, cache)
     desc = f"{source.label}: token ids ({dtype})"
