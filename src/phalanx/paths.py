@@ -28,6 +28,10 @@ def kind(path: Path) -> str:
         mode = Path(path).stat().st_mode
     except (OSError, ValueError):
         return "missing"
+    return _kind_of(mode)
+
+
+def _kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
@@ -118,12 +122,33 @@ def link_target(path: Path) -> str:
         return "?"
 
 
-def link_error(link: Path, where: str, hint: str = "") -> UserError:
-    """One line: the link, where it points, that Phalanx does not write through it, and
-    the fix."""
+def link_error(link: Path, where: str, hint: str = "", does: str = "writes") -> UserError:
+    """One line: the link, where it points, that Phalanx does not write (`does`: or read)
+    through it, and the fix."""
     return UserError(f"`{shown(link)}` is a link (→ `{shown(link_target(link))}`) "
-                     f"{shown(where)}; Phalanx writes nothing through a link it did not "
+                     f"{shown(where)}; Phalanx {does} nothing through a link it did not "
                      f"make. {hint or 'Remove the link or choose another `--out`.'}")
+
+
+def read_regular(path: Path, where: str, hint: str) -> bytes | None:
+    """The bytes of the regular file `path` (None when nothing is there), opened without
+    following a link (a link: `link_error`) and without blocking (a FIFO, a device: a
+    UserError naming what it is) — for a file of a run directory Phalanx reads and copies."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise link_error(Path(path), where, hint, does="reads") from None
+        raise UserError(f"`{shown(path)}` {where} cannot be read ({exc.strerror}). "
+                        f"{hint}") from None
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"`{shown(path)}` {where} is {_kind_of(mode)}, not a regular "
+                            f"file. {hint}")
+        return fh.read()
 
 
 def _entries(directory: Path) -> list[os.DirEntry]:

@@ -44,10 +44,14 @@ def a_checkpoint(monkeypatch, tmp_path):
 
     cfg = Config()
     cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size = 1, 2, 16, 8
-    monkeypatch.setattr(resume, "find_checkpoint", lambda source, warn: tmp_path)
-    monkeypatch.setattr(command, "_saved_meta", lambda checkpoint: {})
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    monkeypatch.setattr(resume, "find_checkpoint", lambda source, warn: checkpoint)
+    monkeypatch.setattr(command, "_saved_meta", lambda checkpoint: dict(meta))
     monkeypatch.setattr(command, "_saved_config", lambda checkpoint, meta: (4, cfg))
     monkeypatch.setattr(store, "load_checkpoint", lambda *args: None)
+    meta: dict = {}
+    return meta  # the checkpoint's meta (a test may add to it)
 
 
 def test_a_failed_write_removes_the_directories_it_made(tmp_path, capsys, monkeypatch,
@@ -121,3 +125,58 @@ def test_export_runs_the_factory_the_user_names(a_factory_checkpoint, capsys):
     out = a_factory_checkpoint / "new" / "model.safetensors"
     main(["export", "run", "--out", str(out), "--model", "planted_mod:make"])
     assert (a_factory_checkpoint / "called").read_text() == "ran"  # the user's choice
+
+
+# -- issue 39: the run's tokenizer.json is copied beside the weights only when it is one --
+def _a_tokenizer(path):
+    from phalanx.data.tokenizer import train_bpe
+
+    train_bpe(["the quick brown fox jumps over the lazy dog " * 20], 260).tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_link_is_refused_and_nothing_outside_is_read(tmp_path, capsys,
+                                                                  a_checkpoint):
+    from links import SECRET
+
+    secret = tmp_path / "key"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    (tmp_path / "run" / "tokenizer.json").symlink_to(secret)
+    out = tmp_path / "new" / "model.safetensors"
+    assert main(["export", "run", "--out", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "tokenizer.json` is a link (→" in err[0], err
+    assert not (tmp_path / "new").exists(), _tree(tmp_path)  # nothing copied, no weights
+    assert secret.read_text() == SECRET and secret.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"not": "a tokenizer"}', "is not a tokenizer"),
+    ("-----BEGIN PRIVATE KEY-----\n", "is not a tokenizer"),
+    (None, "is not the tokenizer"),  # a real tokenizer, not the one the run recorded
+])
+def test_a_tokenizer_json_that_is_not_the_runs_tokenizer_is_refused(
+        tmp_path, capsys, a_checkpoint, text, needle):
+    planted = tmp_path / "run" / "tokenizer.json"
+    if text is None:
+        _a_tokenizer(planted)
+        a_checkpoint["tokenizer"] = {"kind": "file", "vocab_size": 260, "digest": "0" * 16}
+    else:
+        planted.write_text(text)
+    out = tmp_path / "new" / "model.safetensors"
+    assert main(["export", "run", "--out", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "new").exists(), _tree(tmp_path)
+
+
+def test_the_runs_tokenizer_is_copied_beside_the_weights(tmp_path, capsys, a_checkpoint):
+    from phalanx.data.cache import file_digest
+
+    made = _a_tokenizer(tmp_path / "run" / "tokenizer.json")
+    a_checkpoint["tokenizer"] = {"kind": "file", "vocab_size": 260,
+                                 "digest": file_digest(made)}
+    out = tmp_path / "new" / "model.safetensors"
+    assert main(["export", "run", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out.parent / "tokenizer.json").read_bytes() == made.read_bytes()

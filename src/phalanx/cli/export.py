@@ -177,13 +177,14 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     vocab = meta.get("vocab_size")  # (checkpoints before it was recorded: bytes, 256)
     model = build_model(cfg, vocab if isinstance(vocab, int) and vocab > 0 else 256)
     load_checkpoint(checkpoint, model, None)
+    tokenizer_json = _run_tokenizer(checkpoint, meta.get("tokenizer"))
     try:
         with _parents_while_writing(target.parent):
             path = export_weights(model, target.parent, {
                 "tokenizer": (meta.get("tokenizer") or {}).get("label")
                 or resolve_spec(cfg.data.tokenizer, cfg.data.path),
                 "phalanx": cfg.to_dict()}, target.name)
-            tokenizer = _copy_tokenizer(checkpoint, target.parent)
+            tokenizer = _copy_tokenizer(checkpoint, tokenizer_json, target.parent)
     except (OSError, SafetensorError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
         raise UserError(f"cannot write `{target}`: {reason}.") from None
@@ -195,15 +196,49 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _copy_tokenizer(checkpoint: Path, folder: Path) -> Path | None:
+def _run_tokenizer(checkpoint: Path, record: dict | None) -> bytes | None:
     """The run's `tokenizer.json` (written in its run directory when it started: a BPE
-    or the user's file) copied beside the weights; None for a run on bytes."""
+    or the user's file), read as the run's own: not through a link, a regular file, the
+    tokenizer the checkpoint records (its digest), one Phalanx loads. None for a run on
+    bytes (or a run directory without one); a UserError otherwise."""
+    from phalanx.data.cache import bytes_digest
+    from phalanx.data.tokenizer import HFTokenizer
+    from phalanx.paths import read_regular
+
+    found = _run_dir_of(checkpoint) / "tokenizer.json"
+    hint = (f"Remove it from `{found.parent}` to export the weights alone, or export the "
+            f"run from the directory it trained in.")
+    if isinstance(record, dict) and record.get("digest") is None:  # bytes or bare ids
+        return None  # (a tokenizer.json there is not this run's)
+    data = read_regular(found, "in the run directory", hint)
+    if data is None:
+        return None
+    saved = record.get("digest") if isinstance(record, dict) else None
+    if saved is not None and bytes_digest(data) != saved:
+        raise UserError(f"`{found}` is not the tokenizer checkpoint `{checkpoint}` was "
+                        f"trained with (digest {bytes_digest(data)}, recorded {saved}). "
+                        f"{hint}")
+    try:
+        from tokenizers import Tokenizer
+
+        HFTokenizer(Tokenizer.from_str(data.decode("utf-8")), "")
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"`{found}` is not a tokenizer ({why}). {hint}") from None
+    return data
+
+
+def _run_dir_of(checkpoint: Path) -> Path:
+    return Path(checkpoint).resolve().parent.parent  # RUN/checkpoints/step-…
+
+
+def _copy_tokenizer(checkpoint: Path, data: bytes | None, folder: Path) -> Path | None:
+    """The run's tokenizer (`_run_tokenizer`) written beside the weights; None without."""
     from phalanx.paths import atomic_write
 
-    found = Path(checkpoint).resolve().parent.parent / "tokenizer.json"
     target = folder / "tokenizer.json"
-    if not found.is_file():
+    if data is None:
         return None
-    if not (target.exists() and target.resolve() == found):
-        atomic_write(target, found.read_bytes())  # a link there is replaced, not followed
-    return target
+    if target.resolve() != _run_dir_of(checkpoint) / "tokenizer.json":  # (exported into
+        atomic_write(target, data)  # the run directory: it is there) a link there is
+    return target  # replaced, not followed

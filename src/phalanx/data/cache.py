@@ -50,6 +50,11 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def bytes_digest(data: bytes) -> str:
+    """`file_digest` of a file holding `data`."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def read_meta(folder: Path, log) -> dict | None:
     """The cache's `meta.json` when its split files have the sizes it says; None when
     there is no cache, or it is damaged (then said: it is rebuilt)."""
