@@ -39,3 +39,26 @@ def test_each_difference_is_named_where_it_first_occurs():
 def test_shapes_and_entries_are_compared():
     assert "shape (2,) vs (3,)" in first_difference({"a": torch.zeros(2)}, {"a": torch.zeros(3)})
     assert "different entries" in first_difference({"a": torch.zeros(2)}, {"b": torch.zeros(2)})
+
+
+def test_a_planted_scratch_link_is_refused_and_nothing_outside_is_touched(tmp_path, capsys,
+                                                                          monkeypatch):
+    """`OUT-verify-resume` is verify-resume's own directory: a link planted there (to a
+    victim's run directory) is refused before anything is written or removed (issue 39)."""
+    import phalanx.launch.ranks as ranks
+    from links import SECRET
+    from phalanx.cli import main
+
+    victim = tmp_path / "victim"
+    (victim / "logs").mkdir(parents=True)
+    (victim / "logs" / "rank-0.log").write_text(SECRET)
+    (tmp_path / "out-verify-resume").symlink_to(victim)
+    (tmp_path / "text.txt").write_text("some text to train on. " * 400)
+    monkeypatch.setattr(ranks, "run_ranks", lambda cfg, verb, argv, work, root: 0)
+    code = main(["verify-resume", "--data", str(tmp_path / "text.txt"), "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--max-steps", "2"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and "out-verify-resume` is a link" in err[0], err
+    assert (victim / "logs" / "rank-0.log").read_text() == SECRET
+    assert sorted(p.name for p in victim.rglob("*")) == ["logs", "rank-0.log"]
+    assert not (tmp_path / "out").exists()

@@ -20,11 +20,10 @@ import argparse
 import dataclasses
 import sys
 
-from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster.protocol import under_launcher
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.errors import UserError
-from phalanx.train.verify import VERDICT, clear, scratch_dir, work
+from phalanx.train.verify import VERDICT, clear, prepare_scratch, work
 
 SUMMARY = "Check that resuming is bit-exact for this configuration (N straight vs N/2 + resume)."
 
@@ -50,7 +49,7 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"`--max-steps` must be at least 2 to split the run in halves, got "
                         f"{cfg.train.max_steps}.")
     check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
-    root = prepare_out_dir(str(scratch_dir(cfg.train.out)))
+    root = prepare_scratch(cfg.train.out)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(root)))
     splits = prepare_data(cfg.data)
     check_data_fits(cfg, splits)

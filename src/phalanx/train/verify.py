@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from phalanx.cluster.protocol import phalanx_worker
 from phalanx.config.sections import Config
-from phalanx.paths import RunDir, atomic_write, remove_tree
+from phalanx.paths import RunDir, atomic_write, check_run_dir, refuse_link, remove_tree
 from phalanx.train.worker import init_run
 
 if TYPE_CHECKING:
@@ -95,6 +95,22 @@ def scratch_dir(out: str) -> Path:
     machine of a multi-node job sees it)."""
     out_path = Path(os.path.abspath(Path(out).expanduser()))  # `--out .` has a name too
     return out_path.parent / f"{out_path.name}-verify-resume"
+
+
+def prepare_scratch(out: str) -> RunDir:
+    """Make `scratch_dir(out)`, verify-resume's own directory: a link there or in it
+    (planted: verify-resume makes none) is refused before anything is written or removed
+    through it."""
+    from phalanx.checkpoint.rundir import prepare_out_dir
+
+    root = scratch_dir(out)
+    where = "where verify-resume trains (its own directory beside `--out`)"
+    hint = f"Remove the link: verify-resume makes `{root.name}` itself."
+    refuse_link(root, where, hint)
+    check_run_dir(root)
+    made = prepare_out_dir(str(root))
+    refuse_link(root, where, hint)  # planted between the check and the mkdir
+    return made
 
 
 def clear(root: RunDir | Path, logs: bool = False) -> None:
