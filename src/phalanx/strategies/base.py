@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from phalanx.checkpoint import store
 from phalanx.config.strategy import StrategySpec, spec
-from phalanx.strategies import state_dict
+from phalanx.strategies import start, state_dict
 from phalanx.strategies.guards import check_consistency
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
@@ -84,9 +84,18 @@ class Strategy(ABC):
 
     def setup_module(self, model: nn.Module, precision: Precision,
                      blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Move to the device → prepare (e.g. SyncBatchNorm) → wrap: the order the field
-        guides prescribe. `blocks` (repeated submodules) matter to sharded strategies."""
-        return self.wrap(self.prepare(model.to(self.topology.device)))
+        """Move to the device (a meta-device model: rank 0's initialisation, see `start`)
+        → rank 0's weights on every rank → prepare (e.g. SyncBatchNorm) → wrap: the order
+        the field guides prescribe. `blocks` (repeated submodules) matter to sharded
+        strategies."""
+        model = start.place(model, self.topology)
+        self.start_from_rank0(model)
+        return self.wrap(self.prepare(model))
+
+    def start_from_rank0(self, model: nn.Module) -> None:
+        """Before wrapping: every rank holds rank 0's parameters and buffers (broadcast,
+        then checked: `start.from_rank0`)."""
+        start.from_rank0(model, self.topology)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Changes to the module before it is wrapped. Default: none."""

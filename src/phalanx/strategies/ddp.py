@@ -57,6 +57,11 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         super().__init__(topology, options)
         self._wrapped: weakref.WeakSet = weakref.WeakSet()
 
+    def start_from_rank0(self, model: nn.Module) -> None:
+        """Nothing before wrapping: DDP's constructor broadcasts rank 0's parameters and
+        buffers over its own process group (which may be a subgroup: bench --scaling) and
+        checks that every rank's parameters have the same shapes."""
+
     def prepare(self, model: nn.Module) -> nn.Module:
         """SyncBatchNorm when asked (CUDA only: `check` refuses it elsewhere)."""
         if not self.options.sync_batchnorm:

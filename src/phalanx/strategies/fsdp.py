@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
+from phalanx.strategies import start
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import find_blocks, sharding_note
 from phalanx.strategies.guards import check_sharded
@@ -66,22 +67,26 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
 
     def setup_module(self, model: nn.Module, precision: Precision,
                      blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Blocks first, then the root; meta-device models are materialised after."""
+        """Rank 0's weights on every rank, then blocks first, then the root. A meta-device
+        model is sharded first, then filled from rank 0's initialisation (`start`)."""
         if not any(p.requires_grad for p in model.parameters()):
             raise UserError(f"`--strategy fsdp` shards parameters, and this "
                             f"{type(model).__name__} has no trainable ones. Use `--strategy "
                             f"ddp` (or single), or give run.setup() the model to train.")
-        on_meta = any(p.is_meta for p in model.parameters())
-        if not on_meta:
-            model = model.to(self.topology.device)
+        meta = start.on_meta(model)
+        full = start.full_weights_on_rank0(model, self.topology) if meta else None
+        if not meta:
+            model = start.place(model, self.topology)
+            self.start_from_rank0(model)
         chosen = list(blocks) if blocks is not None else find_blocks(model)
         self.note = f"fsdp: {sharding_note(model, chosen)}"
         kwargs = self._shard_kwargs(precision)
         for block in chosen:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
-        if on_meta:
-            _materialise(model, self.topology.device)
+        if full is not None:
+            model.to_empty(device=self.topology.device)
+            start.load_full_weights(model, full, self.topology)
         return model
 
     def _shard_kwargs(self, precision: Precision) -> dict:
@@ -160,16 +165,3 @@ def _no_gradient_sync(model: FSDPModule):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def _materialise(model: nn.Module, device: torch.device) -> None:
-    """A model built on the meta device gets storage for its shards, then its own init:
-    `init_weights()` if it has one, else every submodule's `reset_parameters()`."""
-    model.to_empty(device=device)
-    if hasattr(model, "init_weights"):  # (torch types a Module's attributes Tensor | Module)
-        model.init_weights()  # type: ignore[operator]
-        return
-    with torch.no_grad():
-        for module in model.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()  # type: ignore[operator]  # (as above)
