@@ -4,6 +4,7 @@ token, the same validation bytes whatever the tokenizer, and the cache's keys.""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -143,6 +144,34 @@ def test_the_cache_is_reused_and_keyed_by_vocab(tmp_path, small_corpus_file):
     folders = {s.train.parent for s in (first, other, plain)}
     assert len(folders) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in folders)
+
+
+def test_a_cache_entry_is_bound_to_its_key_and_its_files(tmp_path, small_corpus_file):
+    from textgen import make_text
+
+    other = tmp_path / "other.txt"
+    other.write_text(make_text(3000, seed=9).upper())
+    cache = tmp_path / "cache"
+    a = prepare(str(small_corpus_file), str(cache), 0.1, tokenizer="bpe:300", **QUIET)
+    b = prepare(str(other), str(cache), 0.1, tokenizer="bpe:300", **QUIET)
+    tok_a, train_a = a.tokenizer_path.read_bytes(), bytes(a.load("train"))
+    assert tok_a != b.tokenizer_path.read_bytes()
+    (a.train.parent / "tokenizer.json").write_bytes(b.tokenizer_path.read_bytes())  # swapped
+    said: list[str] = []
+    again = prepare(str(small_corpus_file), str(cache), 0.1, said.append, tokenizer="bpe:300")
+    assert again.tokenizer_path.read_bytes() == tok_a, "another corpus's tokenizer was used"
+    assert "does not match what it was built with" in said[0] and "rebuilding" in said[0]
+    folder_a, folder_b = a.train.parent, b.train.parent  # two whole entries swapped
+    folder_a.rename(tmp_path / "swap")
+    folder_b.rename(folder_a)
+    (tmp_path / "swap").rename(folder_b)
+    again = prepare(str(small_corpus_file), str(cache), 0.1, said.append, tokenizer="bpe:300")
+    assert bytes(again.load("train")) == train_a, "another corpus's tokens were used"
+    st = os.stat(again.train)  # rewritten in place, same size, its mtime put back
+    again.train.write_bytes(train_a[::-1])
+    os.utime(again.train, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = prepare(str(small_corpus_file), str(cache), 0.1, said.append, tokenizer="bpe:300")
+    assert bytes(again.load("train")) == train_a, "tokens rewritten in place were used"
 
 
 @pytest.mark.parametrize("spec, needle", [

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phalanx.data.cache import cache_key
+from phalanx.data.cache import cache_key, file_version
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write
 
@@ -56,11 +56,8 @@ def _scan(path: Path, dtype: str) -> Scan:
 
 
 def _version(path: Path, dtype: str) -> list:
-    """This version of the file: a rewrite changes its change time (ctime) even when its
-    size and modification time are put back, a replacement its inode."""
-    st = path.stat()
-    return [str(path.resolve()), dtype, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-            st.st_ino, st.st_dev]
+    """What a scan is of: this version of the file (`cache.file_version`), read as `dtype`."""
+    return [str(path.resolve()), dtype, *file_version(path)]
 
 
 def _record(path: Path, dtype: str, cache: Path) -> Path:

@@ -6,8 +6,9 @@ sources' paths, sizes and modification times, the validation fraction and the to
 (`bpe:VOCAB`, or a tokenizer file's content hash), plus `--text-field` when a source has
 fields. The folder is built in a private temporary folder beside it and renamed into
 place, so readers see a whole cache or none; an exclusive lock on the cache root makes
-one process build it while the others (ranks) wait and then read it. A cache whose files
-do not match its `meta.json` is said and rebuilt.
+one process build it while the others (ranks) wait and then read it. `meta.json` binds
+the folder to its KEY and each file to its digest (`seal`): a cache whose files do not
+match it — damaged, swapped with another entry's, rewritten — is said and rebuilt.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.paths import current_umask
+from phalanx.paths import atomic_write, current_umask
 
 SUFFIX = {"uint8": "u8", "uint16": "u16", "uint32": "u32"}
 
@@ -55,12 +56,33 @@ def bytes_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def file_version(path: Path) -> list[int]:
+    """This version of a file: size, modification and change times, inode, device. A
+    rewrite changes the change time (ctime) even when the size and modification time are
+    put back; a file moved or copied in from elsewhere has another inode."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def seal(tmp: Path, key: str) -> dict:
+    """What binds a built cache to its key and contents (kept in its `meta.json`): the
+    key, and each file's version and digest."""
+    return {"key": key, "files": {f.name: {"version": file_version(f), "digest": file_digest(f)}
+                                  for f in sorted(tmp.iterdir()) if f.name != "meta.json"}}
+
+
+def entry_key(folder: Path) -> str:
+    return folder.name.removeprefix("tokens-")
+
+
 def read_meta(folder: Path, log) -> dict | None:
-    """The cache's `meta.json` when its split files have the sizes it says; None when
-    there is no cache, or it is damaged (then said: it is rebuilt)."""
+    """The cache's `meta.json` when its split files have the sizes it says and its files
+    are those it was built with (`seal`); None when there is no cache, or it is damaged
+    or not its own (then said: it is rebuilt)."""
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         return None
+    why = "damaged"
     try:
         meta = json.loads(meta_path.read_text())
         item = {"uint8": 1, "uint16": 2, "uint32": 4}[meta.get("dtype", "uint8")]
@@ -71,10 +93,40 @@ def read_meta(folder: Path, log) -> dict | None:
                 and isinstance(meta["description"], str):
             if meta.get("tokenizer_kind") not in ("bpe", "file") \
                     or (folder / "tokenizer.json").is_file():
-                return meta
+                unbound = _unbound(folder, meta)
+                if unbound is None:
+                    return meta
+                why = f"does not match what it was built with: {unbound}"
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         pass
-    log(f"note: the token cache in `{folder}` is damaged; rebuilding it.")
+    log(f"note: the token cache in `{folder}` is {why}; rebuilding it." if why == "damaged"
+        else f"note: the token cache in `{folder}` {why}; rebuilding it.")
+    return None
+
+
+def _unbound(folder: Path, meta: dict) -> str | None:
+    """Why the cache's files are not those `seal` recorded (None: they are). A file whose
+    version changed is digested (`tokenizer.json`, small, always); when its digest still
+    matches (a cache copied elsewhere), the record takes the new version."""
+    files = meta.get("files")
+    if meta.get("key") != entry_key(folder) or not isinstance(files, dict):
+        return ("it was made by an earlier Phalanx, which did not record them"
+                if "key" not in meta else "its record is another entry's")
+    present = sorted(f.name for f in folder.iterdir() if f.name != "meta.json")
+    if present != sorted(files):
+        return f"it holds {', '.join(present)}; its record lists {', '.join(sorted(files))}"
+    moved = False
+    for name, record in files.items():
+        version = file_version(folder / name)
+        if version == record["version"] and name != "tokenizer.json":
+            continue
+        if file_digest(folder / name) != record["digest"]:
+            return f"`{name}` is not the file it was built with"
+        moved = moved or version != record["version"]
+        record["version"] = version
+    if moved:  # (a read-only cache is digested again next time)
+        with contextlib.suppress(OSError):
+            atomic_write(folder / "meta.json", json.dumps(meta))
     return None
 
 

@@ -28,8 +28,10 @@ from phalanx.data.cache import (
     building,
     cache_key,
     default_cache_dir,
+    entry_key,
     file_digest,
     read_meta,
+    seal,
 )
 from phalanx.data.sources import TABLES, Source, documents, find_source, stdlib_files
 from phalanx.data.tokenizer import (
@@ -161,7 +163,8 @@ def prepare(data_path: str | None, cache_dir: str | None = None, val_fraction: f
     if meta is None:
         with building(root, folder) as (where, meta):
             if meta is None:
-                meta = _build(source, where, val_fraction, kind, arg, user_tok, text_field, log)
+                meta = _build(source, where, entry_key(folder), val_fraction, kind, arg,
+                              user_tok, text_field, log)
     return _splits(folder, meta)
 
 
@@ -176,9 +179,9 @@ def _splits(folder: Path, meta: dict) -> TokenSplits:
         str(meta.get("tokenizer_label", "bytes")), meta.get("val_bytes"))
 
 
-def _build(source: Source, tmp: Path, val_fraction: float, kind: str, arg: int | str,
-           user_tok: HFTokenizer | None, text_field: str, log) -> dict:
-    """Write the cache's files into `tmp`; its meta.json's content."""
+def _build(source: Source, tmp: Path, key: str, val_fraction: float, kind: str,
+           arg: int | str, user_tok: HFTokenizer | None, text_field: str, log) -> dict:
+    """Write the cache's files into `tmp` (the entry `key`'s); its meta.json's content."""
     skipped: list[str] = []
     total = sum(f.stat().st_size for f in source.files)
     count, size = join_documents(documents(source, text_field, skipped), tmp / "raw.txt",
@@ -210,10 +213,11 @@ def _build(source: Source, tmp: Path, val_fraction: float, kind: str, arg: int |
     (tmp / "raw.txt").unlink()
     unit = "files" if source.kind == "text" and not any(
         f.suffix in (".jsonl", *TABLES) for f in source.files) else "documents"
-    meta = {"n_train": n["train"], "n_val": n["val"], "files": count, "dtype": dtype,
+    meta = {"n_train": n["train"], "n_val": n["val"], "documents": count, "dtype": dtype,
             "description": f"{source.label}: {count} {unit}, {size:,} bytes",
             "vocab_size": vocab, "tokenizer_kind": kind,
-            "tokenizer_label": "bytes" if tok is None else tok.label, "val_bytes": val_bytes}
+            "tokenizer_label": "bytes" if tok is None else tok.label, "val_bytes": val_bytes,
+            **seal(tmp, key)}
     (tmp / "meta.json").write_text(json.dumps(meta))
     return meta
 
