@@ -108,3 +108,42 @@ def test_fsdp_setup_refuses_what_cannot_be_sharded_and_materialises_meta_models(
         weights = [p.full_tensor() for p in wrapped.parameters()]
         assert all(not w.is_meta and torch.isfinite(w).all() and w.abs().sum() > 0
                    for w in weights)
+
+
+def test_eval_every_0_turns_evaluation_off(corpus_file, cache_dir, run):
+    """One convention (issue 40.12): 0 turns a cadence off, as `--hang-timeout-s 0` and
+    `--checkpoint-every 0` do; a negative value is refused naming the flag."""
+    from phalanx.train.finish import final_losses
+
+    cfg = build_config({"model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
+                        "train": {"max_steps": 2, "micro_batch_size": 2, "eval_every": 0}})
+    result = train(cfg, run, prepare(str(corpus_file), str(cache_dir), 0.1))
+    assert len(result.losses) == 2 and result.val_losses == {}
+    assert final_losses(cfg, result, None, None) == "no validation loss (`--eval-every 0`)"
+    with pytest.raises(UserError, match=r"`--eval-every` must be >= 0 \(0: off\), got -1"):
+        build_config({"train": {"eval_every": -1}})
+
+
+def test_log_of_a_loss_that_requires_grad_warns_nothing(run, tmp_path, recwarn):
+    """`run.log(step, loss=loss)` at world size 1 (issue 40.7): no torch UserWarning from
+    inside Phalanx for converting a tensor that requires grad."""
+    run.log_dir = tmp_path
+    loss = (torch.ones(2, requires_grad=True) * 3).sum()
+    assert run.log(1, loss=loss) == {"step": 1, "loss": 6.0}
+    run.end_log()
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)], \
+        [str(w.message) for w in recwarn]
+
+
+def test_the_loss_plot_names_the_runs_unit():
+    """loss.png said nats/byte on every BPE run (issue 40.4): the unit is the run's."""
+    import inspect
+
+    from phalanx.report.plots import plot_losses
+    from phalanx.train.finish import loss_unit
+
+    assert loss_unit(build_config({"data": {"tokenizer": "bpe:512"}}), None) == "nats/token"
+    assert loss_unit(build_config({}), None) == "nats/token"  # auto: BPE on the corpus
+    assert loss_unit(build_config({"data": {"tokenizer": "bytes"}}), None) == "nats/byte"
+    unit = inspect.signature(plot_losses).parameters["unit"]
+    assert unit.default is inspect.Parameter.empty  # every caller says the unit

@@ -265,7 +265,7 @@ def test_the_report_train_writes_at_the_end_survives_bad_records(tmp_path):
     (run / "events.jsonl").write_text(json.dumps(EVENT) + "\n" + json.dumps(
         {**EVENT, "time": None}) + "\n" + json.dumps({**EVENT, "time": 7}) + "\n")
     said: list[str] = []
-    assert plot_losses(run / "metrics.jsonl", run / "loss.png").is_file()
+    assert plot_losses(run / "metrics.jsonl", run / "loss.png", "nats/token").is_file()
     page = build_report(run, warn=said.append).read_text()
     assert "a loss spike" in page and _cards(page)["status"] == "complete"
     assert len(said) == 2, said

@@ -180,7 +180,8 @@ class TrainConfig:
                                    "median of the last 50 steps' (0: never).")
     precision: str = opt("fp32", "Numeric precision; bf16/fp16 use torch.autocast "
                                  "(fp16 adds a GradScaler).", choices=PRECISIONS)
-    eval_every: int = opt(500, "Evaluate on the validation split every N steps (and at the end).")
+    eval_every: int = opt(500, "Evaluate on the validation split every N steps and at the "
+                               "end; 0: never (no validation loss).")
     eval_batches: int = opt(32, "Validation micro-batches per rank per evaluation.")
     log_every: int = opt(50, "Write a metrics line every N steps.")
     seed: int = opt(1337, "Seed for model init, data order and dropout.")
@@ -199,7 +200,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_values(self)
         _positive(self, "max_steps", "micro_batch_size", "grad_accum", "lr", "muon_lr",
-                  "eval_every",
                   "eval_batches", "log_every", "nan_patience")
         if not 0 <= self.seed < INT64:
             raise UserError(f"`--seed` must be in [0, 2**63 - 1], got {self.seed}.")
@@ -222,8 +222,10 @@ class TrainConfig:
             raise UserError(f"`--decay-fraction` must be in (0, 1], got {self.decay_fraction}.")
         if self.lr_decay_steps < 0:
             raise UserError(f"`--lr-decay-steps` must be >= 0, got {self.lr_decay_steps}.")
-        if self.checkpoint_every < 0:
-            raise UserError(f"`--checkpoint-every` must be >= 0, got {self.checkpoint_every}.")
+        for name in ("checkpoint_every", "eval_every"):  # 0: a cadence turned off
+            if getattr(self, name) < 0:
+                raise UserError(f"`--{name.replace('_', '-')}` must be >= 0 (0: off), got "
+                                f"{getattr(self, name)}.")
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
 

@@ -13,9 +13,10 @@ from phalanx.report.outfile import write_atomic
 from phalanx.report.records import check_metric, read_records
 
 
-def plot_losses(metrics_path: Path, out_path: Path, unit: str | None = "nats/byte",
+def plot_losses(metrics_path: Path, out_path: Path, unit: str | None,
                 warn: Callable[[str], None] | None = None) -> Path:
-    """`phalanx train`'s loss plot (its loss is in nats/byte). Records the plot cannot
+    """`phalanx train`'s loss plot, its y axis in `unit` (nats/token, or nats/byte with
+    the bytes tokenizer; None: plain "loss"). Records the plot cannot
     use are skipped, said through `warn` when given (train's finish leaves that to the
     run report it builds next, so the warning comes once)."""
     import matplotlib

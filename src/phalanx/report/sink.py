@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from phalanx.errors import UserError
-from phalanx.paths import RunDir
+from phalanx.paths import RunDir, atomic_write
 from phalanx.report.metrics import MetricsWriter, read_metrics
 
 _TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr",
@@ -75,7 +74,7 @@ class MetricsSink:
         self.out_dir = out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = RunDir(out_dir).metrics
-        kept = _drop_from(path, first_step, say)
+        kept = drop_from(path, first_step, say)
         self.metrics = MetricsWriter(path, append=kept)
         self.tb = None
         if tensorboard_available():
@@ -100,16 +99,15 @@ class MetricsSink:
             self.tb.close()
 
 
-def _drop_from(path: Path, step: int, say: Callable[[str], None] | None) -> bool:
-    """Rewrite `path` without its records of `step` and later (atomically); whether any
-    record was kept (then the writer appends)."""
+def drop_from(path: Path, step: int, say: Callable[[str], None] | None = None) -> bool:
+    """Rewrite JSON-lines file `path` (metrics.jsonl, ft-steps.jsonl) without its records
+    of `step` and later, atomically and never through a link; whether any record was kept
+    (then the writer appends)."""
     if not path.is_file():
         return False
     kept = [r for r in read_metrics(path, warn=say)
             if isinstance(r.get("step"), int) and r["step"] < step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
     return bool(kept)
 
 
@@ -121,7 +119,6 @@ def reduce_values(run, metrics: dict[str, Any], reduce: str | None) -> dict[str,
     them all; None: this rank's own)."""
     import torch
 
-
     if reduce is not None and reduce not in REDUCTIONS:
         raise UserError(f"run.log(reduce={reduce!r}): expected one of "
                         f"{', '.join(REDUCTIONS)} or None.")
@@ -131,7 +128,9 @@ def reduce_values(run, metrics: dict[str, Any], reduce: str | None) -> dict[str,
         raise UserError(f"run.log: {', '.join(bad)} must be a number or a one-element "
                         "tensor.")
     if reduce is None or run.world_size == 1 or not metrics:
-        return {k: float(v) for k, v in metrics.items()}
+        # detached first: float() of a loss that requires grad warns (torch 2.13)
+        return {k: float(v.detach() if isinstance(v, torch.Tensor) else v)
+                for k, v in metrics.items()}
     import torch.distributed as dist
 
     t = torch.stack([torch.as_tensor(v, dtype=torch.float64).detach().reshape(())

@@ -11,6 +11,7 @@ import torch
 
 from phalanx.checkpoint.export import export_weights
 from phalanx.cluster.faults import fault_point
+from phalanx.config.data_spec import resolve_spec
 from phalanx.config.sections import Config
 from phalanx.data import ByteTokenizer, TokenSplits
 from phalanx.errors import UserError
@@ -129,7 +130,7 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
         atomic_write(out.sample, text)  # a link there is replaced, not followed
         run.print(f"--- sample ---\n{text}\n--------------")
         wrote.append(out.sample)
-    wrote.append(plot_losses(out.metrics, out.loss_plot))
+    wrote.append(plot_losses(out.metrics, out.loss_plot, loss_unit(cfg, splits)))
     try:
         wrote.append(build_report(out.root))
     except UserError as exc:  # e.g. `report.html` is a directory: the model is written
@@ -138,6 +139,14 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
     run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
               f"{final_losses(cfg, result, out, splits)}\n"
               f"wrote: {', '.join(str(p) + ('/' if p.is_dir() else '') for p in wrote)}")
+
+
+def loss_unit(cfg: Config, splits: TokenSplits | None) -> str:
+    """The trainer's loss is cross-entropy per token in nats; a token is a byte with the
+    bytes tokenizer."""
+    kind = (splits.tokenizer_kind if splits is not None
+            else resolve_spec(cfg.data.tokenizer, cfg.data.path))
+    return "nats/byte" if kind == "bytes" else "nats/token"
 
 
 def final_losses(cfg: Config, result: TrainResult, out: RunDir,
@@ -149,10 +158,12 @@ def final_losses(cfg: Config, result: TrainResult, out: RunDir,
                  else last_val_loss(out, result.state.step, key))
         return float("nan") if value is None else value
 
+    if not cfg.train.eval_every:
+        return "no validation loss (`--eval-every 0`)"
     per_token = last(result.val_losses, "val_loss")
     vocab = splits.vocab_size if splits is not None else 256
     uniform = math.log(vocab)
-    if (splits.tokenizer_kind if splits is not None else cfg.data.tokenizer) == "bytes":
+    if loss_unit(cfg, splits) == "nats/byte":
         return f"final val loss {per_token:.4f} nats/byte (byte-uniform: {uniform:.4f})"
     per_byte = last(result.val_nats_per_byte, "val_nats_per_byte")
     shown = "" if math.isnan(per_byte) else f" = {per_byte:.4f} nats/byte"

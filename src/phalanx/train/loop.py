@@ -242,7 +242,7 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
     record = None
     if step % t.log_every == 0 or last:
         record = log.flush(step, lr, result)
-    if step % t.eval_every == 0 or last:
+    if t.eval_every and (step % t.eval_every == 0 or last):  # 0: never
         record = record or {"step": step}
         run.beat(step, "eval")
         fault_point("eval", step)
