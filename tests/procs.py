@@ -3,6 +3,7 @@ are still alive (the tests for orphans and listening sockets)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -66,3 +67,38 @@ def with_argument(arg: str) -> set[int]:
             if arg.encode() in words:
                 found.add(int(entry.name))
     return found
+
+
+def listening(pids: set[int]) -> list[str]:
+    """`address:port` of every TCP socket in LISTEN state owned by `pids` (as `ss -ltnp`
+    shows them), read from /proc."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                addr, port = cols[1].split(":")
+                found.append(f"{address(addr, width)}:{int(port, 16)}")
+    return found
+
+
+def address(hexaddr: str, width: int) -> str:
+    raw = bytes.fromhex(hexaddr)
+    if width == 8:
+        return ".".join(str(b) for b in raw[::-1])
+    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+    return "[" + b"".join(words).hex() + "]"
+
+
+def on_loopback(listener: str) -> bool:
+    """Whether `address:port` (from `listening`) is on 127.0.0.0/8 or ::1."""
+    return listener.startswith(("127.", "[00000000000000000000000000000001]"))

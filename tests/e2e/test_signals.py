@@ -5,7 +5,6 @@ processes listen on loopback only."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -100,46 +99,16 @@ def test_a_second_signal_stops_at_once(tmp_path, small_corpus_file, cache_dir):
         assert verify(ckpt) is None
 
 
-def _listening(pids: set[int]) -> list[str]:
-    """`address:port` of every TCP socket in LISTEN state owned by `pids` (as `ss -ltnp`
-    shows them), read from /proc."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    found = []
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                addr, port = cols[1].split(":")
-                found.append(f"{_address(addr, width)}:{int(port, 16)}")
-    return found
-
-
-def _address(hexaddr: str, width: int) -> str:
-    raw = bytes.fromhex(hexaddr)
-    if width == 8:
-        return ".".join(str(b) for b in raw[::-1])
-    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
-    return "[" + b"".join(words).hex() + "]"
-
-
 def test_a_single_node_job_listens_on_loopback_only(tmp_path, small_corpus_file, cache_dir):
     proc = start(tmp_path / "run", small_corpus_file, cache_dir, "--max-steps", "100000")
     try:
         wait_for_step(proc, 3)
-        listeners = _listening({proc.pid} | procs.descendants(proc.pid))
+        listeners = procs.listening({proc.pid} | procs.descendants(proc.pid))
     finally:
         proc.kill()
         proc.communicate()
     assert len(listeners) >= 2, listeners  # the rendezvous store and the agent's store
-    outside = [x for x in listeners if not x.startswith(("127.", "[00000000000000000000000000000001]"))]
+    outside = [x for x in listeners if not procs.on_loopback(x)]
     assert not outside, f"listening beyond loopback: {outside}"
 
 

@@ -21,6 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import procs
+
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -115,9 +117,16 @@ def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_f
                                                          cache_dir):
     """Ctrl-C while the groups step (milliseconds a step: the signal reaches them at
     different steps): they agree to stop after the same step, each commits a checkpoint
-    there, the launcher says how it ended in one line (the groups' lines name no internal
-    command); the same command resumes both groups, they meet before their first quorum,
-    and the run ends as the ddp run does."""
+    there, the launcher says how it ended in one line, naming the checkpoint the groups
+    committed (the groups' lines name no internal command); the same command resumes both
+    groups, they meet before their first quorum, and the run ends as the ddp run does.
+
+    Meanwhile every socket the job listens on — the launcher's lighthouse and start store,
+    each group's torchft manager server and checkpoint server, the groups' own stores —
+    is on loopback (issue 39: torchft's two servers and the start store listened on every
+    interface). And the membership record holds each step once after a resume from a
+    checkpoint older than its last line (what a crash after the checkpoint leaves:
+    planted here), as metrics.jsonl does."""
     import os
     import signal
     import threading
@@ -129,12 +138,14 @@ def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_f
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     lines: list[str] = []
+    listeners: list[str] = []
 
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
             if line.startswith("g0| step 30/") and not any("SENT" in x for x in lines):
+                listeners.extend(procs.listening({proc.pid} | procs.descendants(proc.pid)))
                 lines.append("SENT\n")
                 os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
 
@@ -146,14 +157,29 @@ def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_f
     assert proc.returncode == 130, console
     said = [x for x in lines if x.startswith(("phalanx: stopped", "g0| phalanx: stopped",
                                               "g1| phalanx: stopped"))]
-    assert said[-1].startswith("phalanx: stopped by SIGINT: each replica group committed"), said
-    assert not any("Resume with" in x for x in said) and "Traceback" not in console
+    # 2 groups x (manager server, checkpoint server, 2 stores of their agent) + the
+    # launcher's lighthouse and start store
+    assert len(listeners) >= 10, listeners
+    assert [x for x in listeners if not procs.on_loopback(x)] == [], listeners
     kept = {g: sorted(p.name for p in (out / f"replica-{g}" / "checkpoints").glob("step-*"))
             for g in (0, 1)}
     assert kept[0] == kept[1] and len(kept[0]) == 1, kept  # the same step in both
+    assert said[-1] == f"phalanx: stopped by SIGINT: checkpoint {kept[0][0]} is committed " \
+        "in every replica group; run the same command to resume.\n", said
+    assert not any("Resume with" in x for x in said) and "Traceback" not in console
+    stop = int(kept[0][0].split("-")[1])
+    for g in (0, 1):  # a continuation past the checkpoint that was lost
+        record = json.dumps({**_steps(out / f"replica-{g}")[stop], "fingerprint": "lost"})
+        with open(out / f"replica-{g}" / "ft-steps.jsonl", "a") as fh:
+            fh.writelines(record.replace(f'"step": {stop}', f'"step": {stop + k}') + "\n"
+                          for k in (1, 2, 3))
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "1 replica group live" not in resumed.stdout  # they met before their first quorum
+    for g in (0, 1):
+        lines = (out / f"replica-{g}" / "ft-steps.jsonl").read_text().splitlines()
+        steps = [json.loads(x)["step"] for x in lines]
+        assert steps == list(range(1, 401)) and "lost" not in "".join(lines), steps[stop - 2:]
     ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "400")
     assert ddp.returncode == 0, ddp.stderr
     assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1",

@@ -97,17 +97,36 @@ def test_any_other_lighthouse_is_refused_before_launch(bad):
         _cfg(lighthouse=bad)
 
 
-def test_the_run_ends_with_the_group_that_finished_it(capsys):
-    names = ["0", "1"]
-    assert _outcome([0, -15], [], names) == 0
+def test_the_run_ends_with_the_group_that_finished_it(capsys, tmp_path):
+    names, folders = ["0", "1"], [tmp_path / "replica-0", tmp_path / "replica-1"]
+    assert _outcome([0, -15], [], names, folders) == 0
     assert "replica group 0 finished the run (stopped behind it: group 1)" in \
         capsys.readouterr().out
-    assert _outcome([2, 2], [], names) == 2  # a user error in every group
-    assert _outcome([1, -9], [], names) == 1
-    with pytest.raises(Interrupted, match="each replica group committed a checkpoint"):
-        _outcome([130, 130], [signal.SIGINT], names)
-    with pytest.raises(Interrupted, match="replica group 1 exited with code 1"):
-        _outcome([130, 1], [signal.SIGINT], names)
+    assert _outcome([2, 2], [], names, folders) == 2  # a user error in every group
+    assert _outcome([1, -9], [], names, folders) == 1
+
+
+def _committed(folder, name):
+    (folder / "checkpoints" / name).mkdir(parents=True)
+    (folder / "checkpoints" / "latest").write_text(name)
+
+
+def test_a_stop_says_what_the_groups_committed(tmp_path):
+    """Issue 39: stopped before any step, the launcher said 'each replica group committed a
+    checkpoint' while each group said none was."""
+    names, folders = ["0", "1"], [tmp_path / "replica-0", tmp_path / "replica-1"]
+    with pytest.raises(Interrupted) as none:
+        _outcome([130, 130], [signal.SIGINT], names, folders)
+    assert str(none.value) == "stopped by SIGINT: no replica group had committed a " \
+        "checkpoint yet; the same command starts the run again."
+    for folder in folders:
+        _committed(folder, "step-00000030")
+    with pytest.raises(Interrupted, match="checkpoint step-00000030 is committed in every "
+                                          "replica group; run the same command to resume"):
+        _outcome([130, 130], [signal.SIGINT], names, folders)
+    with pytest.raises(Interrupted, match=r"replica group 0 exited with code 130 \(checkpoint "
+                       r"step-00000030 is committed\), replica group 1 exited with code 1 "):
+        _outcome([130, 1], [signal.SIGINT], names, folders)
 
 
 def test_torchfts_request_log_is_told_from_a_training_line():

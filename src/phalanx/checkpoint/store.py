@@ -112,6 +112,19 @@ def read_latest(root: Path) -> Path | None:
     return Path(root) / name
 
 
+def latest_committed(out) -> Path | None:
+    """The checkpoint run directory `out`'s `latest` names, if it is there."""
+    latest = read_latest(Path(out) / "checkpoints")
+    return latest if latest is not None and latest.is_dir() else None
+
+
+def committed_note(out) -> str:
+    """What a stopped run in `out` keeps, as its last line says it."""
+    latest = latest_committed(out)
+    return f"checkpoint {latest.name} is committed" if latest is not None else \
+        "no checkpoint was committed yet"
+
+
 def verify(path: Path, contents: bool = True) -> str | None:
     """Why the checkpoint at `path` must not be used, or None if it verifies.
 

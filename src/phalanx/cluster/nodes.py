@@ -57,15 +57,16 @@ def interface_addresses() -> dict[str, str]:
     return found
 
 
-def route_to(host: str, port: int) -> str:
+def route_to(host: str, port: int, flag: str = "--rdzv-endpoint",
+             what: str = "node 0") -> str:
     """The local address this machine would use to reach host:port (no packet is sent)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((host, port))
             return s.getsockname()[0]
     except OSError as exc:
-        raise UserError(f"`--rdzv-endpoint {host}:{port}`: no route from this machine "
-                        f"({exc.strerror or exc}). Give an address of node 0 that this "
+        raise UserError(f"`{flag} {host}:{port}`: no route from this machine "
+                        f"({exc.strerror or exc}). Give an address of {what} that this "
                         f"machine can reach.") from None
 
 

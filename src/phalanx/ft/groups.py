@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from phalanx.checkpoint.store import committed_note, latest_committed
 from phalanx.cluster import protocol
 from phalanx.config.dist import lighthouse_url
 from phalanx.config.sections import Config
@@ -107,21 +108,22 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
     if cfg.dist.lighthouse is not None:
         address = lighthouse_url(cfg.dist.lighthouse)  # HOST:PORT as the URL torchft takes
     else:
-        from torch.distributed import TCPStore
         from torchft._torchft import LighthouseServer
+
+        from phalanx.cluster.rendezvous import bound_store
 
         wait_ms = int(cfg.dist.ft_join_timeout_s * 1000)  # for a late group, and a gone one
         server = LighthouseServer(bind="127.0.0.1:0", min_replicas=cfg.dist.min_replicas,
                                   join_timeout_ms=wait_ms, heartbeat_timeout_ms=wait_ms)
         address = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]  # not its hostname
         # where the groups of a launch wait for each other before their first quorum
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        store = bound_store("127.0.0.1", 0)  # (a TCPStore of its own binds every interface)
         start = {protocol.FT_START: f"127.0.0.1:{store.port}:{','.join(names)}"}
     print(f"phalanx: fault tolerance (torchft): {groups} replica groups of 1 rank, "
           f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
     try:
-        groups_ = Groups(names, store)
-        groups_.start(argv, out, address, threads, start)
+        groups_ = Groups(names, store, out)
+        groups_.start(argv, address, threads, start)
         return groups_.wait(cfg.dist.ft_join_timeout_s + 10)
     finally:
         if server is not None:
@@ -133,19 +135,19 @@ class Groups:
 
     KILL_AFTER_S = 30.0  # a group told to stop (SIGTERM) and still there: SIGKILL
 
-    def __init__(self, names: list[str], store) -> None:
-        self.names, self.store = names, store
+    def __init__(self, names: list[str], store, out: Path) -> None:
+        self.names, self.store, self.out = names, store, out
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []
         self.marked: set[str] = set()  # groups marked as ended in the store
 
-    def start(self, argv: list[str], out: Path, address: str, threads: int,
+    def start(self, argv: list[str], address: str, threads: int,
               start: dict[str, str]) -> None:
         for name in self.names:
             env = {**os.environ, protocol.FT_GROUP: name, protocol.FT_LIGHTHOUSE: address,
                    protocol.LAUNCHER_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1", **start}
-            proc = subprocess.Popen(group_command(argv, out, name, threads), env=env,
+            proc = subprocess.Popen(group_command(argv, self.out, name, threads), env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
             pump = threading.Thread(target=_pump, args=(proc, f"g{name}| "), daemon=True)
@@ -178,7 +180,8 @@ class Groups:
                 signal.signal(sig, handler)
         for pump in self.pumps:  # every group's last lines before the launcher's own
             pump.join(timeout=10)
-        return _outcome([proc.returncode for proc in self.procs], self.signals, self.names)
+        return _outcome([proc.returncode for proc in self.procs], self.signals, self.names,
+                        [replica_dir(self.out, name) for name in self.names])
 
     def _forward(self, signum: int, frame: object) -> None:
         """A stop of the whole job: marked first (the groups then stop after the same
@@ -232,15 +235,14 @@ def without_access_logs(lines):
         yield carry + "\n"
 
 
-def _outcome(codes: list[int], got: list[int], names: list[str]) -> int:
+def _outcome(codes: list[int], got: list[int], names: list[str],
+             folders: list[Path]) -> int:
+    """The launcher's exit code (or Interrupted) from the groups' exit codes, the stop
+    signals it got and the groups' run directories."""
     winners = [names[g] for g, code in enumerate(codes) if code == 0]
     if got and not winners:
-        stopped = all(code in (130, 143, 138) for code in codes)
-        raise Interrupted(got[0], f"stopped by {signal.Signals(got[0]).name}: " + (
-            "each replica group committed a checkpoint; run the same command to resume."
-            if stopped else ", ".join(f"replica group {names[g]} exited with code {c}"
-                                      for g, c in enumerate(codes)) +
-            "; run the same command to resume from the groups' checkpoints."))
+        raise Interrupted(got[0], f"stopped by {signal.Signals(got[0]).name}: "
+                          + _kept(codes, names, folders))
     if winners:
         behind = [names[g] for g, code in enumerate(codes) if code != 0]
         note = f" (stopped behind it: group {', '.join(map(str, behind))})" if behind else ""
@@ -250,3 +252,18 @@ def _outcome(codes: list[int], got: list[int], names: list[str]) -> int:
     print("phalanx: " + ", ".join(f"replica group {names[g]} exited with code {c}"
                                   for g, c in enumerate(codes)), file=sys.stderr, flush=True)
     return 2 if all(c == 2 for c in codes) else 1
+
+
+def _kept(codes: list[int], names: list[str], folders: list[Path]) -> str:
+    """What the stopped groups keep, as each group's own last line says it (read from
+    their run directories), and how to go on."""
+    kept = {p.name if p is not None else None for p in map(latest_committed, folders)}
+    if all(code in (130, 143, 138) for code in codes) and len(kept) == 1:
+        name = kept.pop()
+        return (f"checkpoint {name} is committed in every replica group; run the same "
+                f"command to resume." if name is not None else "no replica group had "
+                "committed a checkpoint yet; the same command starts the run again.")
+    return ", ".join(f"replica group {name} exited with code {code} "
+                     f"({committed_note(folder)})"
+                     for name, code, folder in zip(names, codes, folders)) + \
+        "; run the same command to resume from the groups' checkpoints."

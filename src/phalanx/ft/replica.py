@@ -12,7 +12,8 @@ weights are the same bits (on CPU, fp32; tested).
 What a healthy group sends a returning one is everything a checkpoint holds: the model,
 the optimizer and `TrainState` (step, cursor, tokens). Each step's membership is written
 to `OUT/ft-steps.jsonl` with a fingerprint of the weights after the step, so live groups
-can be compared step by step; changes are also events (`events.jsonl`) and one console
+can be compared step by step (each step once: records from this process's first step on,
+left by a continuation that was lost, are dropped when it writes it); changes are also events (`events.jsonl`) and one console
 line (said by the quorum's first group)."""
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +36,7 @@ from phalanx.cluster import protocol
 from phalanx.errors import DistributedError
 from phalanx.paths import open_append
 from phalanx.report.events import record_event
+from phalanx.report.sink import drop_from
 from phalanx.strategies.guards import fingerprints, named_state
 
 
@@ -57,24 +58,31 @@ class ReplicaGroup:
 
     def __init__(self, run, dist_cfg, group: str, lighthouse: str, group_batch: int,
                  out_dir: Path | None) -> None:
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import ProcessGroupGloo
+
+        from phalanx.ft.bind import bound_manager, listen_host
 
         self.run, self.group, self.group_batch, self.out_dir = run, group, group_batch, out_dir
         self.lighthouse, self.min_replicas = lighthouse, dist_cfg.min_replicas
         timeout = timedelta(seconds=dist_cfg.timeout_s)
         self.timeout = timedelta(seconds=dist_cfg.rdzv_timeout_s)
         _torchft_logs_to_rank_log()
-        local = dist_cfg.lighthouse is None  # the lighthouse on loopback: so is everything
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load,
-            state_dict=self._save, min_replica_size=dist_cfg.min_replicas,
-            use_async_quorum=False, rank=run.rank, world_size=run.world_size,
-            lighthouse_addr=lighthouse, replica_id=f"phalanx-g{group}", timeout=timeout,
-            quorum_timeout=self.timeout, init_sync=False,  # the same model from the seed
-            hostname="127.0.0.1" if local else socket.gethostname())
+        # the lighthouse on loopback: so is everything; else the address towards it
+        host = listen_host(lighthouse, local=dist_cfg.lighthouse is None)
+        try:
+            self.manager = bound_manager(
+                host, timeout, pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load,
+                state_dict=self._save, min_replica_size=dist_cfg.min_replicas,
+                use_async_quorum=False, rank=run.rank, world_size=run.world_size,
+                lighthouse_addr=lighthouse, replica_id=f"phalanx-g{group}",
+                quorum_timeout=self.timeout, connect_timeout=self.timeout,
+                init_sync=False)  # the same model from the seed
+        except RuntimeError as exc:  # torchft's: the lighthouse not reached in time
+            raise self._no_lighthouse(exc) from None
         self.result: Any = None
         self.participants, self.rank, self.healed, self.agreed_stop = 0, 0, False, 0
         self.start: StartStore | None = None
+        self.recording = False  # ft-steps.jsonl trimmed to this process's first step
 
     def attach(self, result: Any) -> None:
         """Bind to the trainer's model, optimizer and state (restored from a checkpoint or
@@ -97,11 +105,7 @@ class ReplicaGroup:
                 warnings.filterwarnings("ignore", message="The given buffer is not writable")
                 self.manager.start_quorum()
         except Exception as exc:  # noqa: BLE001 - torchft raises plain errors
-            raise DistributedError(
-                f"replica group {self.group}: no quorum from the lighthouse at "
-                f"{self.lighthouse} within {self.timeout.total_seconds():g} s "
-                f"({str(exc).splitlines()[0][:200]}). Is it running, and are at least "
-                f"--min-replicas {self.min_replicas} group(s) alive?", [self.run.rank]) from None
+            raise self._no_lighthouse(exc) from None
         participants = self.manager.num_participants()
         self.rank = self.manager.participating_rank() or 0
         step = self.result.state.step + 1
@@ -116,6 +120,13 @@ class ReplicaGroup:
                          console=self.rank == 0)  # one line per change: the first group's
         self.participants = participants
         batches.aim(self.result.state.position, self.rank, participants)
+
+    def _no_lighthouse(self, exc: Exception) -> DistributedError:
+        return DistributedError(
+            f"replica group {self.group}: no quorum from the lighthouse at "
+            f"{self.lighthouse} within {self.timeout.total_seconds():g} s "
+            f"({str(exc).splitlines()[0][:200]}). Is it running, and are at least "
+            f"--min-replicas {self.min_replicas} group(s) alive?", [self.run.rank])
 
     def average(self, model: nn.Module, loss: torch.Tensor) -> torch.Tensor:
         """Every gradient, the loss and a job-wide stop request averaged over this step's
@@ -163,7 +174,11 @@ class ReplicaGroup:
                 "participants": self.participants, "rank": self.rank,
                 "global_batch": self.global_batch, "healed": self.healed,
                 "fingerprint": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
-        fd = open_append(Path(self.out_dir) / "ft-steps.jsonl")  # a link there: refused
+        path = Path(self.out_dir) / "ft-steps.jsonl"
+        if not self.recording:  # this process's first step: what the file holds from it on
+            drop_from(path, line["step"])  # is a continuation that was lost (a resume from
+            self.recording = True  # an older checkpoint), as metrics.jsonl drops it
+        fd = open_append(path)  # a link there: refused
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 

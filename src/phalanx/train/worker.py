@@ -71,11 +71,9 @@ def complete_quietly(cfg: Config, out: RunDir) -> bool:
 
 def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
     """`stopped by SIGINT: checkpoint step-… is committed. Resume with: phalanx train …`"""
-    from phalanx.checkpoint.store import read_latest
+    from phalanx.checkpoint.store import committed_note
 
-    latest = read_latest(RunDir(out).checkpoints)
-    kept = (f"checkpoint {latest.name} is committed" if latest is not None and latest.is_dir()
-            else "no checkpoint was committed yet")
+    kept = committed_note(out)
     if in_replica_group():  # its launcher (phalanx.ft.groups) says how to resume, once
         return f"stopped by {signal.Signals(signum).name}: {kept}."
     args, skip = [], False
