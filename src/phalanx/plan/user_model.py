@@ -262,8 +262,16 @@ def trace(model, inputs: tuple, spec: str, precision: str = "fp32",
 
     low = getattr(torch, LOW[precision]) if precision in LOW else None
     kept: dict[int, int] = {}
+    try:  # (outside the mode: copying a meta tensor inside it fails, e.g. on any Llama)
+        copied = copy.deepcopy(model)
+    except Exception as exc:  # noqa: BLE001 - the user's module: said in one line
+        raise UserError(f"`--model {spec}`: `phalanx plan` traces a copy of the model built "
+                        f"on the meta device, and copying it raised {type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
+                        f"(give the module a working __deepcopy__, or keep tensors that "
+                        f"are not parameters or buffers off its attributes).") from None
     with FakeTensorMode(allow_non_fake_inputs=True):
-        fake = _on_fake_cpu(copy.deepcopy(model), low if low_params else None)
+        fake = _on_fake_cpu(copied, low if low_params else None)
         watch = _BlockWatch(find_blocks(fake), checkpointed)
         if lm_vocab is not None:
             from phalanx.models.adapter import adapt
