@@ -223,3 +223,41 @@ def test_ctrl_c_commits_at_the_next_save_and_says_how_to_resume(tmp_path):
                           env={"TOTAL": str(stop + 2)})  # the command it said, as it is
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"(step {stop})" in resumed.stdout and f"step {stop + 2}" in resumed.stdout
+
+
+FORKS = """import os, subprocess, sys
+rank = os.environ["RANK"]
+for name, own_session in (("child", False), ("daemon", True)):  # the 2nd: a session of its own
+    child = subprocess.Popen(["sleep", "300"], start_new_session=own_session)
+    with open(os.path.join(sys.argv[1], f"{name}-{rank}.pid"), "w") as fh:
+        fh.write(str(child.pid))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_what_a_rank_forked_ends_with_the_job(tmp_path):
+    """Issue 39: a process a rank started (in its session, or in one of its own) outlived
+    the job; the launcher ends them when the job ends, and says so."""
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    done = phalanx_run(tmp_path, "--nproc-per-node", "2", "--out", "out", script.name,
+                       str(tmp_path), timeout=60)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+    try:
+        assert done.returncode == 0 and len(pids) == 4, done.stderr[-3000:]
+        deadline = time.monotonic() + 5
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)], "processes the ranks started outlived the job"
+        assert "ended 4 process(es) the ranks left running" in done.stderr, done.stderr
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

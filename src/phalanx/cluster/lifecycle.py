@@ -4,6 +4,10 @@
   torchrun) asks the kernel for SIGKILL when that agent dies, so a launcher killed
   with SIGKILL never leaves workers training on, unsupervised (PR_SET_PDEATHSIG; a
   watcher thread where prctl is not available).
+- `ends_descendants()`: a launcher adopts what its ranks leave behind (a process a rank
+  started, even in a session of its own, is re-parented to the launcher when the rank
+  ends: PR_SET_CHILD_SUBREAPER) and kills it when the job ends, so nothing a rank forked
+  outlives the job.
 - `StopSignals`: the first SIGINT/SIGTERM only asks to stop: the training loop finishes
   its step, every rank agrees (one all-reduce per step), a checkpoint is committed and
   the process exits with 128 + the signal (130 / 143). A second one, more than two
@@ -27,6 +31,7 @@ from typing import Any
 from phalanx.cluster import protocol
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 # SIGUSR1: SLURM's warning before a time limit or preemption (`phalanx slurm`'s
 # `--signal=USR1@S`): stop the same way, and the batch script requeues on exit code 138
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -47,17 +52,79 @@ def die_with_parent() -> None:
     store, alone, its parent already init. Phalanx's launchers give their pid
     (`PHALANX_LAUNCHER_PID`)."""
     parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-                if os.getppid() != parent or not _launcher_alive():  # died before prctl
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return
-        except (OSError, AttributeError):
-            pass
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
+        if os.getppid() != parent or not _launcher_alive():  # died before prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
                      name="phalanx-parent-watch").start()
+
+
+def _prctl(option: int, value: int) -> bool:
+    """`prctl(option, value)` on Linux; False where it is not available or fails."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def ends_descendants(say=lambda line: print(line, file=sys.stderr, flush=True)):
+    """For a launcher, around the run of its ranks: every process a rank leaves behind is
+    re-parented here (not to init) and, when the job ends, killed with its process group
+    and reaped; `say` is told how many, in one line. (Linux; elsewhere nothing is done.)"""
+    adopting = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield
+    finally:
+        if adopting:
+            ended = _end_adopted()
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
+            if ended:
+                shown = ", ".join(map(str, ended[:6])) + (", …" if len(ended) > 6 else "")
+                say(f"phalanx: ended {len(ended)} process(es) the ranks left running "
+                    f"(pid {shown}): nothing a rank starts outlives the job")
+
+
+def _end_adopted() -> list[int]:
+    """SIGKILL (and reap) this process's children outside its own session — the ranks'
+    leftovers; the ranks themselves have been reaped — until none is left (killing one
+    re-parents its own children here)."""
+    ended: list[int] = []
+    own, seen = os.getsid(0), set()
+    for _ in range(100):
+        found = [(pid, group, state) for pid, state, parent, group, session in _processes()
+                 if parent == os.getpid() and session != own and pid not in seen]
+        if not found:
+            break
+        for pid, group, state in found:
+            if state != "Z":  # (one that ended by itself is only reaped)
+                with contextlib.suppress(OSError):
+                    os.killpg(group, signal.SIGKILL)  # what it started in its group, too
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+            seen.add(pid)
+    return ended
+
+
+def _processes() -> list[tuple[int, str, int, int, int]]:
+    """(pid, state, parent, process group, session) of each process (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                state, parent, group, session = fh.read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, IndexError, ValueError):
+            continue
+        found.append((int(entry), state, int(parent), int(group), int(session)))
+    return found
 
 
 def _launcher_alive() -> bool:

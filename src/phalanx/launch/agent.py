@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import usable_cores
-from phalanx.cluster.lifecycle import sigint_held_for_workers
+from phalanx.cluster.lifecycle import ends_descendants, sigint_held_for_workers
 from phalanx.cluster.nodes import node_plan
 from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.rendezvous import register
@@ -241,7 +241,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards
         with _worker_env(workers_env(plan)), RestartNotes(host, plan.on_failure), \
-                sigint_held_for_workers(python_args[:2] == ["-m", "phalanx"]):
+                sigint_held_for_workers(python_args[:2] == ["-m", "phalanx"]), \
+                ends_descendants():
             elastic_launch(config, sys.executable)(*python_args)
     except SignalException as exc:  # the agent forwarded it and waited for the workers
         raise Interrupted(exc.sigval) from None
