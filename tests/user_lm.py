@@ -98,3 +98,53 @@ def raises(vocab_size: int):
 
 def returns_int():
     return 3
+
+
+class Fixed(nn.Module):
+    """Zero logits: nothing to train (a buffer, or no tensor at all)."""
+
+    def __init__(self, vocab_size: int, table: bool) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        if table:
+            self.register_buffer("table", torch.zeros(vocab_size))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*idx.shape, self.vocab_size, device=idx.device)
+
+
+def no_parameters(vocab_size: int):
+    return Fixed(vocab_size, table=False)
+
+
+def buffers_only(vocab_size: int):
+    return Fixed(vocab_size, table=True)
+
+
+def frozen(vocab_size: int):
+    return ConvLM(vocab_size).requires_grad_(False)
+
+
+class Cast(ConvLM):
+    dtype = torch.long
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return super().forward(idx).to(self.dtype)
+
+
+def int_logits(vocab_size: int):
+    return Cast(vocab_size)
+
+
+def complex_logits(vocab_size: int):
+    model = Cast(vocab_size)
+    model.dtype = torch.complex64
+    return model
+
+
+def with_thread(vocab_size: int):
+    """A model whose factory starts a thread that never ends (not a daemon)."""
+    import threading
+
+    threading.Thread(target=threading.Event().wait, name="users-own-thread").start()
+    return ConvLM(vocab_size)

@@ -176,6 +176,21 @@ def test_the_check_before_launch_names_each_failure(monkeypatch):
         assert needle in str(info.value) and "\n" not in str(info.value), info.value
 
 
+@pytest.mark.parametrize("spec, needle", [
+    ("user_lm:no_parameters", "has no parameter"),
+    ("user_lm:buffers_only", "has no parameter (only 1 buffer)"),
+    ("user_lm:frozen", "has 23 parameters and none requires grad"),
+    ("user_lm:int_logits", "logits of dtype torch.int64; expected floating-point"),
+    ("user_lm:complex_logits", "logits of dtype torch.complex64; expected floating-point"),
+])
+def test_a_model_that_cannot_train_is_refused_before_launch(monkeypatch, spec, needle):
+    """Issue 39: these passed the check and crashed every rank with torch's traceback."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
+    with pytest.raises(UserError) as info:
+        check_user_model(spec, V, T)
+    assert needle in str(info.value) and "\n" not in str(info.value), info.value
+
+
 def test_a_forward_that_cannot_run_on_meta_is_checked_on_the_cpu(monkeypatch, tmp_path):
     (tmp_path / "itemlm.py").write_text(
         "import torch, user_lm\n"

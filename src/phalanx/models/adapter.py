@@ -84,6 +84,12 @@ class LanguageModel(nn.Module):
                 + ("" if vocab is None else f": one score per token of the tokenizer's "
                    f"{vocab}-token vocabulary (the factory is given `vocab_size=` for this)")
                 + ".")
+        if not logits.is_floating_point():  # integer or complex: no cross-entropy, no grad
+            raise UserError(
+                f"`--model {cls.phalanx_spec}`: its forward returned logits of dtype "
+                f"{logits.dtype}; expected floating-point scores (float32, bfloat16, …) for "
+                f"the cross-entropy. Return the head's output before any cast to "
+                f"{logits.dtype}.")
 
 
 def logits_of(out: Any, spec: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from phalanx.errors import UserError
-from phalanx.models.adapter import adapt, describe
+from phalanx.models.adapter import adapt, describe, user_class
 
 
 def load_factory(spec: str | None) -> Callable[..., Any]:
@@ -150,11 +150,27 @@ def check_user_model(spec: str, vocab_size: int, block_size: int) -> None:
     UserError (one line) otherwise."""
     with torch.device("meta"):
         model = build_user_model(spec, vocab_size, block_size)
+    _check_trainable(model, spec)
     if _dry_forward(model, block_size, torch.device("meta")):
         return
     with torch.random.fork_rng(devices=[]):
         model = build_user_model(spec, vocab_size, block_size)
     _dry_forward(model, block_size, torch.device("cpu"), fallback=False)
+
+
+def _check_trainable(model: nn.Module, spec: str) -> None:
+    """At least one parameter that requires grad (the optimizer has nothing to update
+    otherwise, and every rank's backward or DDP would fail)."""
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    buffers = sum(1 for _ in model.buffers())
+    found = (f"has {len(params)} parameters and none requires grad (all frozen)" if params
+             else f"has no parameter (only {buffers} buffer{'s' * (buffers != 1)})" if buffers
+             else "has no parameter")
+    raise UserError(f"`--model {spec}`: its module ({user_class(model).__name__}) {found}; "
+                    f"training needs at least one parameter with requires_grad=True. Return "
+                    f"a module with trainable weights (nn.Parameter, not a buffer).")
 
 
 def _dry_forward(model: nn.Module, block_size: int, device: torch.device,
