@@ -148,3 +148,18 @@ def test_a_bad_factory_is_one_line_and_leaves_nothing(work, spec, needle):
     assert len(lines) == 1 and lines[0].startswith(f"phalanx: error: `--model {spec}`"), lines
     assert needle in lines[0], lines[0]
     assert not (work / out).exists()
+
+
+def test_a_thread_the_factory_leaves_running_ends_with_the_job(work):
+    """Issue 39: a factory that starts a thread that never ends (not a daemon) hung the
+    launcher and every rank at interpreter exit, after "done"."""
+    proc = subprocess.run([*phalanx(), "train", "--model", "mylm.model:with_thread", *ARGS,
+                           "--data", "text.txt", "--cache-dir", "cache", "--out", "thread",
+                           "--nproc-per-node", "2", "--max-steps", "1"],
+                          cwd=work, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "users-own-thread" in line]
+    assert len(said) == 1 and "still run" in said[0], proc.stderr[-3000:]  # the launcher's
+    for rank in (0, 1):  # and each rank's, in its log
+        assert "ending the process although thread(s) `users-own-thread`" in \
+            (work / "thread" / "logs" / f"rank-{rank}.log").read_text()
