@@ -89,3 +89,31 @@ def round_three_files(d: Path) -> None:
                       ("cfglink", "config.json")):
         (d / sub).mkdir()
         (d / sub / name).symlink_to(d / "emptydir")
+
+
+RUN_SHAPE = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32"]
+
+
+def data_rows(add) -> None:
+    """The data refusals of issue 39: a resume on another corpus, a JSONL line nested too
+    deeply, Phalanx's own outputs inside `--data`."""
+    add("train-resume-other-corpus", ["train", *RUN_SHAPE, "--out", "{run}", "--data",
+                                      "{d}/other.txt"], "was trained on another corpus")
+    add("train-data-nested-jsonl", ["train", "--data", "{d}/deep.jsonl"],
+        "deep.jsonl` line 2 is nested too deeply")
+    add("train-out-inside-data", ["train", "--data", "{d}/datadir", "--out",
+                                  "{d}/datadir/runs/r"], "`--out` `{d}/datadir/runs/r` is "
+                                                         "inside `--data`")
+    add("train-cache-inside-data", ["train", "--data", "{d}/datadir", "--cache-dir",
+                                    "{d}/datadir/cache"], "`--cache-dir` `{d}/datadir/cache` "
+                                                          "is inside `--data`")
+
+
+def data_files(d: Path) -> None:
+    from textgen import make_text
+
+    (d / "other.txt").write_text(make_text(2000, seed=4))  # the size of the run's corpus
+    (d / "deep.jsonl").write_text('{"text": "a"}\n{"text": "b", "c": ' + "[" * 50_000
+                                  + "]" * 50_000 + "}\n")
+    (d / "datadir").mkdir()
+    (d / "datadir" / "notes.txt").write_text(make_text(3000, seed=5))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bad_input_more import round_three, round_three_files
+from bad_input_more import data_files, data_rows, round_three, round_three_files
 from phalanx import cli
 from phalanx.config.sections import SECTIONS, flag_of
 
@@ -235,6 +235,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     add("report-empty", ["report", "{d}/emptydir"], "holds no run: no metrics.jsonl")
     add("report-file", ["report", "{d}/ok.py"], "is not a directory")
     round_three(add)
+    data_rows(add)
     add("no-verb", [], "the following arguments are required: VERB")
     add("bad-verb", ["trian"], "invalid choice: 'trian'")
     return c
@@ -272,6 +273,7 @@ def files(tmp_path_factory, small_corpus_file, cache_dir):
     (d / "junk" / "notes.txt").write_text("hello")
     os.mkfifo(d / "fifo")
     round_three_files(d)
+    data_files(d)
     for sub, names in (("exists", ["m.safetensors"]), ("withconfig", ["config.json"])):
         (d / sub).mkdir()
         for n in names:

@@ -54,3 +54,23 @@ def test_empty_directory_is_refused(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(UserError, match="contains no files"):
         find_source(str(tmp_path / "d"))
+
+
+def test_phalanx_outputs_inside_data_are_refused(tmp_path, monkeypatch):
+    from phalanx.config.sections import build_config
+    from phalanx.data.corpus import check_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("some text\n" * 50)
+    monkeypatch.chdir(data)
+    cfg = build_config({"data": {"path": ".", "cache_dir": str(tmp_path / "cache")}})
+    with pytest.raises(UserError, match=r"^`--out` `runs/r` is inside `--data` `\.`: the run "
+                                        r"would train on its own logs"):
+        check_data(cfg.data, "runs/r")  # (not made yet: its files would be, later)
+    check_data(cfg.data, ".runs/r")  # a hidden folder is not walked
+    check_data(cfg.data, str(tmp_path / "r"))
+    with pytest.raises(UserError, match=r"`--cache-dir` `.*/data/c` is inside `--data` `\.`: "
+                                        r"the run would train on the token cache"):
+        prepare(".", str(data / "c"), 0.1)
+    assert sorted(p.name for p in data.iterdir()) == ["a.txt"]  # nothing written

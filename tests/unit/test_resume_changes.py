@@ -42,6 +42,32 @@ def test_a_bpe_retrained_with_other_merges_is_refused():
     assert check_compatible(cfg, meta(cfg, BPE), Path("c"), tokenizer=BPE) == []
 
 
+CORPUS = {"key": "0123456789abcdef", "n_train": 9000, "n_val": 500, "digest": "d1"}
+
+
+def test_another_corpus_is_refused_and_an_unrecorded_one_is_said():
+    cfg = build_config({})
+    saved = meta(cfg)
+    saved["train_state"]["corpus"] = CORPUS
+    assert check_compatible(cfg, saved, Path("c"), corpus=CORPUS) == []
+    moved = {**CORPUS, "key": "fedcba9876543210"}  # the same tokens from files moved
+    assert check_compatible(cfg, saved, Path("c"), corpus=moved) == []
+    grown = {**CORPUS, "key": "fedcba9876543210", "n_train": 9100, "digest": "d2"}
+    with pytest.raises(UserError) as info:  # a file added to `--data`
+        check_compatible(cfg, saved, Path("c"), corpus=grown)
+    assert str(info.value).startswith(
+        "checkpoint `c` was trained on another corpus: 9,000 training and 500 validation "
+        "tokens (cache key 0123456789abcdef), and `--data` now gives 9,100 and 500 (cache "
+        "key fedcba9876543210): resuming at its data cursor would read another token "
+        "stream.")
+    with pytest.raises(UserError, match="another corpus"):  # same counts, other tokens
+        check_compatible(cfg, saved, Path("c"), corpus={**CORPUS, "digest": "d3"})
+    said = check_compatible(cfg, meta(cfg), Path("c"), corpus=CORPUS)  # an older checkpoint
+    assert said == ["the data is not checked: the checkpoint was written before Phalanx "
+                    "recorded its corpus, so `--data` may not be the corpus it was trained "
+                    "on"]
+
+
 def test_another_optimizer_is_refused_and_a_new_muon_rate_is_said():
     cfg = build_config({"train": {"optimizer": "muon", "muon_lr": 0.03}})
     with pytest.raises(UserError, match="--optimizer adamw.*--optimizer muon"):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phalanx.data.cache import cache_key, file_version
+from phalanx.data.cache import cache_key, file_version, joined_digest
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write
 
@@ -121,4 +121,4 @@ def check_bins(files: list[Path], dtype: str, vocab: int | None,
                         f"were made with as `--tokenizer`.")
     _remember(fresh)
     return counts[0], counts[1], vocab if vocab is not None else top + 1, \
-        hashlib.sha256("|".join(digests).encode()).hexdigest()[:16]
+        joined_digest(digests)

@@ -75,6 +75,11 @@ def entry_key(folder: Path) -> str:
     return folder.name.removeprefix("tokens-")
 
 
+def joined_digest(digests: list[str]) -> str:
+    """One digest of several files' digests, in order (a corpus: its train and val ids)."""
+    return hashlib.sha256("|".join(digests).encode()).hexdigest()[:16]
+
+
 def read_meta(folder: Path, log) -> dict | None:
     """The cache's `meta.json` when its split files have the sizes it says and its files
     are those it was built with (`seal`); None when there is no cache, or it is damaged

@@ -11,6 +11,7 @@ tokenizer (`phalanx.data.writer`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -30,10 +31,18 @@ from phalanx.data.cache import (
     default_cache_dir,
     entry_key,
     file_digest,
+    joined_digest,
     read_meta,
     seal,
 )
-from phalanx.data.sources import TABLES, Source, documents, find_source, stdlib_files
+from phalanx.data.sources import (
+    TABLES,
+    Source,
+    documents,
+    find_source,
+    refuse_outputs_inside,
+    stdlib_files,
+)
 from phalanx.data.tokenizer import (
     ByteTokenizer,
     HFTokenizer,
@@ -68,7 +77,7 @@ class TokenSplits:
     `tokenizer_kind`: `bytes`, `bpe` (trained here), `file` (the user's), or `ids`
     (pre-tokenized bins with no tokenizer to decode them); `tokenizer_path`: its
     `tokenizer.json` (bpe, file); `val_bytes`: the validation split's text in bytes
-    (None for bins)."""
+    (None for bins); `key`, `digest`: the corpus's identity (`corpus_record`)."""
 
     train: Path
     val: Path
@@ -81,6 +90,8 @@ class TokenSplits:
     tokenizer_path: Path | None = None
     tokenizer_label: str = "bytes"
     val_bytes: int | None = None
+    key: str | None = None  # where the ids came from: the cache entry's (or the bins') key
+    digest: str | None = None  # of the ids, train then val
 
     def load(self, split: str) -> np.ndarray:
         path = self.train if split == "train" else self.val
@@ -123,15 +134,24 @@ class TokenSplits:
                 "vocab_size": self.vocab_size, "digest": digest}
 
 
+    def corpus_record(self) -> dict:
+        """What a checkpoint records of the corpus its data cursor counts in, so that a
+        resume on other data (a file added to `--data`, another split) is refused: the
+        ids' digest and counts, and the cache key they came from."""
+        return {"key": self.key, "n_train": self.n_train, "n_val": self.n_val,
+                "digest": self.digest}
+
+
 @lru_cache(maxsize=4)
 def _load(path: str, label: str) -> HFTokenizer:
     return load_tokenizer_file(path, label)
 
 
-def check_data(data: DataConfig) -> None:
-    """What can be refused before anything is written: `--data` unreadable, a bad
-    `--tokenizer` spec or file."""
-    find_source(data.path)
+def check_data(data: DataConfig, out: str | None = None) -> None:
+    """What can be refused before anything is written: `--data` unreadable or holding the
+    run directory `out` or the cache, a bad `--tokenizer` spec or file."""
+    refuse_outputs_inside(find_source(data.path),
+                          {"--out": out, "--cache-dir": str(_cache_root(data.cache_dir))})
     kind, arg = parse_spec(resolve_spec(data.tokenizer, data.path))
     if kind == "file":
         load_tokenizer_file(str(arg))
@@ -148,10 +168,11 @@ def prepare(data_path: str | None, cache_dir: str | None = None, val_fraction: f
             bin_dtype: str = "uint16") -> TokenSplits:
     """Tokenize the corpus into the cache (once) and return where its splits are."""
     source = find_source(data_path)
+    root = _cache_root(cache_dir)
+    refuse_outputs_inside(source, {"--cache-dir": str(root)})
     tokenizer = resolve_spec(tokenizer, data_path)
     kind, arg = parse_spec(tokenizer)
     user_tok = load_tokenizer_file(str(arg)) if kind == "file" else None
-    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if source.kind == "bins":
         return _bins(source, bin_dtype, kind, user_tok, tokenizer, log, root)
     extra = "" if kind == "bytes" else f"{kind}:{arg}" if kind == "bpe" else \
@@ -168,15 +189,21 @@ def prepare(data_path: str | None, cache_dir: str | None = None, val_fraction: f
     return _splits(folder, meta)
 
 
+def _cache_root(cache_dir: str | None) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+
+
 def _splits(folder: Path, meta: dict) -> TokenSplits:
     dtype = meta.get("dtype", "uint8")
     kind = meta.get("tokenizer_kind", "bytes")
+    train, val = (f"{split}.{SUFFIX[dtype]}" for split in ("train", "val"))
     return TokenSplits(
-        folder / f"train.{SUFFIX[dtype]}", folder / f"val.{SUFFIX[dtype]}",
+        folder / train, folder / val,
         int(meta["n_train"]), int(meta["n_val"]), str(meta["description"]),
         int(meta.get("vocab_size", 256)), dtype, kind,
         folder / "tokenizer.json" if kind in ("bpe", "file") else None,
-        str(meta.get("tokenizer_label", "bytes")), meta.get("val_bytes"))
+        str(meta.get("tokenizer_label", "bytes")), meta.get("val_bytes"), entry_key(folder),
+        joined_digest([meta["files"][train]["digest"], meta["files"][val]["digest"]]))
 
 
 def _build(source: Source, tmp: Path, key: str, val_fraction: float, kind: str,
@@ -241,18 +268,20 @@ def _bins(source: Source, dtype: str, kind: str, user_tok: HFTokenizer | None, s
                         f"on. Give the `tokenizer.json` the ids were made with (`--tokenizer "
                         f"PATH`), or `--tokenizer auto` to use the ids as they are.")
     vocab_from = f"the tokenizer `{spec}`"
-    n_train, n_val, vocab, _digest = check_bins(source.files, dtype,
-                                       None if user_tok is None else user_tok.vocab_size,
-                                       vocab_from, cache)
+    n_train, n_val, vocab, digest = check_bins(source.files, dtype,
+                                               None if user_tok is None else user_tok.vocab_size,
+                                               vocab_from, cache)
     desc = f"{source.label}: token ids ({dtype})"
     train, val = source.files
+    ids = functools.partial(TokenSplits, train, val, n_train, n_val, desc, dtype=dtype,
+                            key=cache_key(source.files, 0, f"bins:{dtype}"), digest=digest)
     if user_tok is not None:
-        return TokenSplits(train, val, n_train, n_val, desc, vocab, dtype, "file",
-                           Path(spec).expanduser().resolve(), user_tok.label)
+        return ids(vocab, tokenizer_kind="file", tokenizer_label=user_tok.label,
+                   tokenizer_path=Path(spec).expanduser().resolve())
     if kind == "bytes" and vocab <= 256:
-        return TokenSplits(train, val, n_train, n_val, desc, 256, dtype)
+        return ids(256)
     log(f"note: `--data` `{source.label}` holds token ids and no `--tokenizer` file was "
         f"given: the vocabulary is the largest id + 1 = {vocab:,}, and samples are shown "
         f"as ids. Pass the `tokenizer.json` the ids were made with to decode them.")
-    return TokenSplits(train, val, n_train, n_val, desc, vocab, dtype, "ids", None,
-                       f"none (token ids, vocabulary = largest id + 1 = {vocab:,})")
+    return ids(vocab, tokenizer_kind="ids",
+               tokenizer_label=f"none (token ids, vocabulary = largest id + 1 = {vocab:,})")

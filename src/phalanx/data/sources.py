@@ -90,6 +90,28 @@ def find_source(path: str | None) -> Source:
     return Source("text", _files_below(p, path), str(p), p)
 
 
+def refuse_outputs_inside(source: Source, outputs: dict[str, str | None]) -> None:
+    """What Phalanx writes (`--out`: the run's logs, metrics and checkpoints; `--cache-dir`:
+    the token cache) must not be in the folder `--data` walks: it would become training
+    data that changes under the run (a resume then meets another corpus). `outputs`: flag
+    → path (None: not given). A hidden folder is not walked, so it may hold them."""
+    if source.root is None or source.kind == "bins":  # bins: only their two files are read
+        return
+    root = source.root.resolve()
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        where = Path(path).expanduser().resolve()
+        if where != root and root not in where.parents:
+            continue
+        if any(part.startswith(".") for part in where.relative_to(root).parts):
+            continue
+        what = "its own logs, metrics and checkpoints" if flag == "--out" else "the token cache"
+        raise UserError(f"`{flag}` `{path}` is inside `--data` `{source.label}`: the run would "
+                        f"train on {what}, which change as it runs. Put `{flag}` outside "
+                        f"`--data`, or point `--data` at a folder that holds only the data.")
+
+
 def _files_below(p: Path, path: str) -> list[Path]:
     files = [f for f in sorted(p.rglob("*")) if kind(f) == "a regular file"
              and not any(part.startswith(".") for part in f.relative_to(p).parts)]

@@ -36,9 +36,10 @@ SAVED_BEFORE = {**MODEL_DEFAULTS, **LEGACY["model"]}  # what a field's absence m
 
 
 def check_compatible(cfg: Config, meta: dict, path: Path, world: int | None = None,
-                     tokenizer: dict | None = None) -> list[str]:
-    """Refuse a different model shape (naming the fields), another optimizer or another
-    tokenizer (`tokenizer`: this run's record, when known); return the changes allowed.
+                     tokenizer: dict | None = None, corpus: dict | None = None) -> list[str]:
+    """Refuse a different model shape (naming the fields), another optimizer, another
+    tokenizer or another corpus (`tokenizer`, `corpus`: this run's records, when known:
+    `TokenSplits.tokenizer_record`, `corpus_record`); return the changes allowed.
     `meta`: the checkpoint's sidecar meta; `world`: the data-parallel ranks resuming it
     (None: not known yet, before the launch)."""
     saved = meta.get("config", {})
@@ -53,7 +54,8 @@ def check_compatible(cfg: Config, meta: dict, path: Path, world: int | None = No
     _same_optimizer(cfg, old_train.get("optimizer", LEGACY["train"]["optimizer"]), path)
     if tokenizer is not None:
         _same_tokenizer(tokenizer, meta, path)
-    changes = [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
+    changes = [] if corpus is None else _same_corpus(corpus, meta, path)
+    changes += [f"--{k.replace('_', '-')} {old_train.get(k)} → {getattr(cfg.train, k)}"
                for k in LOGGED_FIELDS if k in old_train and old_train[k] != getattr(cfg.train, k)]
     step = int(meta.get("train_state", {}).get("step", 0))
     return changes + _schedule(cfg, old_train, step) + _batch(cfg, old_train,
@@ -89,6 +91,31 @@ def _same_tokenizer(now: dict, meta: dict, path: Path) -> None:
                         f"`--tokenizer` and `--data` (a run on bytes before tokenizers "
                         f"existed: `--tokenizer bytes`), or start fresh with "
                         f"`--resume never`.")
+
+
+def _same_corpus(now: dict, meta: dict, path: Path) -> list[str]:
+    """The checkpoint's data cursor counts samples of one token stream: the corpus it
+    recorded (its ids' digest and counts; the cache key says where they came from, and may
+    differ for the same tokens from moved files) must be this run's. A checkpoint written
+    before corpora were recorded resumes, and that is said."""
+    then = meta.get("train_state", {}).get("corpus")
+    if not isinstance(then, dict):
+        return ["the data is not checked: the checkpoint was written before Phalanx recorded "
+                "its corpus, so `--data` may not be the corpus it was trained on"]
+    if all(then.get(k) == now.get(k) for k in ("digest", "n_train", "n_val")):
+        return []
+    raise UserError(f"checkpoint `{path}` was trained on another corpus: "
+                    f"{_count(then.get('n_train'))} training and {_count(then.get('n_val'))} "
+                    f"validation tokens (cache key {then.get('key')}), and `--data` now gives "
+                    f"{_count(now.get('n_train'))} and {_count(now.get('n_val'))} (cache key "
+                    f"{now.get('key')}): resuming at its data cursor would read another token "
+                    f"stream. Resume with the data it was trained on (the same files, "
+                    f"`--val-fraction` and `--text-field`), or start fresh with `--resume "
+                    f"never` (or another `--out`).")
+
+
+def _count(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _shown(value: object) -> str:

@@ -72,10 +72,11 @@ def _vocab_size(run: Run, model) -> int | None:
     return vocab if vocab is not None else getattr(config, "vocab_size", None)
 
 
-def precheck(cfg: Config, out_dir: RunDir | Path,
-             tokenizer: dict | None = None) -> tuple[Path | None, str | None]:
+def precheck(cfg: Config, out_dir: RunDir | Path, tokenizer: dict | None = None,
+             corpus: dict | None = None) -> tuple[Path | None, str | None]:
     """Before any worker starts: the checkpoint `--resume` would pick must exist, verify
-    and fit the model (UserError otherwise). Rank 0 repeats the choice and its warnings.
+    and fit the model, the tokenizer and the corpus (`TokenSplits`' records, when given;
+    UserError otherwise). Rank 0 repeats the choice and its warnings.
 
     Returns that checkpoint (None: a fresh start) and, when it is already at (or past)
     `--max-steps`, a one-line account: the run is complete, nothing to do."""
@@ -83,7 +84,7 @@ def precheck(cfg: Config, out_dir: RunDir | Path,
     if path is None:
         return None, None
     meta = read_sidecar(path)["meta"]
-    check_compatible(cfg, meta, path, tokenizer=tokenizer)
+    check_compatible(cfg, meta, path, tokenizer=tokenizer, corpus=corpus)
     step = int(meta.get("train_state", {}).get("step", 0))
     if step < cfg.train.max_steps:
         return path, None
@@ -117,8 +118,9 @@ def start_lineage(out_dir: RunDir | Path, resume_from: Path | None, say) -> None
 
 
 def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
-            precision: Precision) -> TrainState | None:
-    """Load the checkpoint `--resume` selects (same choice on every rank), or None."""
+            precision: Precision, corpus: dict | None = None) -> TrainState | None:
+    """Load the checkpoint `--resume` selects (same choice on every rank), or None.
+    `corpus`: this run's (`TokenSplits.corpus_record`), checked against the checkpoint's."""
     if out_dir is None:
         return None
     path = None
@@ -139,7 +141,7 @@ def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
                 record_event(out_dir, "restart", 0, f"{restart}; started again from step 0")
         return None
     meta = read_sidecar(path)["meta"]
-    changes = check_compatible(cfg, meta, path, run.topology.dp_size)
+    changes = check_compatible(cfg, meta, path, run.topology.dp_size, corpus=corpus)
     state = _load(run, path, meta, model, opt, precision)
     line = (f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
             f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "

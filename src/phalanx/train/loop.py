@@ -63,7 +63,9 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     precision = run.precision
     assert precision is not None  # set by run.setup
     mark("model built and wrapped, optimizer made")
-    state = ckpt.restore(run, cfg, out_dir, model, opt, precision) or TrainState()
+    corpus = splits.corpus_record()  # what the data cursor counts in
+    state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus) or TrainState()
+    state.corpus = corpus
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
         atomic_write(out_dir.run_config, json.dumps(cfg.to_dict(), indent=2))

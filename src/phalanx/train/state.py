@@ -17,6 +17,7 @@ class TrainState:
     step: int = 0  # optimizer steps done
     position: int = 0  # global samples consumed (the data cursor)
     tokens_seen: int = 0
+    corpus: dict | None = None  # what the cursor counts in (TokenSplits.corpus_record)
 
 
 @dataclass
