@@ -105,6 +105,14 @@ class RunDir:
     lock = property(lambda self: self.root / ".phalanx.lock")
     superseded = property(lambda self: self.root / "superseded")
 
+    def replica(self, name: str) -> Path:
+        """Replica group NAME's run directory in a `--fault-tolerance torchft` run."""
+        return self.root / f"replica-{name}"
+
+    def replicas(self) -> list[Path]:
+        """The replica groups' run directories in it (a torchft run's), by name."""
+        return [Path(e.path) for e in _entries(self.root) if e.name.startswith("replica-")]
+
 
 RUN_SUBDIRS = RunDir.SUBDIRS
 

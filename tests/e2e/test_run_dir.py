@@ -161,3 +161,19 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(
         assert "done:" not in proc.stdout
         assert _snapshot(out) == before
     assert "past `--max-steps` 3" in proc.stdout
+
+
+def test_a_torchft_run_in_out_is_refused_not_started_beside(tmp_path, small_corpus_file,
+                                                           cache_dir):
+    """Issue 39: a run without `--fault-tolerance` on an OUT holding a torchft run started
+    over beside it (two lineages in one run directory). Refused in one line, nothing
+    written; `--resume never` moves it aside (tests/unit/test_one_run.py)."""
+    out = tmp_path / "run"
+    for g in (0, 1):
+        (out / f"replica-{g}" / "checkpoints" / "step-00000010").mkdir(parents=True)
+    proc = train(out, small_corpus_file, cache_dir, "--max-steps", "5")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "holds a `--fault-tolerance torchft` run (`replica-0`, `replica-1`)" in lines[0]
+    assert "Add `--fault-tolerance torchft` to continue it" in lines[0], lines[0]
+    assert sorted(p.name for p in out.iterdir()) == ["replica-0", "replica-1"]

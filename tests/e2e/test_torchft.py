@@ -197,3 +197,36 @@ def test_a_refused_combination_is_one_line_and_writes_nothing(tmp_path):
         "replicated weights; `--strategy fsdp` shards them (HSDP inside a group is not built "
         "yet). Use `--strategy ddp`."]
     assert not out.exists()
+
+
+def test_out_is_one_locked_run_directory_without_links(tmp_path, outside, small_corpus_file,
+                                                       cache_dir):
+    """Issue 39: a planted `OUT/replica-0` link had a whole group's run written into its
+    target, and a torchft launch neither checked nor locked OUT; a run without torchft
+    in OUT was left beside a new torchft run (two lineages). Each is refused in one line
+    before anything is written or moved."""
+    from test_run_dir_links import refused_naming
+
+    from links import SECRET
+    from phalanx.checkpoint.rundir import RunDirLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "replica-0").symlink_to(outside / "dir", target_is_directory=True)
+    linked = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    assert not any((outside / "dir").iterdir()) and (outside / "file").read_text() == SECRET
+    assert sorted(p.name for p in out.iterdir()) == ["replica-0"]
+    refused_naming(linked, out / "replica-0", outside / "dir")
+    (out / "replica-0").unlink()
+    with RunDirLock(out):  # another run holds OUT
+        held = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    assert held.returncode == 2 and "is in use by another run" in held.stderr, held.stderr
+    assert not list(out.glob("replica-*")), list(out.iterdir())
+    (out / "checkpoints" / "step-00000010").mkdir(parents=True)  # a run without torchft
+    (out / "metrics.jsonl").write_text('{"step": 10}\n')
+    other = _train(out, small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stdout + other.stderr
+    assert "holds a run without `--fault-tolerance` (`checkpoints`, `metrics.jsonl`)" in \
+        other.stderr and "`--resume never`" in other.stderr, other.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".phalanx.lock", "checkpoints",
+                                                     "metrics.jsonl"]

@@ -155,22 +155,52 @@ def reconcile(out: RunDir | Path, resume_from: Path | None,
         limit = step_of(inside)
         stray = [p for p in steps if step_of(p) > limit]
         results: list[Path] = []
-    else:
+    else:  # a fresh start: the earlier run moves, a torchft run's groups too (one_run)
         stray = steps + [p for p in (root / "latest",) if p.exists()]
-        results = [out / name for name in RunDir.RESULTS if (out / name).exists()]
+        results = [out / name for name in RunDir.RESULTS if (out / name).exists()] \
+            + run_dir.replicas()
     if not stray and not results:
         return None
     target = _stamp(out)
     _move(stray + results, target, out)
     fsync_dir(root if root.is_dir() else out)
     moved = [p.name for p in stray if p.name.startswith("step-")]
+    groups = [p for p in results if p.name.startswith("replica-")]
+    files = len(results) - len(groups)
     why = (f"checkpoints newer than {inside.name} (not part of the run being "
            f"continued)" if inside is not None else "the previous run in this directory "
            "(this run starts fresh)")
     say(f"moved {why}: {len(moved)} checkpoint(s)"
-        + (f" and {len(results)} result file(s)" if results else "")
+        + (f" and {files} result file(s)" if files else "")
+        + (f" and {len(groups)} torchft replica group run(s)" if groups else "")
         + f" to {target} — nothing was deleted.")
     return target
+
+
+def one_run(out: RunDir | Path, torchft: bool, resume: str) -> None:
+    """A run directory holds one run: with `--resume auto`, refuse a run of the other
+    `--fault-tolerance` mode in it (a torchft run's `replica-*` groups for a run without
+    torchft; the checkpoints and results of a run without it for a torchft launch) in one
+    line. Any other `--resume` starts fresh: `reconcile` moves it to `OUT/superseded/`.
+    Links in `out` are refused first (`check_run_dir`); nothing is written (called before
+    the lock is taken, a refusal leaves no lock file)."""
+    run_dir = RunDir(out)
+    check_run_dir(run_dir)
+    if torchft:
+        found = [p for p in (run_dir.checkpoints,) if p.is_dir() and any(p.iterdir())] \
+            + [run_dir / n for n in RunDir.RESULTS if (run_dir / n).exists()]
+        held, here = "a run without `--fault-tolerance`", "uses `--fault-tolerance torchft`"
+        fix = "Drop `--fault-tolerance torchft` to continue it"
+    else:
+        found = run_dir.replicas()
+        held, here = "a `--fault-tolerance torchft` run", "is without `--fault-tolerance`"
+        fix = "Add `--fault-tolerance torchft` to continue it"
+    if found and resume == "auto":
+        names = ", ".join(f"`{p.name}`" for p in found[:3]) + (", …" if found[3:] else "")
+        raise UserError(f"`{run_dir}` holds {held} ({names}), and this run {here}: a "
+                        f"run directory holds one run. {fix}, start over with `--resume "
+                        f"never` (that run is moved to `{run_dir.superseded}/`), or choose "
+                        f"another `--out`.")
 
 
 def prepare_out_dir(path: str) -> RunDir:

@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused
+from phalanx.checkpoint.rundir import RunDirLock, one_run, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
 from phalanx.cluster.faults import check_faults
 from phalanx.cluster.protocol import one_machine_worker, under_launcher
@@ -19,7 +19,7 @@ from phalanx.config.sections import Config
 from phalanx.data.corpus import check_data, prepare_data
 from phalanx.errors import Interrupted, UserError, storage_errors
 from phalanx.launch.ranks import run_ranks
-from phalanx.paths import RunDir
+from phalanx.paths import RunDir, refuse_link
 from phalanx.train.worker import (
     check_data_fits,
     check_model,
@@ -38,8 +38,7 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     mark("config resolved")
     check_faults()
-    check_data(cfg.data, cfg.train.out)  # `--data`, `--tokenizer` readable (and `--out`
-    # not in `--data`) before anything is written
+    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
     if cfg.model.factory is not None:  # and `--model` importable (built once data is read)
         from phalanx.models.user import load_factory
 
@@ -50,22 +49,36 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
 
         check_fault_tolerance(cfg)
     created = not Path(cfg.train.out).expanduser().exists()
+    if protocol.in_replica_group():  # OUT/replica-G is inside the job's OUT: never a link
+        refuse_link(Path(cfg.train.out).expanduser(), "in a torchft run directory")
     out = prepare_out_dir(cfg.train.out)
     try:
         if ft_launcher:
-            from phalanx.ft.groups import group_count, run_groups
-            from phalanx.launch.agent import threads_per_rank
-
-            # a lighthouse, a `phalanx train` a group, each with its share of the cores
-            return run_groups(cfg, argv, out.root,
-                              threads_per_rank(group_count(cfg.dist), cfg.dist.threads_per_rank),
-                              lambda folder: complete_quietly(cfg, RunDir(folder)))
+            return _launch_groups(cfg, out, argv)
         with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
             return _train_in(cfg, out, argv)
     except UserError:
         if created:  # refused before anything ran: leave no empty run directory behind
             remove_if_unused(out)
         raise
+
+
+def _launch_groups(cfg: Config, out: RunDir, argv: list[str]) -> int:
+    """`--fault-tolerance torchft`: OUT locked and checked as any run directory (no link
+    in it, a replica group's included; one run), then a lighthouse and a `phalanx train`
+    a group, each with its share of the cores."""
+    from phalanx.ft.groups import group_count, run_groups
+    from phalanx.launch.agent import threads_per_rank
+    from phalanx.train.checkpointing import start_lineage
+
+    one_run(out, True, cfg.train.resume)
+    with RunDirLock(out) as lock:
+        lock.record_holder()
+        if cfg.train.resume != "auto":  # a fresh start: the earlier run moves aside
+            start_lineage(out, None, lambda line: print(f"phalanx: {line}", flush=True))
+        return run_groups(cfg, argv, out.root,
+                          threads_per_rank(group_count(cfg.dist), cfg.dist.threads_per_rank),
+                          lambda folder: complete_quietly(cfg, RunDir(folder)))
 
 
 def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
@@ -79,12 +92,13 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
         splits = prepare_data(cfg.data, log=lambda line: None)  # rank 0 says the notes
         mark("corpus checked")
         return run_ranks(cfg, "train", argv, lambda t: worker(cfg, splits, out, t), out)
+    if cfg.dist.fault_tolerance == "none":  # (a torchft group: its launcher checked)
+        one_run(out, False, cfg.train.resume)
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
         splits = prepare_data(cfg.data)
         check_data_fits(cfg, splits)
         check_model(cfg, splits.vocab_size)
-        resume_from, complete = precheck(cfg, out, splits.tokenizer_record(),
-                                         splits.corpus_record())
+        resume_from, complete = precheck(cfg, out, splits.tokenizer_record())
         mark("corpus and checkpoints checked")
         missing = missing_outputs(cfg, out) if complete else []
         if complete and not missing:

@@ -26,6 +26,7 @@ from phalanx.config.dist import lighthouse_url
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
+from phalanx.paths import RunDir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 # torchft's checkpoint server logs each request it serves (a heal; the heal line says it)
@@ -87,7 +88,7 @@ def group_count(dist) -> int:
 
 def replica_dir(out: Path, name: str) -> Path:
     """Where replica group NAME's run is: OUT/replica-NAME."""
-    return out / f"replica-{name}"
+    return RunDir(out).replica(name)
 
 
 def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,

@@ -1,0 +1,44 @@
+"""A run directory holds one run, whichever `--fault-tolerance` wrote it (issue 39, item
+8): a torchft run's groups (`OUT/replica-G`) and a run without torchft are never left
+side by side — refused under `--resume auto`, moved to `OUT/superseded/` on a fresh
+start, in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.checkpoint.rundir import one_run, reconcile
+from phalanx.errors import UserError
+
+
+def _torchft_run(out):
+    for g in (0, 1):
+        (out / f"replica-{g}" / "checkpoints" / "step-00000010").mkdir(parents=True)
+
+
+def test_a_fresh_start_moves_a_torchft_runs_groups_aside(tmp_path):
+    out, said = tmp_path / "run", []
+    _torchft_run(out)
+    (out / "metrics.jsonl").write_text('{"step": 3}\n')
+    target = reconcile(out, None, said.append)
+    assert target is not None and sorted(p.name for p in target.iterdir()) == [
+        "metrics.jsonl", "replica-0", "replica-1"]
+    assert (target / "replica-1" / "checkpoints" / "step-00000010").is_dir()
+    assert sorted(p.name for p in out.iterdir()) == ["superseded"]
+    assert said == [f"moved the previous run in this directory (this run starts fresh): 0 "
+                    f"checkpoint(s) and 1 result file(s) and 2 torchft replica group run(s) "
+                    f"to {target} — nothing was deleted."]
+
+
+@pytest.mark.parametrize("torchft", [False, True])
+def test_the_other_modes_run_is_refused_under_resume_auto(tmp_path, torchft):
+    out = tmp_path / "run"
+    if torchft:  # a run without torchft in OUT
+        (out / "checkpoints" / "step-00000010").mkdir(parents=True)
+    else:
+        _torchft_run(out)
+    with pytest.raises(UserError, match="a run directory holds one run") as refused:
+        one_run(out, torchft, "auto")
+    assert ("(`checkpoints`)" if torchft else "(`replica-0`, `replica-1`)") in str(refused.value)
+    one_run(out, torchft, "never")  # a fresh start: reconcile moves it
+    one_run(out, not torchft, "auto")  # its own mode continues it
