@@ -38,7 +38,8 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     mark("config resolved")
     check_faults()
-    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
+    check_data(cfg.data, cfg.train.out)  # `--data`, `--tokenizer` readable (and `--out`
+    # not in `--data`) before anything is written
     if cfg.model.factory is not None:  # and `--model` importable (built once data is read)
         from phalanx.models.user import load_factory
 
@@ -98,7 +99,8 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str]) -> int:
         splits = prepare_data(cfg.data)
         check_data_fits(cfg, splits)
         check_model(cfg, splits.vocab_size)
-        resume_from, complete = precheck(cfg, out, splits.tokenizer_record())
+        resume_from, complete = precheck(cfg, out, splits.tokenizer_record(),
+                                         splits.corpus_record())
         mark("corpus and checkpoints checked")
         missing = missing_outputs(cfg, out) if complete else []
         if complete and not missing:
