@@ -65,9 +65,9 @@ def test_slurm_submit_warning_signal_requeues_and_resumes_exactly(
             "--log-every", "1", "--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
     out = tmp_path / "job"
     submitted = subprocess.run([sys.executable, "-m", "phalanx", "slurm", *args, "--out",
-                                str(out), "--ntasks-per-node", "2", "--time", "00:20:00",
-                                "--submit"], env=cluster.env, capture_output=True, text=True,
-                               timeout=60)
+                                str(out), "--ntasks-per-node", "2", "--cpus-per-task", "1",
+                                "--time", "00:20:00", "--submit"], env=cluster.env,
+                               capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.split()[2].rstrip(":")
     script = (out / "phalanx.sbatch").read_text()
@@ -215,8 +215,8 @@ def test_slurm_submit_run_script_runs_it_as_one_two_rank_job(cluster, tmp_path):
     script.write_text(TINY)
     seen.mkdir()
     submitted = subprocess.run(
-        [sys.executable, "-m", "phalanx", "slurm", "--ntasks-per-node", "2", "--time",
-         "00:05:00", "--out", str(out), "--submit", "run", "tiny.py", str(seen), "--lr",
+        [sys.executable, "-m", "phalanx", "slurm", "--ntasks-per-node", "2", "--cpus-per-task",
+         "1", "--time", "00:05:00", "--out", str(out), "--submit", "run", "tiny.py", str(seen), "--lr",
          "3e-4"], env=cluster.env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.split()[2].rstrip(":")

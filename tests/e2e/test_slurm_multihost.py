@@ -102,6 +102,7 @@ def _submit(cluster, args: list[str], out: Path, env: dict | None = None,
             per_node: int = 1) -> str:
     submitted = cluster.run([sys.executable, "-m", "phalanx", "slurm", *args, "--out",
                              str(out), "--nodes", "2", "--ntasks-per-node", str(per_node),
+                             "--cpus-per-task", "1",
                              "--time", "00:20:00", "--submit"], timeout=60,
                             env={**cluster.env, **(env or {})})
     assert submitted.returncode == 0, submitted.stderr

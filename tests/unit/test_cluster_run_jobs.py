@@ -63,15 +63,16 @@ def test_slurm_run_renders_srun_phalanx_run_with_the_trainers_directives(tmp_pat
     (tmp_path / "train.py").write_text("print('hi')\n")
     cluster = ["--nodes", "2", "--gpus-per-node", "4", "--time", "02:00:00",
                "--partition", "gpu", "--job-name", "mine", "--signal-s", "120"]
-    script = slurm(capsys, *cluster, "--out", str(tmp_path / "r"), "--tee-ranks",
-                   "--hang-timeout-s", "60", "--nproc-per-node", "4", "run", "train.py", *ARGS)
+    script = slurm(capsys, *cluster, "--out", str(tmp_path / "r"), "--script", "r.sbatch",
+                   "--tee-ranks", "--hang-timeout-s", "60", "--nproc-per-node", "4", "run",
+                   "train.py", *ARGS)
     trainer = slurm(capsys, *cluster, "--out", str(tmp_path / "t"))
     assert directives(script) == [d.replace(f"{tmp_path}/t/", f"{tmp_path}/r/")
                                   for d in directives(trainer)]
     assert srun_line(script) == "srun " + " ".join(
         [sys.executable, "-m", "phalanx", "run", "--tee-ranks", "--hang-timeout-s", "60",
          "--out", str(tmp_path / "r"), str(tmp_path / "train.py"), *ARGS])
-    assert script == (tmp_path / "r" / "phalanx.sbatch").read_text()
+    assert script == (tmp_path / "r.sbatch").read_text()
     # the requeue block is the trainer's, word for word but its comment
     tail = lambda text: [x for x in text.split("code=$?")[1].splitlines()  # noqa: E731
                          if not x.lstrip().startswith("#")]
@@ -87,11 +88,12 @@ def test_the_script_job_requeues_on_138_only_and_passes_every_argument_whole(
     user = tmp_path / f"my script $({PWNED}) `{PWNED}`;'q\".py"
     user.write_text("print('hi')\n")
     out = tmp_path / f"a b#c 'q\" $({PWNED}) 50%"
-    slurm(capsys, "--out", str(out), "--debug-collectives", "run", str(user), *HOSTILE_ARGS)
+    slurm(capsys, "--out", str(out), "--script", str(tmp_path / "job.sbatch"),
+          "--debug-collectives", "run", str(user), *HOSTILE_ARGS)
     env = fake_tools(tmp_path, srun_exit)
     work = tmp_path / "cwd"
     work.mkdir()
-    done = subprocess.run(["bash", str(out / "phalanx.sbatch")], cwd=work, env=env,
+    done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], cwd=work, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == srun_exit, done.stderr
     argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]

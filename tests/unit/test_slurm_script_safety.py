@@ -133,14 +133,16 @@ def test_hostile_values_stay_values_in_the_directives_and_the_command(tmp_path, 
              HOSTILE_ARGS[1], "--rdzv-id", HOSTILE_ARGS[2], "--resume", "auto",
              "--data", HOSTILE_ARGS[3], "--cache-dir", HOSTILE_ARGS[4],
              "--rdzv-id", HOSTILE_ARGS[5], "--data", HOSTILE_ARGS[6]]
+    out.mkdir()  # as it is on the cluster: `phalanx slurm` renders, it creates no OUT
     script = render(tmp_path, capsys, *train, "--out", str(out), "--job-name", "gpt-run_2.a+b",
                     "--partition", "gpu,gpu-long", "--time", "1-00:00:00", "--nodes", "2",
-                    "--gpus-per-node", "4", "--cpus-per-task", "6", "--signal-s", "120")
+                    "--gpus-per-node", "4", "--cpus-per-task", "6", "--signal-s", "120",
+                    "--script", str(out / "phalanx.sbatch"))
     assert directives(script) == [
         "--job-name=gpt-run_2.a+b", "--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=6",
         "--time=1-00:00:00", "--gpus-per-node=4", "--partition=gpu,gpu-long",
         "--signal=USR1@120", "--requeue", "--open-mode=append",
-        f"--output={str(out).replace('%', '%%')}/slurm-%j.out"]
+        f"--output={str(out).replace('%', '%%')}/slurm-%j.out", f"--chdir={Path.cwd()}"]
     assert script == (out / "phalanx.sbatch").read_text()
     assert subprocess.run(["bash", "-n", str(out / "phalanx.sbatch")]).returncode == 0
     env = fake_tools(tmp_path)
@@ -159,24 +161,45 @@ def test_the_note_follows_the_whole_script_in_a_shared_stream(tmp_path):
     then the note on a line of its own."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     done = subprocess.run([sys.executable, "-m", "phalanx", "slurm", "--out",
-                           str(tmp_path / "r")], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+                           str(tmp_path / "r"), "--script", str(tmp_path / "job.sbatch")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, timeout=120)
     assert done.returncode == 0, done.stdout
     assert done.stdout.startswith("#!/bin/bash\n"), done.stdout[:200]
-    assert done.stdout.endswith(f'exit "$code"\n# written to {tmp_path}/r/phalanx.sbatch; '
-                                f"submit with: sbatch {tmp_path}/r/phalanx.sbatch\n")
+    assert done.stdout.endswith(f'exit "$code"\n# written to {tmp_path}/job.sbatch; submit '
+                                f"on the cluster with: mkdir -p {tmp_path}/r && sbatch "
+                                f"{tmp_path}/job.sbatch\n")
+
+
+def test_rendering_creates_none_of_the_clusters_paths_here(tmp_path, capsys, monkeypatch):
+    """`phalanx slurm --out /shared/run1` (render only) prints the script and writes
+    nothing; with `--script FILE` it writes FILE and nothing else — OUT is the cluster's
+    path, made there before sbatch (SLURM opens OUT/slurm-%j.out before the job starts)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    out = tmp_path / "shared" / "run1"
+    printed = render(tmp_path, capsys, "--out", str(out), "--nodes", "2")
+    assert sorted(tmp_path.rglob("*")) == [here], "rendering created files here"
+    written = render(tmp_path, capsys, "--out", str(out), "--nodes", "2", "--script",
+                     "job.sbatch")
+    assert sorted(tmp_path.rglob("*")) == [here, here / "job.sbatch"]
+    assert written == printed == (here / "job.sbatch").read_text()
+    assert f"--chdir={here}" in directives(printed)  # relative paths: read from here
+    assert cli.main(["slurm", "--out", str(out), "--script", str(tmp_path / "no" / "x")]) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1 and "No such file" in said.err, said
+    assert sorted(tmp_path.rglob("*")) == [here, here / "job.sbatch"]
 
 
 @pytest.mark.parametrize("argv,cpus", [
-    (["--gpus-per-node", "8"], None),  # the cluster's default (DefCpuPerGPU), not 1
+    (["--gpus-per-node", "8"], "4"),  # never the cluster's 1 CPU per task
     (["--gpus-per-node", "8", "--threads-per-rank", "6"], "6"),
     (["--gpus-per-node", "8", "--threads-per-rank", "6", "--cpus-per-task", "10"], "10"),
-    (["--ntasks-per-node", "2"], None),
+    (["--ntasks-per-node", "2"], "4"),
 ])
-def test_cpus_per_task_follows_the_threads_per_rank_or_is_left_to_the_cluster(
+def test_cpus_per_task_follows_the_threads_per_rank_or_its_default(
         tmp_path, capsys, argv, cpus):
     script = render(tmp_path, capsys, *argv, "--out", str(tmp_path / "r"))
     asked = [d.split("=")[1] for d in directives(script) if d.startswith("--cpus-per-task")]
-    assert asked == ([cpus] if cpus else [])
-    if cpus is None:
-        assert "ask with --cpus-per-task" in script
+    assert asked == [cpus]

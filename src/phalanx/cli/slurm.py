@@ -18,6 +18,11 @@ line cannot hold a line break (the rest of it would run as a command, and sbatch
 ignore every directive after it), job and partition names are limited to the characters
 SLURM's own names use, and the run directory is quoted as sbatch reads quotes. The
 command line in the body is shell-quoted (`shlex.join`), one word per argument.
+
+Rendering writes nothing but the file asked for (`--script`; without it, stdout only):
+OUT is the cluster's path, created where the job is submitted (`--submit` does, as sbatch
+needs it for the job's output). The job runs in the directory `phalanx slurm` ran in
+(`--chdir`), so a relative path in the command means what it meant here.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from phalanx.paths import atomic_write, kind, require_file
 SUMMARY = ("Render (or submit) an sbatch script that runs `phalanx train` (or, with `run "
            "SCRIPT`, your script under `phalanx run`) under srun.")
 REQUEUE_CODE = exit_code(signal.SIGUSR1)  # 138
+CPUS_PER_TASK = 4  # without --cpus-per-task or --threads-per-rank (SLURM's default is 1)
 _TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")  # fullmatch: no trailing newline
 _JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 _PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
@@ -67,8 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="GPUs per node to request (default: 0)")
     g.add_argument("--cpus-per-task", type=count(1, 4096), default=None,
                    help="CPU cores per rank (default: --threads-per-rank when given, else "
-                        "not written: the cluster's default applies, 1 per task or the "
-                        "partition's DefCpuPerGPU)")
+                        f"{CPUS_PER_TASK}; SLURM's own default would be 1)")
     g.add_argument("--time", default="01:00:00",
                    help="time limit, as sbatch takes it: [D-]HH:MM:SS, MM (default: 01:00:00)")
     g.add_argument("--partition", default=None, help="partition (default: the cluster's)")
@@ -77,14 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds before the time limit at which SLURM warns the ranks "
                         "(SIGUSR1): they checkpoint, exit and the job requeues (default: 90)")
     g.add_argument("--script", default=None, metavar="FILE",
-                   help="write the sbatch script here (default: OUT/phalanx.sbatch)")
+                   help="also write the sbatch script to FILE (default: stdout only; with "
+                        "--submit, OUT/phalanx.sbatch)")
     g.add_argument("--submit", action="store_true",
-                   help="submit it with sbatch and print the job id")
+                   help="create OUT, submit the script with sbatch and print the job id")
     add_job_argument(parser, "SCRIPT must be a file here, on storage the nodes share: its "
                      "absolute path is written into the job.")
 
 
-def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
+def sbatch_values(ns: argparse.Namespace, out: Path, cwd: Path) -> dict[str, str]:
     """The strings that go into `#SBATCH` lines, checked: UserError for one that the
     script cannot carry. (The numbers are argparse's `count`s.)"""
     check_value(_TIME, "--time", ns.time, "a SLURM time; use [D-]HH:MM:SS, e.g. "
@@ -102,23 +108,34 @@ def sbatch_values(ns: argparse.Namespace, out: Path) -> dict[str, str]:
                             f", which sbatch reads in a `#SBATCH` line as the start of another "
                             f"job component; choose a name without it.")
     return {"time": ns.time, "job_name": ns.job_name, "partition": ns.partition or "",
-            "output": _output_pattern(out)}
+            "output": _output_pattern(out),
+            "chdir": _carried(cwd, "--chdir", "the directory `phalanx slurm` runs in",
+                              "run it from a directory without it")}
 
 
 def _output_pattern(out: str | Path) -> str:
     """`--output` for OUT/slurm-%j.out as sbatch reads it: `%` doubled (SLURM's file
     pattern), quoted when it holds anything but plain characters."""
-    text = str(out)
-    found = _UNCARRIED.search(text)
-    if found:
-        raise UserError(f"`--out {show(text)}` holds `{show(found.group())}`, which an sbatch "
-                        f"script cannot carry in its `#SBATCH --output` line: choose a run "
-                        f"directory without it.")
-    pattern = text.replace("%", "%%") + "/slurm-%j.out"
-    return pattern if _PLAIN.fullmatch(pattern) else '"' + pattern.replace('"', '\\"') + '"'
+    text = _carried(out, "--output", f"`--out {show(str(out))}`",
+                    "choose a run directory without it")
+    return _quoted(text.replace("%", "%%") + "/slurm-%j.out")
 
 
-def render(ns: argparse.Namespace, cfg, job: Job, out: Path) -> str:
+def _carried(path: str | Path, directive: str, what: str, fix: str) -> str:
+    """`path` as text, or UserError when a `#SBATCH` line cannot carry it."""
+    text = str(path)
+    if found := _UNCARRIED.search(text):
+        raise UserError(f"{what} holds `{show(found.group())}`, which an sbatch script cannot "
+                        f"carry in its `#SBATCH {directive}` line: {fix}.")
+    return text
+
+
+def _quoted(text: str) -> str:
+    """`text` as sbatch reads it in a `#SBATCH` line: as is when plain, else quoted."""
+    return text if _PLAIN.fullmatch(text) else '"' + text.replace('"', '\\"') + '"'
+
+
+def render(ns: argparse.Namespace, cfg, job: Job, out: Path, cwd: Path) -> str:
     """The sbatch script: `srun phalanx train ...`, or `srun phalanx run ... SCRIPT ARGS`
     for a Job with a script; the same directives and requeue either way."""
     # OUT is made absolute (and comes last); SLURM sets the ranks
@@ -129,7 +146,7 @@ def render(ns: argparse.Namespace, cfg, job: Job, out: Path) -> str:
         "your script stopped on the warning signal (its `run.save` committed)"
     lines = ["#!/bin/bash",
              "# Rendered by `phalanx slurm`; edit freely, then `sbatch` this file.",
-             *_directives(ns, cfg, out), "",
+             *_directives(ns, cfg, out, cwd), "",
              "# every task is one rank (phalanx reads SLURM_PROCID/LOCALID/STEP_NUM_TASKS and",
              "# meets on the first host). Not --kill-on-bad-exit: on the warning signal every",
              "# rank exits 138 after the checkpoint, and killing the slower ones would turn",
@@ -146,20 +163,20 @@ def render(ns: argparse.Namespace, cfg, job: Job, out: Path) -> str:
     return "\n".join(lines)
 
 
-def _directives(ns: argparse.Namespace, cfg, out: Path) -> list[str]:
+def _directives(ns: argparse.Namespace, cfg, out: Path, cwd: Path) -> list[str]:
     """The `#SBATCH` lines, every value checked (`sbatch_values`)."""
-    v = sbatch_values(ns, out)
+    v = sbatch_values(ns, out, cwd)
     tasks = ns.ntasks_per_node or ns.gpus_per_node or cfg.dist.nproc_per_node or 1
-    cpus = ns.cpus_per_task or cfg.dist.threads_per_rank
+    cpus = ns.cpus_per_task or cfg.dist.threads_per_rank or CPUS_PER_TASK
     lines = [f"#SBATCH --job-name={v['job_name']}", f"#SBATCH --nodes={ns.nodes}",
-             f"#SBATCH --ntasks-per-node={tasks}"]
-    lines += [f"#SBATCH --cpus-per-task={cpus}"] if cpus else [
-        "# CPUs per rank: the cluster's default (1, or DefCpuPerGPU); ask with --cpus-per-task"]
-    lines += [f"#SBATCH --time={v['time']}"]
+             f"#SBATCH --ntasks-per-node={tasks}", f"#SBATCH --cpus-per-task={cpus}",
+             f"#SBATCH --time={v['time']}"]
     lines += [f"#SBATCH --gpus-per-node={ns.gpus_per_node}"] if ns.gpus_per_node else []
     lines += [f"#SBATCH --partition={v['partition']}"] if v["partition"] else []
     return lines + [f"#SBATCH --signal=USR1@{ns.signal_s}", "#SBATCH --requeue",
-                    "#SBATCH --open-mode=append", f"#SBATCH --output={v['output']}"]
+                    "#SBATCH --open-mode=append", f"#SBATCH --output={v['output']}",
+                    "# relative paths below are read from where `phalanx slurm` ran",
+                    f"#SBATCH --chdir={_quoted(v['chdir'])}"]
 
 
 def _job(ns: argparse.Namespace, argv: list[str]) -> Job:
@@ -179,23 +196,45 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved
     out = Path(cfg.train.out).expanduser().resolve()
-    text = render(ns, cfg, job, out)  # every check before anything is written
-    script = Path(ns.script).expanduser() if ns.script else out / "phalanx.sbatch"
+    text = render(ns, cfg, job, out, Path.cwd())  # every check before anything is written
+    if ns.submit:
+        return _submit(cfg, text, Path(ns.script or out / "phalanx.sbatch").expanduser(), out)
+    if ns.script:
+        script = Path(ns.script).expanduser()
+        _write(script, text)
+        note = f"written to {script}; submit on the cluster with: mkdir -p " \
+               f"{shlex.quote(str(out))} && sbatch {shlex.quote(str(script))}"
+    else:
+        note = f"save it (or give --script FILE), then on the cluster: mkdir -p " \
+               f"{shlex.quote(str(out))} && sbatch FILE"
+    print(text, end="", flush=True)  # all of it before the note, in a shared stream
+    print(f"# {note}", file=sys.stderr)
+    return 0
+
+
+def _writable(script: Path) -> None:
     if kind(script) not in ("missing", "a regular file"):
         raise UserError(f"cannot write `{script}` (`--script`): it is {kind(script)}.")
-    prepare_out_dir(cfg.train.out)
+
+
+def _write(script: Path, text: str) -> None:
+    """The script at `script` (its folder must exist: nothing else is created)."""
+    _writable(script)
     try:
         atomic_write(script, text)  # a link planted there is replaced, not followed
     except OSError as exc:
         raise UserError(f"cannot write `{script}` (`--script`): {exc.strerror}.") from None
-    if not ns.submit:
-        print(text, end="", flush=True)  # all of it before the note, in a shared stream
-        print(f"# written to {script}; submit with: sbatch {shlex.quote(str(script))}",
-              file=sys.stderr)
-        return 0
+
+
+def _submit(cfg, text: str, script: Path, out: Path) -> int:
+    """On the cluster: OUT created (SLURM opens OUT/slurm-%j.out before the job starts),
+    the script written, submitted with sbatch."""
     if shutil.which("sbatch") is None:
-        raise UserError(f"`--submit` needs `sbatch`, which is not on PATH here. The script is "
-                        f"at `{script}`: submit it from a SLURM login node.")
+        raise UserError("`--submit` needs `sbatch`, which is not on PATH here: submit from a "
+                        "SLURM login node, or render without --submit.")
+    _writable(script)  # before OUT is created
+    prepare_out_dir(cfg.train.out)
+    _write(script, text)
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
                           text=True)
     if done.returncode != 0:
