@@ -182,3 +182,26 @@ def test_a_link_named_with_a_line_break_is_still_one_line(tmp_path, outside):
     with pytest.raises(UserError) as info:
         check_run_dir(out)
     assert "\n" not in str(info.value) and "metrics.jsonl\\nphalanx: done" in str(info.value)
+
+
+def test_a_lock_file_made_for_a_refused_start_is_removed(tmp_path):
+    """A start refused in a directory that already existed, before writing anything,
+    leaves nothing behind (issue 39: `OUT/.phalanx.lock` was left); a lock file that was
+    there before, or beside the run's files, stays (another holder may have it open)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="refused"), RunDirLock(empty):
+        raise UserError("refused")
+    assert list(empty.iterdir()) == []
+    RunDirLock(empty).acquire().release()
+    assert list(empty.iterdir()) == []
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    with RunDirLock(ran):
+        (ran / "metrics.jsonl").write_text("{}\n")
+    assert sorted(p.name for p in ran.iterdir()) == [LOCK, "metrics.jsonl"]
+    (ran / "metrics.jsonl").unlink()
+    with RunDirLock(ran):  # the lock file was there before: not this start's to remove
+        pass
+    assert [p.name for p in ran.iterdir()] == [LOCK]
+

@@ -48,14 +48,18 @@ class RunDirLock:
     def __init__(self, out: RunDir | Path) -> None:
         self.path = RunDir(out).lock
         self._fd: int | None = None
+        self._created = False  # this process made the lock file (it removes it if unused)
 
     def acquire(self) -> RunDirLock:
         """Refuse a directory holding links (`check_run_dir`: the one check, before the
         run moves or writes anything there), then take the lock."""
         check_run_dir(self.path.parent)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         0o644)
+            try:
+                fd, self._created = os.open(self.path, flags | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                fd = os.open(self.path, flags, 0o644)
         except OSError as exc:
             if os.path.islink(self.path):
                 raise link_error(self.path, f"in the run directory `{self.path.parent}`"
@@ -70,6 +74,9 @@ class RunDirLock:
             raise UserError(f"`--out` `{self.path.parent}` is in use by another run "
                             f"({holder}). Wait for it to end or stop it, or choose "
                             f"another `--out`.") from None
+        if os.fstat(fd).st_ino != _inode(self.path):  # its maker removed it meanwhile
+            os.close(fd)
+            return self.acquire()
         self._fd = fd
         return self
 
@@ -83,9 +90,15 @@ class RunDirLock:
         os.pwrite(self._fd, text.encode(), 0)
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+        """Drop the lock; a lock file this process made in a directory that holds nothing
+        else (a start refused before it wrote anything) is removed first, while held."""
+        if self._fd is None:
+            return
+        if self._created and os.listdir(self.path.parent) == [self.path.name]:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        os.close(self._fd)  # closing the descriptor drops the flock
+        self._fd = None
 
     def __enter__(self) -> RunDirLock:
         return self.acquire()
@@ -102,6 +115,13 @@ def remove_if_unused(out: RunDir | Path) -> None:
         Path(out).rmdir()  # only if empty
     except OSError:
         pass
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _read_holder(fd: int) -> str:
