@@ -10,7 +10,7 @@ from rich.console import Console
 from phalanx.config.sections import build_config
 from phalanx.plan.devices import device
 from phalanx.plan.estimate import VARIANTS
-from phalanx.plan.recommend import plan
+from phalanx.plan.recommend import plan, recommend
 from phalanx.plan.report import print_measured, print_plan, short_moment
 
 LABELS = [v.label for v in VARIANTS]
@@ -52,7 +52,7 @@ def test_plan_and_time_tables_keep_their_labels_at_80_columns():
     for r in result["rows"]:
         assert time[r["strategy"]].rstrip().endswith(f"{r['time']['step_s'] * 1e3:.2f}")
     text = " ".join(lines)
-    assert "bytes held at the peak moment" in text and "step = compute + exposed" in text
+    assert "bytes held at the peak moment" in text and "step = compute + optim + exposed" in text
 
 
 def test_measured_table_keeps_its_labels_at_80_columns():
@@ -73,3 +73,18 @@ def test_short_moments():
     assert short_moment("block 11 backward") == "blk 11 bwd"
     assert short_moment("forward, last block") == "fwd last"
     assert short_moment("optimizer step") == "opt step"
+
+
+def test_a_recommendation_that_breaks_a_tie_says_so():
+    """Steps equal to 0.1 ms: the least communication decides, and the sentence says it;
+    a clear winner says nothing of ties."""
+    def row(label, step_s, comm, peak=2**30):
+        return {"strategy": label, "fits": True, "peak": peak, "largest_micro_batch": 8,
+                "time": {"step_s": step_s, "comm_bytes": comm}}
+
+    tied = recommend([row("ddp", 0.10001, 9e6), row("zero", 0.10002, 5e6),
+                      row("fsdp", 0.2, 1e6)], 2**33)
+    assert tied.startswith("zero: ") and "tied with ddp" in tied and \
+        "less communication" in tied, tied
+    clear = recommend([row("ddp", 0.1, 9e6), row("zero", 0.2, 5e6)], 2**33)
+    assert clear.startswith("ddp: ") and "tie" not in clear, clear

@@ -122,8 +122,9 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) ->
     passes = comm_passes(cfg, facts, v, W)
     t = timing.step_time(facts.flops_per_token, facts.tokens * cfg.train.grad_accum,
                          peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W))
-    return {"compute_s": t.compute_s, "comm_bytes": t.comm_bytes, "comm_s": t.comm_s,
-            "exposed_s": t.exposed_s, "step_s": t.step_s}
+    return {"compute_s": t.compute_s, "optimizer_s": t.optimizer_s,
+            "comm_bytes": t.comm_bytes, "comm_s": t.comm_s, "exposed_s": t.exposed_s,
+            "step_s": t.step_s}
 
 
 def _muon_flops(facts, v, W: int) -> int:
@@ -165,15 +166,28 @@ def recommend(rows: list[dict], budget: int) -> str:
                 f"the micro-batch{_up_to(best)}, turn on activation checkpointing, or add "
                 f"ranks.")
     if all("time" in r for r in fitting):
-        best = min(fitting, key=lambda r: (round(r["time"]["step_s"], 4),
-                                           r["time"]["comm_bytes"], r["peak"]))
-        why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms)"
+        best, why = _fastest(fitting)
     else:
         replicated = {v.label for v in estimate.VARIANTS if not v.shards}  # (rows: labels)
         best = next((r for r in fitting if r["strategy"] in replicated), fitting[0])
         why = "the least communication"
     return (f"{best['strategy']}: it fits ({human(best['peak'])} of {human(budget)} per "
             f"rank) with {why}.")
+
+
+def _fastest(fitting: list[dict]) -> tuple[dict, str]:
+    """The fastest row, and why; steps equal to 0.1 ms are a tie, broken by the bytes
+    sent, then the peak — and the reason says so."""
+    step = lambda r: round(r["time"]["step_s"], 4)  # noqa: E731
+    best = min(fitting, key=lambda r: (step(r), r["time"]["comm_bytes"], r["peak"]))
+    why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms"
+    tied = [r for r in fitting if r is not best and step(r) == step(best)]
+    if not tied:
+        return best, why + ")"
+    by = "less communication" if all(r["time"]["comm_bytes"] > best["time"]["comm_bytes"]
+                                     for r in tied) else "less communication, then memory"
+    names = ", ".join(r["strategy"] for r in tied)
+    return best, f"{why}, tied with {names}: {by} breaks the tie)"
 
 
 def _up_to(row: dict) -> str:

@@ -87,20 +87,30 @@ def print_plan(result: dict, out=None) -> None:
     out.print(f"recommendation: {result['recommendation']}")
 
 
+# what `optim ms` holds, by optimizer (`recommend._muon_flops`)
+OPTIMIZER_TERM = {
+    "muon": "optim = Newton–Schulz orthogonalisation of the hidden matrices at the same "
+            "MFU (every matrix on each rank; ZeRO: its share)",
+    "adamw": "optim = 0 (an elementwise update, not counted)"}
+
+
 def _print_time(out, result: dict) -> None:
     table = _table(f"step time at MFU {result['mfu']:g}, {result['peak_flops'] / 1e12:g} "
                    f"TFLOP/s peak, bus bandwidth {result['busbw'] / 1e9:g} GB/s",
-                   "comm MB: sent per rank per optimizer step; exposed: the communication "
-                   "left after it hides behind the pass it runs in (up to that pass's "
-                   "compute); step = compute + exposed.")
+                   "compute: forward and backward; optimizer "
+                   f"{result['optimizer']}: {OPTIMIZER_TERM[result['optimizer']]}; comm "
+                   "MB: sent per rank per optimizer step; exposed: the communication left "
+                   "after it hides behind the pass it runs in (up to that pass's compute); "
+                   "step = compute + optim + exposed.")
     _label(table)
-    for column in ("compute ms", "comm MB", "comm ms", "exposed ms", "step ms"):
+    for column in ("compute ms", "optim ms", "comm MB", "comm ms", "exposed ms", "step ms"):
         table.add_column(column, justify="right", no_wrap=True)
     for r in result["rows"]:
         t = r["time"]
         table.add_row(r["strategy"], f"{t['compute_s'] * 1e3:.2f}",
-                      f"{t['comm_bytes'] / 1e6:.1f}", f"{t['comm_s'] * 1e3:.2f}",
-                      f"{t['exposed_s'] * 1e3:.2f}", f"{t['step_s'] * 1e3:.2f}")
+                      f"{t['optimizer_s'] * 1e3:.2f}", f"{t['comm_bytes'] / 1e6:.1f}",
+                      f"{t['comm_s'] * 1e3:.2f}", f"{t['exposed_s'] * 1e3:.2f}",
+                      f"{t['step_s'] * 1e3:.2f}")
     out.print(table)
 
 

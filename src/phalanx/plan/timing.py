@@ -18,14 +18,15 @@ from phalanx.plan import formulas as f
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float
+    compute_s: float  # forward and backward
     comm_bytes: float  # sent per rank per optimizer step
     comm_s: float
     exposed_s: float
+    optimizer_s: float = 0.0  # the optimizer step's own FLOPs (Muon's Newton–Schulz)
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.exposed_s
+        return self.compute_s + self.optimizer_s + self.exposed_s
 
 
 def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: int,
@@ -58,14 +59,15 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
 def step_time(flops_per_token: int, tokens_per_rank: int, peak_flops: float, mfu: float,
               passes: dict[str, float], busbw: float, optimizer_flops: float = 0.0
               ) -> StepTime:
-    """compute = flops_per_token · tokens / (peak · MFU), plus the optimizer step's own
-    FLOPs at the same rate (Muon's Newton–Schulz, `formulas.newton_schulz_flops`); each
-    pass's communication (bytes / busbw) is exposed beyond that pass's compute
+    """compute = flops_per_token · tokens / (peak · MFU); the optimizer step's own FLOPs
+    at the same rate, a term of their own (Muon's Newton–Schulz,
+    `formulas.newton_schulz_flops`; AdamW's elementwise update: 0); each pass's
+    communication (bytes / busbw) is exposed beyond that pass's compute
     (`formulas.exposed_seconds`)."""
     compute = f.compute_seconds(flops_per_token, tokens_per_rank, peak_flops, mfu)
     seconds = {k: v / busbw for k, v in passes.items()}
     exposed = (f.exposed_seconds(seconds["forward"], compute / 3, 1.0) +
                f.exposed_seconds(seconds["backward"], 2 * compute / 3, 1.0) +
                seconds["exposed"])
-    step = f.compute_seconds(optimizer_flops, 1, peak_flops, mfu)
-    return StepTime(compute + step, sum(passes.values()), sum(seconds.values()), exposed)
+    optimizer = f.compute_seconds(optimizer_flops, 1, peak_flops, mfu)
+    return StepTime(compute, sum(passes.values()), sum(seconds.values()), exposed, optimizer)
