@@ -271,3 +271,39 @@ def test_the_report_train_writes_at_the_end_survives_bad_records(tmp_path):
     assert len(said) == 2, said
     assert "skipped 2 records" in said[0] and "lines 3, 4" in said[0], said
     assert "skipped 2 records" in said[1] and "lines 2, 3" in said[1], said
+
+
+def test_a_refused_start_leaves_a_finished_run_as_it_was(tmp_path):
+    """Issue 40.6: `phalanx run ... --strategy fsd` (refused in one line, exit 2) on a
+    finished run directory rewrote its report as "failed". An attempt that ends with a
+    usage error before it logged a metric or committed a checkpoint takes back its events
+    and its ranks' log lines and leaves the report alone; one that advanced is a failure."""
+    from phalanx.errors import UserError
+    from phalanx.paths import RunDir
+    from phalanx.report.account import recorded
+
+    run = RunDir(_run_dir(tmp_path, [json.dumps(GOOD)]))
+    with recorded(run, "started s.py on 2 rank(s)"):
+        run.logs.mkdir()
+        (run.logs / "rank-0.log").write_text("=== rank 0, attempt 0 ===\nstep 1\n")
+    files = [run.events, run.report, run.logs / "rank-0.log"]
+    before = {p: p.read_bytes() for p in files}
+    assert ">complete<" in run.report.read_text()
+
+    def refused(advance: bool) -> None:
+        with pytest.raises(UserError), recorded(run, "started s.py --strategy fsd"):
+            with open(run.logs / "rank-0.log", "a") as log:
+                log.write("=== rank 0, attempt 0 ===\nunknown strategy `fsd`\n")
+            (run.logs / "rank-1.log").write_text("=== rank 1 ===\n")
+            if advance:
+                with open(run.metrics, "a") as fh:
+                    fh.write(json.dumps({**GOOD, "step": 2}) + "\n")
+            raise UserError("[rank 0] unknown strategy `fsd`")
+
+    refused(advance=False)
+    assert {p: p.read_bytes() for p in files} == before, "the refused start touched OUT"
+    assert not (run.logs / "rank-1.log").exists()
+    refused(advance=True)  # it logged step 2 first: an attempt of the run, which failed
+    assert [e["kind"] for e in map(json.loads, run.events.read_text().splitlines())] == \
+        ["start", "end", "start", "failure"]
+    assert ">failed<" in run.report.read_text()

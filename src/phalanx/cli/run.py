@@ -20,24 +20,22 @@ for `--out`, default `runs/watch-<time>`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused, step_of
+from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
 from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.rendezvous import restart_note
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
 from phalanx.errors import Interrupted, UserError
 from phalanx.paths import RunDir, require_file
+from phalanx.report.account import recorded, restarts_said, step_now
 from phalanx.report.events import record_event
-from phalanx.report.records import check_metric, read_records
 
 SUMMARY = ("Run your own training script on N ranks: a run directory, quiet ranks, the hang "
            "watchdog, restarts, events and a report.")
@@ -193,22 +191,6 @@ def _launch(ns: argparse.Namespace, verb: str, dist, out: RunDir,
     return 0
 
 
-def restarts_said(out: RunDir, max_restarts: int) -> Callable[[str], None]:
-    """For the agent's failures: each one it restarts the ranks after is said in one line
-    and recorded as a restart event (the last failure is the job's: not a restart)."""
-    failures = 0
-
-    def said(cause: str) -> None:
-        nonlocal failures
-        failures += 1
-        if failures <= max_restarts:
-            line = f"restart {failures} of at most {max_restarts} after {cause}"
-            print(f"phalanx: {line}", file=sys.stderr, flush=True)
-            record_event(out, "restart", step_now(out, logged=False), line)
-
-    return said
-
-
 def resume_command(argv: list[str], ns: argparse.Namespace, out: str) -> str:
     """`phalanx run --out OUT [flags] SCRIPT ARGS`: this run's command line, continued in
     the same run directory (`--out`/`--report-dir` replaced; the script's own arguments
@@ -234,72 +216,6 @@ def stopped_line(signum: int, out: RunDir, command: str) -> str:
             and latest.is_dir() else "")
     name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
     return f"stopped by {name}{kept}. Resume with: {command}"
-
-
-# --- the run's account: events and the report --------------------------------------------
-
-def step_now(out: RunDir, logged: bool = True) -> int:
-    """How far the run is: the step of the newest committed checkpoint under
-    OUT/checkpoints (where a restart or a resume continues from), or with `logged` the
-    last step logged to metrics.jsonl when that is later; 0 when there is neither."""
-    from phalanx.checkpoint.store import read_latest
-
-    latest = read_latest(out.checkpoints)
-    steps = [r["step"] for r in read_records(out.metrics, check_metric, lambda _: None)
-             ] if logged else []
-    return max([0, *steps, step_of(latest) if latest is not None else 0])
-
-
-# a rank that exits with 128 + one of these stopped at a signal (SIGUSR1: SLURM's warning)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
-
-
-def _ending(exc: BaseException) -> tuple[str, str]:
-    """The event (kind, what happened) of a run that ended with `exc`."""
-    code = exc.code if isinstance(exc, SystemExit) else None
-    if isinstance(exc, SystemExit) and code in (0, None):
-        return "end", "finished"
-    signum = exc.signum if isinstance(exc, Interrupted) else (
-        signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None)
-    if isinstance(code, int) and code - 128 in STOP_SIGNALS:
-        signum = code - 128  # a rank stopped at a signal (its run.save committed first)
-    if signum is not None:
-        return "stop", f"stopped by {signal.Signals(signum).name}"
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() and code is None else ""
-    return "failure", text or (f"exited with code {code}" if code is not None
-                               else type(exc).__name__)
-
-
-@contextlib.contextmanager
-def recorded(out: RunDir, started: str | None):
-    """Record the run in OUT/events.jsonl — `started` (None: a restart, already recorded),
-    then how it ended — and write OUT/report.html at the end, however it ends."""
-    if started is not None:
-        record_event(out, "start", step_now(out, logged=False), started)
-    try:
-        yield
-    except BaseException as exc:
-        record_event(out, *_at_step(out, _ending(exc)))
-        raise
-    else:
-        record_event(out, "end", step_now(out), "finished")
-    finally:
-        write_report(out)
-
-
-def _at_step(out: RunDir, event: tuple[str, str]) -> tuple[str, int, str]:
-    return event[0], step_now(out, logged=event[0] != "stop"), event[1]
-
-
-def write_report(out: RunDir) -> None:
-    """OUT/report.html from metrics.jsonl and events.jsonl; a page that cannot be written
-    is a warning (the run's own outcome is what the exit code says)."""
-    from phalanx.report.run_report import build_report
-
-    try:
-        build_report(out.root)
-    except (UserError, OSError, ValueError) as exc:
-        print(f"phalanx: warning: no report page: {exc}", file=sys.stderr, flush=True)
 
 
 # --- a rank ------------------------------------------------------------------------------
