@@ -223,6 +223,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         "`--simulate` runs MiniGPT's training steps only", {"PYTHONPATH": "{d}"}, sub=True)
     add("plan-simulate-rank", ["plan", "--world-size", "4", "--simulate",
                                "--simulate-rank", "9"], "rank 9")
+    add("plan-simulate-world", ["plan", "--world-size", "1048576", "--simulate"],
+        "`--simulate` at 1,048,576 ranks: it simulates at most 65,536")  # (issue 39: hours)
     add("plan-measure-model", ["plan", "--model", "factories:with_example", "--measure"],
         "`--measure` trains your model as `phalanx train` does", {"PYTHONPATH": "{d}"}, sub=True)
     for name, script, needle in (("missing", "{d}/nope.py", "does not exist"),

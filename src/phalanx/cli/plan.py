@@ -15,7 +15,7 @@ from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
 from phalanx.plan.model_states import parse_count
 from phalanx.plan.recommend import plan
-from phalanx.plan.simulate import add_simulate_arguments, run_simulate
+from phalanx.plan.simulate import add_simulate_arguments, check_world, run_simulate
 
 SUMMARY = ("Predict per-rank memory and step time of each strategy before launching "
            "(--measure: and check it on the local ranks).")
@@ -86,9 +86,8 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
-    if ns.simulate and ns.simulate_rank is not None and not 0 <= ns.simulate_rank < W:
-        raise UserError(f"`--simulate-rank {ns.simulate_rank}` is not a rank of {W}: give "
-                        f"0 … {W - 1}.")
+    if ns.simulate:
+        check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
     peak_flops = ns.peak_tflops * 1e12 if ns.peak_tflops else dev.peak_flops
     busbw = busbw_from(ns.busbw_from) if ns.busbw_from else \

@@ -31,6 +31,10 @@ from phalanx.plan.measure import components, has_buckets, join, warmed_tracker
 from phalanx.plan.simulate_world import count_hook, fake_tensors, fake_world, recorder
 
 REAL_LIMIT = 4 << 30  # DDP/ZeRO run on real tensors up to this predicted peak
+# torch loops over every rank in a step (ZeRO's broadcasts, all_gather_object's results,
+# the ranks' shards): MiniGPT's default shape took 20-48 s up to N = 65,536, 78 s at
+# 262,144 and 1.2 GB (2 shared cores); `--world-size` itself goes to 2**20
+MAX_WORLD = 1 << 16
 
 
 def run_variant(cfg, variant: Variant, fake: bool, steps: int = 1) -> dict:
@@ -219,6 +223,20 @@ def add_simulate_arguments(group) -> None:
     group.add_argument("--simulate-rank", type=int, default=None, metavar="R",
                        help="the rank simulated (default: the rank the plan describes: "
                             "0, or under zero the one holding the most optimizer state)")
+
+
+def check_world(world_size: int, rank: int | None) -> None:
+    """Before anything is planned: a world `--simulate` finishes in reasonable time, and
+    `--simulate-rank` one of its ranks."""
+    if world_size > MAX_WORLD:
+        raise UserError(f"`--simulate` at {world_size:,} ranks: it simulates at most "
+                        f"{MAX_WORLD:,} (its time grows with the ranks: ~1 min at "
+                        f"{MAX_WORLD:,} for MiniGPT's default shape). Simulate at "
+                        f"`--world-size {MAX_WORLD}` or fewer; the plan without "
+                        f"`--simulate` takes any world size.")
+    if rank is not None and not 0 <= rank < world_size:
+        raise UserError(f"`--simulate-rank {rank}` is not a rank of {world_size}: give "
+                        f"0 … {world_size - 1}.")
 
 
 def run_simulate(ns, cfg, world_size: int, plan_result: dict) -> None:
