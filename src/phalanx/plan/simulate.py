@@ -33,7 +33,7 @@ from phalanx.plan.simulate_world import count_hook, fake_tensors, fake_world, re
 REAL_LIMIT = 4 << 30  # DDP/ZeRO run on real tensors up to this predicted peak
 # torch loops over every rank in a step (ZeRO's broadcasts, all_gather_object's results,
 # the ranks' shards): MiniGPT's default shape took 20-48 s up to N = 65,536, 78 s at
-# 262,144 and 1.2 GB (2 shared cores); `--world-size` itself goes to 2**20
+# 262,144 (1.2 GB), 351 s at 2**20 (3.6 GB), on 2 shared cores
 MAX_WORLD = 1 << 16
 
 
