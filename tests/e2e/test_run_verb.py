@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -150,6 +151,9 @@ def test_an_exception_on_a_rank_is_shown_once_and_ends_the_job_fast(tmp_path):
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
     assert done.stderr.count("ValueError: my script's own bug at step 3") == 2  # + the line
     assert 'raises.py", line 8' in done.stderr
+    frames = [s for s in done.stderr.split("Traceback (most recent call last):\n")[1]
+              .splitlines() if s.startswith("  File ")]  # the script's own only (40.14)
+    assert len(frames) == 1 and 'raises.py", line 8' in frames[0], frames
     [line] = [s for s in done.stderr.splitlines() if s.startswith("phalanx: error:")]
     assert "rank 0 exited with code 1: ValueError" in line and "rank-0.log" in line, line
     assert "ValueError" in (tmp_path / "out/logs/rank-0.log").read_text()
@@ -210,9 +214,10 @@ def test_ctrl_c_commits_at_the_next_save_and_says_how_to_resume(tmp_path):
         if line.startswith("step 3"):
             break
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
+    assert (stdout + stderr).count("is committed") == 1, stdout + stderr  # said once (40.14)
     [line] = [s for s in stderr.splitlines() if "stopped by" in s]
     assert line.startswith("phalanx: stopped by SIGINT: checkpoint step-"), line
     stop = int(line.split("checkpoint step-")[1].split()[0])
@@ -261,3 +266,48 @@ def test_what_a_rank_forked_ends_with_the_job(tmp_path):
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# saves once (its saves become stop points), says "ready", waits for a file, then ends
+# without another save — or saves again when given a second argument
+WAITS_AFTER_SAVE = """import os, sys, time
+import torch
+import phalanx
+
+run = phalanx.init(seed=0)
+model, opt = run.setup(torch.nn.Linear(4, 1), lambda p: torch.optim.SGD(p, lr=0.05))
+step = run.resume(run.out / "checkpoints", model, opt)
+run.save(run.out / "checkpoints", step + 1, model, opt)
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_a_run_that_finishes_is_finished(tmp_path):
+    """Issue 40.3: Ctrl-C said nothing until the script's next run.save; a script that
+    finished without one was reported "stopped by SIGINT" (exit 130, a stop event, a
+    "Resume with" line). Now rank 0 says at once what will happen, the launcher forwards
+    the signal and the job ends as the ranks end it."""
+    script, go = tmp_path / "waits.py", tmp_path / "go"
+    script.write_text(WAITS_AFTER_SAVE)
+    proc = subprocess.Popen([sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2",
+                             "--out", "out", script.name, str(go)], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("ready"):
+                break
+        proc.send_signal(signal.SIGINT)
+        late = threading.Timer(20, go.touch)  # not said at once: the next line is what is
+        late.start()  # said at the end (the assertion shows it)
+        said = [proc.stderr.readline() for _ in range(2)]  # the launch line, then: at once
+        late.cancel()
+        assert said[1].startswith("phalanx: SIGINT: stopping at the script's next run.save"), said
+    finally:
+        go.touch()  # the script ends without another save
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "nothing was left to stop" in stderr and "Resume with" not in stderr, stderr
+    assert "done; the run on one page" in stderr
+    assert [e["kind"] for e in events(tmp_path / "out")] == ["start", "end"]

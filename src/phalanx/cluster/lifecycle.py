@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from phalanx.cluster import protocol
@@ -110,6 +111,12 @@ def _end_adopted() -> list[int]:
                 os.waitpid(pid, 0)
             seen.add(pid)
     return ended
+
+
+def child_processes() -> list[int]:
+    """This process's children that still run (a launcher's ranks)."""
+    return [pid for pid, state, parent, _, _ in _processes()
+            if parent == os.getpid() and state not in ("Z", "X")]
 
 
 def _processes() -> list[tuple[int, str, int, int, int]]:
@@ -205,7 +212,8 @@ class StopSignals:
 
     GRACE_S = 2.0
 
-    def __init__(self) -> None:
+    def __init__(self, on_request: Callable[[int], None] | None = None) -> None:
+        self.on_request = on_request  # told the first request as it arrives
         self.requested = 0
         self._first_at: float | None = None
         self._previous: dict[int, Any] = {}
@@ -237,6 +245,8 @@ class StopSignals:
         now = time.monotonic()
         if not self.requested:
             self.requested, self._first_at = signum, now
+            if self.on_request is not None:
+                self.on_request(signum)
         elif self._first_at is not None and now - self._first_at > self.GRACE_S:
             sys.stderr.flush()
             os._exit(exit_code(signum))  # the second request: stop at once

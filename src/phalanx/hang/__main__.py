@@ -94,10 +94,12 @@ def run_script(script: str, args: list[str], watch: bool = True) -> None:
             _finished(dogs)
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C: the launcher says it once (exit 130)
+        _from_script(exc, script)
         if _uncaught_into_log(exc):
             raise SystemExit(130) from None
         raise
     except Exception as exc:  # for the launcher's account: where each rank failed
+        _from_script(exc, script)
         plain = explain(exc) or _ended_early(exc, dogs)
         if plain is None:
             record_for_agent(exc)
@@ -110,6 +112,17 @@ def run_script(script: str, args: list[str], watch: bool = True) -> None:
         if not record_for_agent(plain):
             print(f"phalanx: error: {plain}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+
+
+def _from_script(exc: BaseException, script: str) -> None:
+    """Start `exc`'s traceback at the script's own frame: this module's and runpy's frames
+    above it are how the script was started, not where it failed (kept when the script's
+    frame is not in it, e.g. an error while it was being read)."""
+    path, frames = os.path.abspath(script), exc.__traceback__
+    while frames is not None and os.path.abspath(frames.tb_frame.f_code.co_filename) != path:
+        frames = frames.tb_next
+    if frames is not None:
+        exc.__traceback__ = frames
 
 
 def _finished(dogs: list) -> None:

@@ -35,6 +35,7 @@ from phalanx.cluster.startup_trace import mark
 from phalanx.config import nccl
 from phalanx.errors import Interrupted
 from phalanx.launch.failures import RestartNotes, job_failed, unexplained_traceback
+from phalanx.launch.stops import TORCH_HANDLES, ForwardedStops
 
 if TYPE_CHECKING:
     from phalanx.cluster.nodes import NodePlan
@@ -179,6 +180,8 @@ def launch_config(nproc: int, max_restarts: int, nodes: NodePlan | None = None,
     common: dict[str, Any] = dict(
         nproc_per_node=nproc, rdzv_backend=register(), max_restarts=max_restarts,
         monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+    if "signals_to_handle" in LaunchConfig.__dataclass_fields__:  # SIGINT and SIGTERM are
+        common["signals_to_handle"] = TORCH_HANDLES  # ForwardedStops' (launch.stops)
     if nodes is None:  # every store and gloo listen on loopback only
         return LaunchConfig(min_nodes=1, max_nodes=1, run_id=f"phalanx-{uuid.uuid4().hex[:8]}",
                             local_addr="127.0.0.1", rdzv_endpoint="127.0.0.1:0", **common)
@@ -240,7 +243,8 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
 
     host = socket.gethostname() if plan.nodes is not None else None
     try:  # the workers' environment, not this process's afterwards
-        with _worker_env(workers_env(plan)), RestartNotes(host, plan.on_failure), \
+        with _worker_env(workers_env(plan)), ForwardedStops() as stops, \
+                RestartNotes(host, plan.on_failure, stops), \
                 sigint_held_for_workers(python_args[:2] == ["-m", "phalanx"]), \
                 ends_descendants():
             elastic_launch(config, sys.executable)(*python_args)

@@ -192,14 +192,16 @@ class RestartNotes(logging.Handler):
 
     LOGGER = "torch.distributed.elastic.multiprocessing.api"
     def __init__(self, host: str | None,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, stops=None) -> None:
         super().__init__(logging.ERROR)
-        self.host, self.on_failure = host, on_failure
+        self.host, self.on_failure, self.stops = host, on_failure, stops
 
     def emit(self, record: logging.LogRecord) -> None:
         if not str(record.msg).startswith("failed (exitcode") or \
                 not isinstance(record.args, tuple) or len(record.args) < 2:
             return
+        if self.stops is not None and self.stops.requested:  # the ranks stopped as asked
+            raise self.stops.exception()  # (ForwardedStops): the job stops, no restart
         code, local_rank = record.args[0], record.args[1]
         failures = _failures_being_logged()
         if failures:  # the agent names the earliest record, to the second: a rank it

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +30,11 @@ from phalanx.checkpoint.store import load_checkpoint, param_groups
 from phalanx.cluster import protocol
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.errors import UserError
+from phalanx.runtime.stepping import SEEDING
 
 LOADER_KEY = "phalanx.loader"  # in a checkpoint's meta: the loader's cursor
 SCALER_KEY = "phalanx.scaler"  # the fp16 loss scaler's state
+SEEDING_KEY = "phalanx.seeding"  # how the run that wrote it seeded (stepping.SEEDING)
 
 
 class CheckpointMethods:
@@ -42,6 +45,7 @@ class CheckpointMethods:
     _stops_at_save: bool
     strategy: Any
     precision: Any
+    optimizer_steps: int
 
     if TYPE_CHECKING:  # provided by Run
         @property
@@ -50,6 +54,8 @@ class CheckpointMethods:
         def stop_requested(self) -> int: ...
         def print(self, *args: Any, **kwargs: Any) -> None: ...
         def close(self, failed: bool = False) -> None: ...
+        def say_once(self, text: str | None) -> None: ...
+        def at_step(self, step: int, rank: int | None = None) -> None: ...
 
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
@@ -87,23 +93,32 @@ class CheckpointMethods:
                optimizer: torch.optim.Optimizer | None = None, *, loader: Any = None) -> int:
         """Load the newest committed checkpoint under `root` into `model`, `optimizer`,
         `loader` (its cursor) and the loss scaler; return the step to continue from
-        (the `step` it was saved with), or 0 when there is none. A collective."""
+        (the `step` it was saved with), or 0 when there is none — also the optimizer
+        step `run.accumulate`'s micro-steps seed from next. A collective."""
         self._stop_point()
         path = self.latest_checkpoint(root)
+        step = 0 if path is None else step_of(path)
+        self.at_step(step)
         if path is None:
             return 0
         meta = self.load(path, model, optimizer)
         self._restore_extras(meta, loader, path)
-        step = step_of(path)
         self.print(f"phalanx: resumed from {path} (step {step})")
         return step
 
     def load(self, path: str | Path, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None) -> dict:
         """Load a checkpoint written at any world size by any strategy; returns the `meta`
-        saved with it. A collective: call it on every rank."""
-        return load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
+        saved with it. A collective: call it on every rank. One written before the
+        micro-steps were seeded as they are now (`SEEDING`) is said in one line."""
+        meta = load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
                                self.strategy.apply_state)
+        if meta.get(SEEDING_KEY) != SEEDING:
+            self.say_once(f"phalanx: checkpoint {Path(path).name} predates the seeding of "
+                          f"each micro-step from {SEEDING}: from here on, random draws "
+                          f"(dropout) differ from those the run that wrote it would have "
+                          f"made; this run continues exactly from now on.")
+        return meta
 
     def latest_checkpoint(self, root: str | Path) -> Path | None:
         """The newest checkpoint under `root` that verifies, as rank 0 found it."""
@@ -137,7 +152,7 @@ class CheckpointMethods:
 
     # -- what a script's checkpoint holds besides tensors -------------------------------
     def _extras(self, loader: Any) -> dict[str, Any]:
-        extras: dict[str, Any] = {}
+        extras: dict[str, Any] = {SEEDING_KEY: SEEDING}
         if loader is not None:
             if not hasattr(loader, "state_dict") or not hasattr(loader, "position"):
                 raise UserError(f"run.save(loader=...) takes the loader `run.loader(...)` "
@@ -166,8 +181,24 @@ class CheckpointMethods:
         """Under `phalanx run`, the script's saves become where a stop signal commits
         (unless the caller handles stops itself: `catch_stop_signals`, the trainer)."""
         if self._stop is None and os.environ.get(protocol.RUN_DIR):
-            self._stop = StopSignals().install()
+            self._stop = StopSignals(on_request=self._stop_acknowledged).install()
             self._stops_at_save = True
+
+    def _stop_acknowledged(self, signum: int) -> None:
+        """Said at once (rank 0), when the first stop signal arrives: what happens next."""
+        name = signal.Signals(signum).name
+        self.print(f"phalanx: {name}: stopping at the script's next run.save (it commits a "
+                   f"checkpoint, then every rank exits); another {name} more than "
+                   f"{StopSignals.GRACE_S:g} s from now stops at once", file=sys.stderr)
+
+    def _stop_unanswered(self) -> None:
+        """At a normal end (`close`): a stop was asked, and the script finished before its
+        next `run.save` — said, so that the run is known finished, not stopped."""
+        if self._stops_at_save and self._stop is not None and self._stop.requested:
+            name = signal.Signals(self._stop.requested).name
+            self.print(f"phalanx: {name}: the script finished before its next run.save; "
+                       f"nothing was left to stop", file=sys.stderr)
+            self._stops_at_save = False
 
     def _stop_if_asked(self, path: Path) -> None:
         if not self._stops_at_save:
@@ -176,7 +207,9 @@ class CheckpointMethods:
         if not signum:
             return
         self.wait_checkpoint()  # an asynchronous save: committed before leaving
-        name = signal.Signals(signum).name
-        self.print(f"phalanx: {name}: checkpoint {path.name} is committed; stopping.")
+        self._stops_at_save = False  # answered
+        if not protocol.phalanx_worker():  # Phalanx's launcher says it, with the resume
+            name = signal.Signals(signum).name  # command: not twice
+            self.print(f"phalanx: {name}: checkpoint {path.name} is committed; stopping.")
         self.close()
         raise SystemExit(exit_code(signum))

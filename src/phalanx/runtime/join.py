@@ -155,10 +155,14 @@ def fail_fast(run: Run) -> None:
 
 def _record(exc: BaseException) -> None:
     """`record_for_agent` as from an `except` block, where torch's error handler reads the
-    traceback it writes into the agent's error file (outside one: "NoneType: None")."""
+    traceback it writes into the agent's error file (outside one: "NoneType: None") —
+    `exc`'s own traceback, without this function's frame (Python 3.11+ reads it from the
+    exception)."""
+    frames = exc.__traceback__
     try:
         raise exc
     except BaseException:
+        exc.__traceback__ = frames
         record_for_agent(exc)
 
 

@@ -7,7 +7,6 @@ through to `run.strategy`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sys
 import time
 import weakref
@@ -32,16 +31,11 @@ from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.runtime.checkpoints import CheckpointMethods
 from phalanx.runtime.stepping import StepMethods
+from phalanx.runtime.stepping import derive_seed as derive_seed  # (its old home)
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.topology import Topology
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers such as (seed, step, rank), stable across runs."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 @dataclass
@@ -63,6 +57,8 @@ class Run(StepMethods, CheckpointMethods):
     _failed: bool = field(default=False, repr=False)  # an exception left the script
     _sink: Any = field(default=None, repr=False)
     _said: set = field(default_factory=set, repr=False)  # see say_once
+    optimizer_steps: int = 0  # counted by `step`, restored by `resume`: seeds micro-steps
+    _seed_rank: int | None = field(default=None, repr=False)  # see `at_step`
 
     rank = property(lambda self: self.topology.rank)
     local_rank = property(lambda self: self.topology.local_rank)
@@ -148,15 +144,12 @@ class Run(StepMethods, CheckpointMethods):
 
     def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
         """Gradient accumulation over `steps` micro-steps, syncing only on the last; each
-        `micro_step()` runs under `setup`'s precision (autocast) and `backward` scales the
-        loss for fp16 (call it after `setup`)."""
-        return Accumulator(self.strategy, model, steps, self.precision)
-
-    def seed_step(self, step: int, rank: int | None = None) -> None:
-        """Seed torch's RNG from (seed, step, rank): dropout replays exactly on resume.
-        `rank`: this process's data-parallel rank when it is not `run.rank` (a torchft
-        replica group's place in this step's quorum)."""
-        torch.manual_seed(derive_seed(self.seed, step, self.rank if rank is None else rank))
+        `micro_step()` seeds torch's RNG from (seed, optimizer step, micro-step,
+        data-parallel rank) — the step `run.step` counts and `run.resume` restores — and
+        runs under `setup`'s precision (autocast); `backward` scales the loss for fp16
+        (call it after `setup`)."""
+        return Accumulator(self.strategy, model, steps, self.precision,
+                           seed=self.seed_micro_step)
 
     # -- collectives and output -----------------------------------------------------
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):
@@ -302,6 +295,8 @@ class Run(StepMethods, CheckpointMethods):
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+        if not failed:
+            self._stop_unanswered()
         self.end_log()
         if self._saver is not None and not failed:
             self._saver.finish_local()
