@@ -44,10 +44,19 @@ def render_table(checks: list[Check], bandwidth: list[dict]) -> str:
                 bw.add_row(_size(row["bytes"]), f"{row['ms']:.3f}", f"{row['algbw_gbs']:.3f}",
                            f"{row['busbw_gbs']:.3f}")
             console.print(bw)
-        counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
-        console.print(f"{counts['pass']} passed, {counts['warn']} warnings, "
-                      f"{counts['fail']} failed.")
+        console.print(summary(checks))
     return cap.get()
+
+
+def summary(checks: list[Check]) -> str:
+    """`18 passed, 1 warning, 1 failed: <check> (<area>) failed; …` — every check that
+    did not pass named, so a count at the end of a long table can be traced."""
+    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    warnings = f"{counts['warn']} warning{'' if counts['warn'] == 1 else 's'}"
+    named = [f"{c.name} ({c.area}) {'failed' if c.status == 'fail' else 'warned'}"
+             for status in ("fail", "warn") for c in checks if c.status == status]
+    return (f"{counts['pass']} passed, {warnings}, {counts['fail']} failed"
+            + (": " + "; ".join(named) if named else "") + ".")
 
 
 def as_json(checks: list[Check], bandwidth: list[dict]) -> str:

@@ -11,6 +11,8 @@ import torch.distributed as dist
 from phalanx.doctor.checks import Check
 
 SWEEP_BYTES = [2 ** k for k in range(12, 25, 2)]  # 4 KiB … 16 MiB
+STRAGGLER, STRAGGLER_FAIL = 1.5, 3.0  # slowest / fastest rank's compute time
+ROUNDS = 3  # measurements of it at most, while a rank looks like a straggler
 
 
 def _value_check(name: str, run_it) -> Check:
@@ -110,26 +112,49 @@ def _sync(device: torch.device) -> None:
 
 
 def compute_check(device: torch.device, world: int) -> Check:
-    """The same matmul work on every rank, timed (best of 5, which shrugs off a moment of
-    interference): slowest / fastest names a straggler."""
+    """The same matmul work on every rank, timed: each rank's best of many short runs
+    (a run that other work on the machine interrupted is not the best), slowest / fastest
+    names a straggler. A ratio at or over the threshold is measured again, up to
+    `ROUNDS` times, each rank keeping its best: a busy moment passes, a straggler stays."""
     a = torch.randn(256, 256, device=device)
-    times = []
-    for _ in range(5):
+    best = torch.tensor(float("inf"), dtype=torch.float64, device=device)
+    rounds, secs = 0, [0.0]
+    while rounds < ROUNDS and (rounds == 0 or max(secs) / min(secs) >= STRAGGLER):
+        best = torch.minimum(best, torch.tensor(_best_of(a, device), dtype=torch.float64,
+                                                device=device))
+        every = [torch.empty_like(best) for _ in range(world)]
+        dist.all_gather(every, best)
+        secs = [e.item() for e in every]  # the same on every rank: the same decision
+        rounds += 1
+    return straggler_check(secs, rounds)
+
+
+def _best_of(a: torch.Tensor, device: torch.device, reps: int = 30) -> float:
+    """The best time of `reps` runs of 5 matmuls (short: one that nothing interrupts is
+    likely even on a busy machine)."""
+    best = float("inf")
+    for _ in range(reps):
         _sync(device)
         t0 = time.perf_counter()
-        for _ in range(20):
+        for _ in range(5):
             a = torch.tanh(a @ a)
         _sync(device)
-        times.append(time.perf_counter() - t0)
-    mine = torch.tensor(min(times), dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine)
-    secs = [e.item() for e in every]
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def straggler_check(secs: list[float], rounds: int = 1) -> Check:
+    """Each rank's best time for the same work (over `rounds` measurements): a rank
+    `STRAGGLER`× the fastest or slower warns, `STRAGGLER_FAIL`× fails; the thresholds are
+    in the evidence. (A machine busy with other work spreads ranks by 1.15–1.22×: a
+    pass.)"""
     ratio = max(secs) / min(secs)
     slow = secs.index(max(secs))
-    status = "pass" if ratio < 1.15 else "warn" if ratio < 1.5 else "fail"
+    status = "pass" if ratio < STRAGGLER else "warn" if ratio < STRAGGLER_FAIL else "fail"
+    again = f", best of {rounds} rounds" if rounds > 1 else ""
     return Check("performance", "compute speed per rank", status,
                  f"slowest/fastest = {ratio:.2f} (rank {slow} slowest; "
-                 f"{', '.join(f'{s * 1e3:.1f}' for s in secs)} ms)",
+                 f"{', '.join(f'{s * 1e3:.2f}' for s in secs)} ms{again}; a straggler at "
+                 f"≥ {STRAGGLER:g}×, fails at ≥ {STRAGGLER_FAIL:g}×)",
                  "" if status == "pass" else f"rank {slow} is a straggler: check its threads "
                  f"(--threads-per-rank), clocks, or other jobs on its cores/GPU")
