@@ -252,8 +252,6 @@ def trace(model, inputs: tuple, spec: str, precision: str = "fp32",
     the output is then the logits. `checkpointed`: every block (`find_blocks`) run
     under `torch.utils.checkpoint` (non-reentrant), as a checkpoint wrapper would: a
     block then keeps only its input."""
-    import copy
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -262,14 +260,7 @@ def trace(model, inputs: tuple, spec: str, precision: str = "fp32",
 
     low = getattr(torch, LOW[precision]) if precision in LOW else None
     kept: dict[int, int] = {}
-    try:  # (outside the mode: copying a meta tensor inside it fails, e.g. on any Llama)
-        copied = copy.deepcopy(model)
-    except Exception as exc:  # noqa: BLE001 - the user's module: said in one line
-        raise UserError(f"`--model {spec}`: `phalanx plan` traces a copy of the model built "
-                        f"on the meta device, and copying it raised {type(exc).__name__}: "
-                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
-                        f"(give the module a working __deepcopy__, or keep tensors that "
-                        f"are not parameters or buffers off its attributes).") from None
+    copied = _copy(model, spec)  # (outside the mode: a meta tensor copied inside it fails)
     with FakeTensorMode(allow_non_fake_inputs=True):
         fake = _on_fake_cpu(copied, low if low_params else None)
         watch = _BlockWatch(find_blocks(fake), checkpointed)
@@ -341,6 +332,20 @@ class _BlockWatch:
     def add(self, nbytes: int) -> None:
         if self.current is not None:
             self.saved[self.current] += nbytes
+
+
+def _copy(model, spec: str):
+    """The meta model copied for one trace; a module that cannot be copied, in one line."""
+    import copy
+
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:  # noqa: BLE001 - the user's module: said in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UserError(f"`--model {spec}`: `phalanx plan` traces a copy of the model built "
+                        f"on the meta device, and copying it raised {type(exc).__name__}: "
+                        f"{first} (give the module a working __deepcopy__, or keep tensors "
+                        f"that are not parameters or buffers off its attributes).") from None
 
 
 def _on_fake_cpu(model, low):
