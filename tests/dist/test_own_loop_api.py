@@ -26,7 +26,7 @@ def _ids(loader) -> list[int]:
 def test_position_is_honoured_in_epoch_mode(run):
     data = TensorDataset(torch.arange(20))
     full = run.loader(data, batch_size=4)
-    first, second = _ids(full), _ids(full)
+    _, second = _ids(full), _ids(full)
     assert full.position == 40
     later = run.loader(data, batch_size=4, position=28)  # epoch 1, offset 8
     assert (len(later), later.remaining) == (5, 3) and _ids(later) == second[8:]
@@ -127,3 +127,56 @@ def test_the_fp16_loss_scale_is_checkpointed_and_restored(run, tmp_path):
     assert run.precision.scaler.get_scale() == 65536.0
     assert run.resume(tmp_path, model, opt) == 2
     assert run.precision.scaler.get_scale() == 1024.0
+
+
+def _draws(run, acc, opt, steps: int, old_style: bool = False) -> list[list[float]]:
+    """What each micro-step's dropout would draw (`torch.rand` inside `micro_step`), for
+    `steps` optimizer steps. `old_style`: `run.seed_step(step)` before every micro-step, as
+    the example did."""
+    found: list[list[float]] = []
+    for i in range(steps * acc.steps):
+        if old_style:  # (from step 0)
+            run.seed_step(i // acc.steps)
+        with acc.micro_step():
+            found.append(torch.rand(3).tolist())
+        if acc.boundary:
+            run.step(opt)
+    return found
+
+
+def test_each_micro_step_draws_its_own_masks_and_a_resume_replays_them(run, tmp_path):
+    """Seeded in the accumulator's micro-step from (seed, optimizer step, micro-step,
+    data-parallel rank), the step counted by `run.step` and restored by `run.resume`: the
+    micro-batches of one step draw different dropout masks (the example's `seed_step` on
+    every micro-step gave them the same), and a resumed loop draws what the whole one
+    drew."""
+    model, opt = run.setup(nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1))
+    acc = run.accumulate(model, 2)
+    whole = _draws(run, acc, opt, 4, old_style=True)
+    assert whole[0] != whole[1] and whole[2] != whole[3], "micro-steps share their masks"
+    assert len({tuple(d) for d in whole}) == len(whole)
+    assert run.resume(tmp_path, model, opt) == 0 and run.optimizer_steps == 0
+    assert _draws(run, acc, opt, 4) == whole  # `seed_step` changes nothing now
+    assert run.optimizer_steps == 4
+    run.save(tmp_path, 2, model, opt)
+    assert run.resume(tmp_path, model, opt) == 2 and run.optimizer_steps == 2
+    assert _draws(run, acc, opt, 2) == whole[4:]
+
+
+def test_a_checkpoint_from_before_the_micro_step_seeding_resumes_saying_so(
+        run, tmp_path, capsys, monkeypatch):
+    from phalanx.runtime import checkpoints
+
+    model, opt = run.setup(nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1))
+    run.save(tmp_path / "new", 3, model, opt)
+    extras = checkpoints.CheckpointMethods._extras
+    monkeypatch.setattr(checkpoints.CheckpointMethods, "_extras", lambda self, loader: {
+        k: v for k, v in extras(self, loader).items() if k != checkpoints.SEEDING_KEY})
+    run.save(tmp_path / "old", 3, model, opt)
+    capsys.readouterr()
+    assert run.resume(tmp_path / "new", model, opt) == 3
+    assert "seeding" not in capsys.readouterr().out
+    assert run.resume(tmp_path / "old", model, opt) == 3
+    said = [line for line in capsys.readouterr().out.splitlines() if "seed" in line]
+    assert len(said) == 1 and "step-00000003 predates" in said[0] and \
+        "(seed, optimizer step, micro-step, data-parallel rank)" in said[0], said

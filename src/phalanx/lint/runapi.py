@@ -30,7 +30,8 @@ RUN_COLLECTIVES = {
     "step": "steps the optimizer: ZeRO broadcasts the updated shards",
 }
 # Its public methods that run no collective (local to the rank).
-RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "end_log", "diagnose_devices",
+RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "at_step", "end_log",
+             "diagnose_devices",
              "watch", "beat", "catch_stop_signals", "say_once", "print", "checkpoint_staged",
              "poll_checkpoint", "stop_signal_here"}
 

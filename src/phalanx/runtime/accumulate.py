@@ -4,6 +4,7 @@ scaler — so a user's loop never touches autocast or a scaler."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
@@ -16,14 +17,16 @@ from phalanx.strategies.precision import Precision
 
 
 class Accumulator:
-    """Counts micro-steps; gradients sync only on the last of every `steps`."""
+    """Counts micro-steps; gradients sync only on the last of every `steps`. `seed(i)`
+    seeds the RNG for micro-step i of a window (`Run._seed_micro_step`)."""
 
     def __init__(self, strategy: Strategy, model: nn.Module, steps: int,
-                 precision: Precision | None = None) -> None:
+                 precision: Precision | None = None,
+                 seed: Callable[[int], None] | None = None) -> None:
         if steps < 1:
             raise UserError(f"accumulation steps must be >= 1, got {steps} (`--grad-accum`).")
         self.strategy, self.model, self.steps, self.count = strategy, model, steps, 0
-        self.precision = precision
+        self.precision, self.seed = precision, seed
 
     @property
     def is_last(self) -> bool:
@@ -31,9 +34,12 @@ class Accumulator:
         return self.count % self.steps == self.steps - 1
 
     def micro_step(self) -> AbstractContextManager:
-        """The context of one micro-step's forward and backward: no gradient sync unless
-        it closes the window; autocast under bf16/fp16."""
+        """The context of one micro-step's forward and backward, its RNG seeded (its own
+        dropout masks); no gradient sync unless it closes the window; autocast under
+        bf16/fp16."""
         skip = not self.is_last
+        if self.seed is not None:
+            self.seed(self.count % self.steps)
         self.count += 1
         stack = ExitStack()
         if isinstance(self.strategy, BackwardSyncControl):

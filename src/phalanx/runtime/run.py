@@ -149,7 +149,7 @@ class Run(StepMethods, CheckpointMethods):
         runs under `setup`'s precision (autocast); `backward` scales the loss for fp16
         (call it after `setup`)."""
         return Accumulator(self.strategy, model, steps, self.precision,
-                           seed=self.seed_micro_step)
+                           seed=self._seed_micro_step)
 
     # -- collectives and output -----------------------------------------------------
     def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):

@@ -44,12 +44,14 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_
                    check: Callable[[torch.Tensor | None], bool] | None = None) -> StepOutcome:
     """Unscale (fp16) → clip (the strategy's: the global norm, sharded or not) → step →
     zero, in that order. Returns the gradient norm before clipping and whether the step
-    was skipped.
+    was skipped. Either way it counts one optimizer step (`run.optimizer_steps`, as
+    `run.step` does).
 
     `check(norm)` (the NaN guard) is asked before stepping; when it says the step is bad
     the gradients are dropped and nothing steps (`skipped`). Under fp16 it is not asked:
     the scaler skips such steps itself (and that is not reported as `skipped`)."""
     assert run.precision is not None  # set by run.setup
+    run.optimizer_steps += 1
     scaler = run.precision.scaler
     if scaler is not None:
         scaler.unscale_(opt)

@@ -3,7 +3,7 @@
 A checkpoint holds the model, the optimizer, the GradScaler (fp16), the step, the
 global data cursor and the tokens seen. Nothing else is needed for an exact
 continuation: the learning rate is a function of the step, dropout is seeded from
-(seed, step, rank), and data order from (seed, epoch, position).
+(seed, step, micro-step, rank), and data order from (seed, epoch, position).
 """
 
 from __future__ import annotations

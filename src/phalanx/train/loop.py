@@ -2,9 +2,9 @@
 all-reduce, print) — the same calls a user's own script makes.
 
 One optimizer step = `grad_accum` micro-steps on every rank; only the last micro-step
-synchronises gradients. Randomness is re-seeded from (seed, step, rank) at every step,
-and the data cursor is a global sample position, so a run's trajectory is a function of
-its config alone.
+synchronises gradients. Randomness is re-seeded at every micro-step from (seed, step,
+micro-step, rank) (`run.accumulate`), and the data cursor is a global sample position, so
+a run's trajectory is a function of its config alone.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
             log.rebase(step)
         if step >= t.max_steps:
             break  # healed to the end
-        run.seed_step(step, gate.rank)  # dropout replays exactly on resume
+        run.at_step(step, gate.rank)  # what the micro-steps seed from: exact on resume
         lr = _set_lr(cfg, opt, step)
         loss = micro_steps(forward, acc, batches, precision,
                            lambda step=step: stragglers.timing(step))
