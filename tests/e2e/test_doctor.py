@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from readme_blocks import doctor_checks  # noqa: E402
+
 USER_MODEL = '''import torch
 import torch.nn as nn
 
@@ -52,6 +55,9 @@ def test_doctor_passes_on_the_builtin_model(tmp_path, strategy):
         assert status[name] == "pass", (name, report)
     if strategy != "ddp":
         return
+    names, last = doctor_checks()  # the README's table is this run's, checks and count
+    assert names == [c["name"] for c in report["checks"]], names
+    assert last == f"{len(names)} passed, 0 warnings, 0 failed.", last
     sizes = [row["bytes"] for row in report["bandwidth"]]
     assert sizes == sorted(sizes) and len(sizes) >= 5
     for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2

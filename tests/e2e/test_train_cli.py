@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -14,7 +15,11 @@ from safetensors.torch import load_file
 from phalanx.checkpoint.export import load_minigpt
 from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
+from phalanx.report.sink import tensorboard_available as tensorboard_installed
 from phalanx.train.finish import sample_prompt
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from readme_blocks import wrote as readme_wrote  # noqa: E402
 
 SMALL = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
          "--micro-batch-size", "4", "--max-steps", "6", "--eval-every", "3", "--log-every", "2",
@@ -49,9 +54,13 @@ def test_phalanx_train_two_ranks_writes_every_output(tmp_path, corpus_file, cach
     assert any(line.startswith(prompt) for line in corpus_file.read_text().splitlines())
     assert (out / "sample.txt").read_text(encoding="utf-8").startswith(prompt)  # --data's text
     wrote = next(line for line in proc.stdout.splitlines() if line.startswith("wrote: "))
-    assert wrote == "wrote: " + ", ".join(f"{out}/{name}" for name in (
-        "model.safetensors", "config.json", "metrics.jsonl", "sample.txt", "loss.png",
-        "report.html", "tb/", "logs/")), wrote
+    names = ["model.safetensors", "config.json", "metrics.jsonl", "sample.txt", "loss.png",
+             "report.html", *(["tb/"] if tensorboard_installed() else []), "logs/"]
+    assert wrote == "wrote: " + ", ".join(f"{out}/{name}" for name in names), wrote
+    # the README's list: a default run's (BPE: tokenizer.json), as a plain install writes it
+    # (no tb/ without TensorBoard)
+    readme = [n for n in names if n != "tb/"]
+    assert readme_wrote() == readme[:3] + ["tokenizer.json"] + readme[3:], readme_wrote()
     umask = os.umask(0)
     os.umask(umask)
     for name in ("model.safetensors", "config.json", "metrics.jsonl", "report.html"):
