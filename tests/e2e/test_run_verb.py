@@ -195,6 +195,9 @@ def test_a_killed_rank_restarts_and_resumes_bit_identically(tmp_path):
     assert "resumed from " in killed.stdout and "(step 4)" in killed.stdout, killed.stdout
     kinds = [(e["kind"], e["step"]) for e in events(tmp_path / "killed")]
     assert kinds == [("start", 0), ("restart", 4), ("end", 12)], kinds
+    page = (tmp_path / "killed/report.html").read_text()  # 40.13: what phalanx.init knew
+    assert "<b>ddp</b><span>strategy</span>" in page and "<b>2</b><span>ranks</span>" in page
+    assert "<b>–</b><span>median step time</span>" not in page
     straight = phalanx_run(tmp_path, "--nproc-per-node", "2", "--out", "straight",
                            script.name, env={"TOTAL": "12"})
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -228,7 +228,7 @@ run = phalanx.init(seed=0, log_dir=out)
 with run:
     model = torch.nn.Linear(4, 2)
     for step in (1, 2, 3):
-        run.log(step, loss=3.0 / step, accuracy=0.1 * step)
+        run.log(step, loss=3.0 / step, accuracy=0.1 * step, tokens=64)
     run.save(out / "checkpoints", 3, model)
     run.end_log()
 """
@@ -248,8 +248,18 @@ def test_a_user_scripts_run_is_reported_as_recorded(tmp_path):
     assert "nats/byte" not in page and "cross-entropy" not in page
     cards = _cards(page)
     assert cards["status"] != "not finished" and cards["ranks"] == "1", cards
-    assert cards["strategy"] == "not recorded" and "–" not in (cards["ranks"], cards["status"])
+    assert "–" not in (cards["ranks"], cards["status"])
     assert not re.search(r">None<", page) and "no slow rank" not in page  # trainer's claims
+    # issue 40.13: what phalanx.init knows and what run.log can measure is in the report
+    assert cards["strategy"] == "single", cards
+    figures = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["memory_mib"] > 0 for r in figures), figures
+    assert "step_time_s" not in figures[0] and figures[1]["step_time_s"] > 0, figures
+    assert figures[1]["tokens_per_s"] == 64 / figures[1]["step_time_s"], figures
+    for card in ("median tokens/s", "median step time", "peak memory, rank 0"):
+        assert cards[card] != "–", (card, cards)
+    cells = _cells(page)
+    assert (cells["world_size"], cells["backend"]) == ("1", "gloo"), cells
 
 
 def test_the_report_train_writes_at_the_end_survives_bad_records(tmp_path):
@@ -286,7 +296,8 @@ def test_a_refused_start_leaves_a_finished_run_as_it_was(tmp_path):
     with recorded(run, "started s.py on 2 rank(s)"):
         run.logs.mkdir()
         (run.logs / "rank-0.log").write_text("=== rank 0, attempt 0 ===\nstep 1\n")
-    files = [run.events, run.report, run.logs / "rank-0.log"]
+        run.environment.write_text('{"world_size": 2, "strategy": "ddp"}')  # phalanx.init's
+    files = [run.events, run.report, run.logs / "rank-0.log", run.environment]
     before = {p: p.read_bytes() for p in files}
     assert ">complete<" in run.report.read_text()
 
@@ -295,6 +306,7 @@ def test_a_refused_start_leaves_a_finished_run_as_it_was(tmp_path):
             with open(run.logs / "rank-0.log", "a") as log:
                 log.write("=== rank 0, attempt 0 ===\nunknown strategy `fsd`\n")
             (run.logs / "rank-1.log").write_text("=== rank 1 ===\n")
+            run.environment.write_text('{"world_size": 1, "strategy": "single"}')
             if advance:
                 with open(run.metrics, "a") as fh:
                     fh.write(json.dumps({**GOOD, "step": 2}) + "\n")
@@ -307,3 +319,28 @@ def test_a_refused_start_leaves_a_finished_run_as_it_was(tmp_path):
     assert [e["kind"] for e in map(json.loads, run.events.read_text().splitlines())] == \
         ["start", "end", "start", "failure"]
     assert ">failed<" in run.report.read_text()
+
+
+def test_an_attempt_killed_without_a_word_is_recorded_at_the_next_start(tmp_path):
+    """Issue 40.13: a `phalanx run` launcher SIGKILLed (or its machine lost) records no
+    end; the next start says so — a failure event at the step the run had reached, at
+    the time the attempt last wrote — instead of a second `start` alone."""
+    from phalanx.paths import RunDir
+    from phalanx.report.account import recorded
+    from phalanx.report.events import record_event
+
+    run = RunDir(_run_dir(tmp_path, [json.dumps(GOOD), json.dumps({**GOOD, "step": 7})]))
+    record_event(run, "start", 0, "started s.py on 2 rank(s)")
+    os.utime(run.metrics, (1_700_000_000, 1_700_000_000))  # its last write: the metrics
+    os.utime(run.events, (1_600_000_000, 1_600_000_000))
+    with recorded(run, "started s.py on 2 rank(s)"):
+        pass
+    said = [json.loads(line) for line in run.events.read_text().splitlines()]
+    assert [(e["kind"], e["step"]) for e in said] == \
+        [("start", 0), ("failure", 7), ("start", 0), ("end", 7)], said
+    assert "ended without a record" in said[1]["message"], said[1]
+    assert said[1]["time"].startswith("2023-11-1"), said[1]  # 1_700_000_000 s: 2023-11-14
+    with recorded(run, "started s.py on 2 rank(s)"):  # a run that ended: nothing to add
+        pass
+    assert [e["kind"] for e in map(json.loads, run.events.read_text().splitlines())][4:] == \
+        ["start", "end"]

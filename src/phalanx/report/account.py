@@ -6,13 +6,19 @@ An attempt that is refused — it ends with a usage error (exit 2: a typo in the
 arguments, `phalanx.init(strategy="fsd")`) before it advanced the run (no metric logged,
 no checkpoint committed) — leaves the run directory as it found it: its start and failure
 events, and what its ranks wrote to their logs, are taken back, and the report is not
-rewritten (a finished run stays "complete")."""
+rewritten (a finished run stays "complete"); `environment.json`, which `phalanx.init`
+rewrites, is put back as it was.
+
+An attempt whose launcher was killed without a word (SIGKILL, its machine lost) recorded
+its start and nothing after; the next start records that ending first, as a failure at
+the step the run had reached, timed when the attempt last wrote to the directory."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +26,8 @@ from pathlib import Path
 from phalanx.checkpoint.rundir import step_of
 from phalanx.checkpoint.store import read_latest
 from phalanx.errors import Interrupted, UserError
-from phalanx.paths import RunDir
-from phalanx.report.events import record_event
+from phalanx.paths import RunDir, atomic_write
+from phalanx.report.events import LIFECYCLE, read_events, record_event
 from phalanx.report.records import check_metric, read_records
 
 # a rank that exits with 128 + one of these stopped at a signal (SIGUSR1: SLURM's warning)
@@ -77,6 +83,7 @@ def recorded(out: RunDir, started: str | None) -> Iterator[None]:
     attempt was refused (see the module): then the directory is left as it was."""
     before = Before(out)
     if started is not None:
+        record_unrecorded_end(out)
         record_event(out, "start", step_now(out, logged=False), started)
     try:
         yield
@@ -90,6 +97,29 @@ def recorded(out: RunDir, started: str | None) -> Iterator[None]:
         raise
     record_event(out, "end", step_now(out), "finished")
     write_report(out)
+
+
+def record_unrecorded_end(out: RunDir) -> None:
+    """When the run's last start/end/failure/stop event is a start (its attempt recorded
+    no end: see the module), a failure event for it."""
+    said = [e["kind"] for e in read_events(out) if e["kind"] in LIFECYCLE]
+    if not said or said[-1] != "start":
+        return
+    step = step_now(out)
+    record_event(out, "failure", step, "ended without a record (its launcher was killed, "
+                 f"e.g. by SIGKILL, or its machine was lost); the run had reached step {step}",
+                 when=_last_write(out))
+
+
+def _last_write(out: RunDir) -> float | None:
+    """When the run directory's files were last written: its events, metrics, the ranks'
+    logs, a checkpoint committed (None: none of them is there)."""
+    paths = [out.events, out.metrics, out.checkpoints, *Before(out)._logs()]
+    times = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            times.append(os.lstat(path).st_mtime)
+    return max(times, default=None)
 
 
 def write_report(out: RunDir) -> None:
@@ -111,6 +141,7 @@ class Before:
         self.out = out
         self.logs_existed = out.logs.is_dir()
         self.sizes = {p: _size(p) for p in (out.events, *self._logs())}
+        self.environment = _regular_bytes(out.environment)
         self.progress = self._progress()
 
     def _logs(self) -> list[Path]:
@@ -133,6 +164,12 @@ class Before:
         if not self.logs_existed:
             with contextlib.suppress(OSError):
                 self.out.logs.rmdir()
+        if _regular_bytes(self.out.environment) != self.environment:  # phalanx.init's
+            with contextlib.suppress(OSError):
+                if self.environment is None:
+                    self.out.environment.unlink()
+                else:
+                    atomic_write(self.out.environment, self.environment)
 
 
 def _size(path: Path) -> int | None:
@@ -140,6 +177,17 @@ def _size(path: Path) -> int | None:
         return os.lstat(path).st_size
     except OSError:
         return None
+
+
+def _regular_bytes(path: Path) -> bytes | None:
+    """The bytes of the regular file `path`, read without following a link (None: no
+    such file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def _truncate(path: Path, size: int | None) -> None:

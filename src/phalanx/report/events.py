@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,17 @@ KINDS = ("restart", "nan", "rollback", "spike", "straggler", *LIFECYCLE, *FAULT_
 FILE = RunDir("").events.name
 
 
-def record_event(out_dir: RunDir | Path | None, kind: str, step: int, message: str) -> None:
-    """Append one event (rank 0 calls it; nothing without a run directory)."""
+def record_event(out_dir: RunDir | Path | None, kind: str, step: int, message: str,
+                 when: float | None = None) -> None:
+    """Append one event (rank 0 calls it; nothing without a run directory), at the time
+    `when` (seconds since the epoch; default: now)."""
     if out_dir is None:
         return
     if kind not in KINDS:
         raise ValueError(f"event kind {kind!r}: expected one of {', '.join(KINDS)}")
     line = {"step": int(step), "kind": kind, "message": message,
-            "time": datetime.datetime.now().isoformat(timespec="seconds")}
+            "time": datetime.datetime.fromtimestamp(time.time() if when is None else when)
+            .isoformat(timespec="seconds")}
     with open(RunDir(out_dir).events, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 

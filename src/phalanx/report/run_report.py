@@ -105,7 +105,8 @@ def _body(run_dir: Path, files: RunFiles) -> list[str]:
 
 
 def write_environment(run, cfg, out_dir: Path) -> None:
-    """`out_dir/environment.json`: where and with what the run trains (rank 0, at start).
+    """`out_dir/environment.json`: where and with what the run trains (rank 0, at start:
+    `phalanx.init` for a run directory, cfg None; the trainer then with its `cfg`).
     `loss_unit`: the trainer's loss is cross-entropy per token, in nats (a byte is a
     token with `--tokenizer bytes`); `val_nats_per_byte` compares tokenizers."""
     import platform
@@ -114,7 +115,6 @@ def write_environment(run, cfg, out_dir: Path) -> None:
 
     from phalanx.config.data_spec import resolve_spec
 
-    tokenizer = resolve_spec(cfg.data.tokenizer, cfg.data.path)
     device = run.device
     peers = getattr(run.topology, "peers", None)
     env = {"phalanx": __version__, "torch": torch.__version__,
@@ -123,9 +123,11 @@ def write_environment(run, cfg, out_dir: Path) -> None:
            "world_size": run.world_size, "strategy": run.strategy.name,
            "backend": run.backend, "launcher": run.launcher,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "threads_per_rank": run.threads, "precision": cfg.train.precision,
-           "loss_unit": "nats/byte" if tokenizer == "bytes" else "nats/token",
-           "tokenizer": tokenizer}
+           "threads_per_rank": run.threads}
+    if cfg is not None:
+        tokenizer = resolve_spec(cfg.data.tokenizer, cfg.data.path)
+        env.update(precision=cfg.train.precision, tokenizer=tokenizer,
+                   loss_unit="nats/byte" if tokenizer == "bytes" else "nats/token")
     write_atomic(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
 
 

@@ -5,6 +5,9 @@ file never depends on TensorBoard; `phalanx report` and the plots read it.
 Tags: `train/loss`, `val/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
 `train/step_time_s`, `train/memory_mib`; a user's own metrics (`run.log`) keep their
 names, with `/` as written (`eval/accuracy`), else under `train/`.
+
+What a record lacks of the figures the report draws, the sink measures (`Pace`): the
+step time, rank 0's peak memory, and tokens/s when the record counts the step's `tokens`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,8 +74,9 @@ class MetricsSink:
     (a resumed run) and is dropped — TensorBoard drops the same events (`purge_step`)."""
 
     def __init__(self, out_dir: Path, first_step: int,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, device: Any = None) -> None:
         self.out_dir = out_dir = Path(out_dir)
+        self.pace = Pace(device)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = RunDir(out_dir).metrics
         kept = drop_from(path, first_step, say)
@@ -84,6 +89,7 @@ class MetricsSink:
                                     purge_step=first_step if kept else None)
 
     def write(self, record: dict[str, Any]) -> None:
+        record = self.pace.fill(record)
         self.metrics.write(record)
         if self.tb is None:
             return
@@ -97,6 +103,45 @@ class MetricsSink:
         self.metrics.close()
         if self.tb is not None:
             self.tb.close()
+
+
+class Pace:
+    """The figures a logged record lacks, measured where it is written: `step_time_s`
+    (the wall time since the last step logged before, per step; none at the first),
+    `tokens_per_s` (the record's `tokens` — the step's, over all ranks — per step time)
+    and `memory_mib` (this process's peak, `peak_memory_mib`). A record's own win."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
+        self.last: tuple[int, float] | None = None  # the step logged last, and when
+        self.step_time: float | None = None  # that step's
+
+    def fill(self, record: dict[str, Any]) -> dict[str, Any]:
+        step, now = int(record["step"]), time.perf_counter()
+        if self.last is None or step < self.last[0]:
+            self.step_time = None
+        elif step > self.last[0]:
+            self.step_time = (now - self.last[1]) / (step - self.last[0])
+        if self.last is None or step != self.last[0]:  # (the same step again: as it was)
+            self.last = (step, now)
+        measured: dict[str, float] = {"memory_mib": peak_memory_mib(self.device)}
+        if self.step_time is not None:
+            measured["step_time_s"] = self.step_time
+            tokens = record.get("tokens")
+            if isinstance(tokens, (int, float)) and self.step_time > 0:
+                measured["tokens_per_s"] = tokens / self.step_time
+        return {**record, **{k: v for k, v in measured.items() if k not in record}}
+
+
+def peak_memory_mib(device: Any = None) -> float:
+    """This process's peak memory: the device's allocator on CUDA, else the resident set."""
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def drop_from(path: Path, step: int, say: Callable[[str], None] | None = None) -> bool:

@@ -10,7 +10,9 @@ guides prescribe, so a script cannot get it wrong:
 5. build the topology (a DeviceMesh when the strategy shards), then the strategy from it
    (`strategy`: a name and its options, decided here for the detected world, or the
    `StrategyChoice` a caller decided once, e.g. the trainer; built as it is);
-6. seed from (seed, rank); and destroy the process group at exit — after an exception
+6. record the run's environment (`environment.json`: strategy, ranks, versions; rank 0,
+   in the run directory when there is one) for its report;
+7. seed from (seed, rank); and destroy the process group at exit — after an exception
    that left the script, at once: no barrier a failed rank's peers would wait in, and a
    deadline (`FAILED_EXIT_S`) on the shutdown itself. The peers' next collective then
    fails on the lost connection (and under a launcher the agent stops them), so one
@@ -41,6 +43,7 @@ from phalanx.cluster.startup_trace import mark
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import timeout_from_env
+from phalanx.report.run_report import write_environment
 from phalanx.runtime.run import Run, derive_seed
 from phalanx.strategies import StrategyChoice, build, choose_for_script
 from phalanx.strategies.topology import data_parallel
@@ -122,6 +125,10 @@ def init(seed: int = 0, *, backend: str = "auto",
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir)
     fail_fast(run)
+    where = run_dir or log  # the report's: its strategy, ranks, versions
+    if run.is_main and where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+        write_environment(run, None, where)
     torch.manual_seed(derive_seed(seed, env.rank))
 
     hang = hang_timeout_s or timeout_from_env()

@@ -12,7 +12,7 @@ from phalanx.config.sections import Config
 from phalanx.paths import RunDir
 from phalanx.report.events import warn
 from phalanx.report.progress import ProgressReporter
-from phalanx.report.sink import tensorboard_note
+from phalanx.report.sink import peak_memory_mib, tensorboard_note
 from phalanx.runtime.run import Run
 from phalanx.train.state import TrainResult
 from phalanx.train.watchers import SpikeWatch
@@ -125,12 +125,3 @@ def _settle_norms(norms: list, last: int) -> float | None:
     if not window:
         return None
     return torch.tensor([norms[i] for i in window], dtype=torch.float32).mean().item()
-
-
-def peak_memory_mib(device: torch.device) -> float:
-    """This process's peak memory: the device's allocator on CUDA, else the resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
