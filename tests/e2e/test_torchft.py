@@ -60,8 +60,12 @@ def _events(replica: Path, kind: str) -> list[dict]:
 
 def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_file,
                                                          cache_dir):
-    ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, "--fault-tolerance", "torchft")
+    ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, "--fault-tolerance", "torchft",
+                "--sample-tokens", "8")
     assert ft.returncode == 0, ft.stdout + ft.stderr
+    said = [line[:len("g0| done: ")] for line in ft.stdout.splitlines()
+            if line[4:].startswith(("done: ", "--- sample ---"))]
+    assert said == ["g0| --- samp", "g0| done: "], said  # one group says them (40.14)
     ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     out = tmp_path / "ft"
@@ -228,5 +232,4 @@ def test_out_is_one_locked_run_directory_without_links(tmp_path, outside, small_
     assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stdout + other.stderr
     assert "holds a run without `--fault-tolerance` (`checkpoints`, `metrics.jsonl`)" in \
         other.stderr and "`--resume never`" in other.stderr, other.stderr
-    assert sorted(p.name for p in out.iterdir()) == [".phalanx.lock", "checkpoints",
-                                                     "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "metrics.jsonl"]

@@ -42,3 +42,17 @@ def test_the_other_modes_run_is_refused_under_resume_auto(tmp_path, torchft):
     assert ("(`checkpoints`)" if torchft else "(`replica-0`, `replica-1`)") in str(refused.value)
     one_run(out, torchft, "never")  # a fresh start: reconcile moves it
     one_run(out, not torchft, "auto")  # its own mode continues it
+
+
+def test_a_checkpoint_inside_what_a_start_would_move_is_refused_not_moved(tmp_path):
+    """`--resume OUT/replica-0/checkpoints/step-N` (a torchft group's checkpoint) in a run
+    without torchft: the start would move the groups aside, its own checkpoint with them,
+    and then fail to find it — refused in one line, nothing moved."""
+    out, said = tmp_path / "run", []
+    _torchft_run(out)
+    chosen = out / "replica-0" / "checkpoints" / "step-00000010"
+    with pytest.raises(UserError) as info:
+        reconcile(out, chosen, said.append)
+    assert "\n" not in str(info.value) and said == []
+    assert f"`--resume {chosen}` lies in `{out / 'replica-0'}`" in str(info.value)
+    assert sorted(p.name for p in out.iterdir()) == ["replica-0", "replica-1"]

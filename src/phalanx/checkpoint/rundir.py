@@ -181,6 +181,7 @@ def reconcile(out: RunDir | Path, resume_from: Path | None,
             + run_dir.replicas()
     if not stray and not results:
         return None
+    _not_moving(resume_from, stray + results, out)
     target = _stamp(out)
     _move(stray + results, target, out)
     fsync_dir(root if root.is_dir() else out)
@@ -195,6 +196,20 @@ def reconcile(out: RunDir | Path, resume_from: Path | None,
         + (f" and {len(groups)} torchft replica group run(s)" if groups else "")
         + f" to {target} — nothing was deleted.")
     return target
+
+
+def _not_moving(resume_from: Path | None, moving: list[Path], out: Path) -> None:
+    """Refuse a start whose checkpoint lies in what it would move aside (e.g. `--resume
+    OUT/replica-0/checkpoints/step-N`: a torchft group's run moves with the earlier run)."""
+    if resume_from is None:
+        return
+    target = Path(resume_from).resolve()
+    for path in moving:
+        if target.is_relative_to(path.resolve()):
+            raise UserError(f"`--resume {resume_from}` lies in `{path}`, which starting this "
+                            f"run in `{out}` would move to `{RunDir(out).superseded}` as "
+                            f"part of the earlier run there. Copy that checkpoint out of "
+                            f"`{out}` and resume from the copy, or choose another `--out`.")
 
 
 def one_run(out: RunDir | Path, torchft: bool, resume: str) -> None:

@@ -75,7 +75,7 @@ def _launch_groups(cfg: Config, out: RunDir, argv: list[str]) -> int:
     one_run(out, True, cfg.train.resume)
     with RunDirLock(out) as lock:
         lock.record_holder()
-        if cfg.train.resume != "auto":  # a fresh start: the earlier run moves aside
+        if cfg.train.resume == "never":  # a fresh start: the earlier run moves aside
             start_lineage(out, None, lambda line: print(f"phalanx: {line}", flush=True))
         return run_groups(cfg, argv, out.root,
                           threads_per_rank(group_count(cfg.dist), cfg.dist.threads_per_rank),
