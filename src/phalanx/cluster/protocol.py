@@ -104,6 +104,15 @@ def replica_group() -> tuple[str, str] | None:
     return None if group is None or lighthouse is None else (group, lighthouse)
 
 
+def speaks_for_the_job() -> bool:
+    """Whether this process's rank 0 says the job's notes and results on the console:
+    always, but of torchft's replica groups (which share one console, prefixed `gG|`) only
+    the launch's first, `0` or `HOST-0` (phalanx.ft.groups.group_name): the others would
+    repeat it."""
+    found = replica_group()
+    return found is None or found[0].rsplit("-", 1)[-1] == "0"
+
+
 def in_replica_group() -> bool:
     """This `phalanx train` is one replica group of a torchft job (`phalanx.ft.groups`)."""
     return replica_group() is not None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.cluster.protocol import speaks_for_the_job
 from phalanx.errors import UserError
 from phalanx.paths import RunDir, atomic_write
 from phalanx.report.metrics import MetricsWriter, read_metrics
@@ -58,10 +59,13 @@ def install_command(extra: str) -> str:
     return f"pip install -e {shlex.quote(f'{where}[{extra}]')}"  # a path with a quote, too
 
 
-def tensorboard_note() -> str | None:
-    """The note for a run without TensorBoard (said once per run, before its progress);
-    None when it is installed."""
-    if tensorboard_available():
+def tensorboard_note(out_dir: RunDir | Path | None = None) -> str | None:
+    """The note for a run without TensorBoard (said before its progress), once per run
+    directory `out_dir`: None when it is installed, when `out_dir` already holds metrics
+    (the run resumes: said when it began), or in a torchft replica group but the first."""
+    if tensorboard_available() or not speaks_for_the_job():
+        return None
+    if out_dir is not None and RunDir(out_dir).metrics.exists():
         return None
     return ("phalanx: note: TensorBoard is not installed, so no OUT/tb/ event files "
             f"(metrics.jsonl has the same figures); `{install_command('tensorboard')}` "

@@ -192,7 +192,7 @@ class Run(StepMethods, CheckpointMethods):
             return record
         if self._sink is None or self._sink.out_dir != Path(self.log_dir):
             self.end_log()  # opened at the first step logged (see MetricsSink)
-            self.say_once(tensorboard_note())
+            self.say_once(tensorboard_note(Path(self.log_dir)))
             self._sink = MetricsSink(Path(self.log_dir), step, say=self.print,
                                      device=self.device)
         self._sink.write(record)

@@ -11,6 +11,7 @@ import torch
 
 from phalanx.checkpoint.export import export_weights
 from phalanx.cluster.faults import fault_point
+from phalanx.cluster.protocol import speaks_for_the_job
 from phalanx.config.data_spec import resolve_spec
 from phalanx.config.sections import Config
 from phalanx.data import ByteTokenizer, TokenSplits
@@ -122,13 +123,15 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
     label = splits.tokenizer_label if splits is not None else cfg.data.tokenizer
     export_weights(model, out.root, {"tokenizer": label, "phalanx": cfg.to_dict()})
     text = _sample(model, cfg, run, splits)
+    says = speaks_for_the_job()  # torchft: one replica group says the results
     wrote = [out.model, out.model_config, out.metrics]
     tokenizer = splits.export_tokenizer(out.root) if splits is not None else None
     if tokenizer is not None:
         wrote.append(tokenizer)
     if text:
         atomic_write(out.sample, text)  # a link there is replaced, not followed
-        run.print(f"--- sample ---\n{text}\n--------------")
+        if says:
+            run.print(f"--- sample ---\n{text}\n--------------")
         wrote.append(out.sample)
     wrote.append(plot_losses(out.metrics, out.loss_plot, loss_unit(cfg, splits)))
     try:
@@ -136,9 +139,10 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
     except UserError as exc:  # e.g. `report.html` is a directory: the model is written
         run.print(f"phalanx: warning: no report page: {exc}")
     wrote += [path for path in (out.tb, out.logs) if path.is_dir()]
-    run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
-              f"{final_losses(cfg, result, out, splits)}\n"
-              f"wrote: {', '.join(str(p) + ('/' if p.is_dir() else '') for p in wrote)}")
+    if says:
+        run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
+                  f"{final_losses(cfg, result, out, splits)}\n"
+                  f"wrote: {', '.join(str(p) + ('/' if p.is_dir() else '') for p in wrote)}")
 
 
 def loss_unit(cfg: Config, splits: TokenSplits | None) -> str:

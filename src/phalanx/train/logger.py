@@ -26,7 +26,7 @@ class Logger:
         self.run, self.cfg = run, cfg
         main = run.is_main and out_dir is not None
         if out_dir is not None:  # before the first progress line, once per run
-            run.say_once(tensorboard_note())
+            run.say_once(tensorboard_note(out_dir))
         self.progress = ProgressReporter(cfg.train.max_steps, start_step) if main else None
         self.out_dir, self.spikes = out_dir, SpikeWatch(cfg.train.spike_factor)
         self.writes = out_dir is not None  # through run.log (rank 0 writes)
