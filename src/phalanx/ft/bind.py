@@ -77,6 +77,23 @@ def _checkpoint_transport(host: str, timeout: timedelta):
         def address(self) -> str:  # where the others fetch from: `host`, not the host name
             return f"http://{in_url(host)}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
+        @classmethod
+        def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+            return load_weights_only(address, timeout)
+
     with mock.patch.object(http_transport, "_IPv6HTTPServer", Server):
         return Transport(timeout=timeout, num_chunks=0)
 
+
+def load_weights_only(address: str, timeout: timedelta) -> object:
+    """What a healing group fetches from a live one (torchft's `_load_from_address`, which
+    unpickles with `weights_only=False`: any process that reached the unauthenticated
+    lighthouse could make a healing group run its code) — loaded with `weights_only=True`:
+    tensors, numbers, strings and containers, never code. A group's state is only those
+    (`ft.replica.ReplicaGroup._save`)."""
+    import urllib.request
+
+    from torchft.checkpointing._serialization import _streaming_load
+
+    with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+        return _streaming_load(f, weights_only=True)
