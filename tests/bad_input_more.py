@@ -101,6 +101,8 @@ def data_rows(add) -> None:
                                       "{d}/other.txt"], "was trained on another corpus")
     add("train-data-nested-jsonl", ["train", "--data", "{d}/deep.jsonl"],
         "deep.jsonl` line 2 is nested too deeply")
+    add("train-tokenizer-nested", ["train", "--tokenizer", "{d}/deep.json"],
+        "`--tokenizer` `{d}/deep.json` is not a JSON file (nested too deeply to read")
     add("train-out-inside-data", ["train", "--data", "{d}/datadir", "--out",
                                   "{d}/datadir/runs/r"], "`--out` `{d}/datadir/runs/r` is "
                                                          "inside `--data`")
@@ -115,5 +117,6 @@ def data_files(d: Path) -> None:
     (d / "other.txt").write_text(make_text(2000, seed=4))  # the size of the run's corpus
     (d / "deep.jsonl").write_text('{"text": "a"}\n{"text": "b", "c": ' + "[" * 50_000
                                   + "]" * 50_000 + "}\n")
+    (d / "deep.json").write_text("[" * 50_000 + "]" * 50_000)
     (d / "datadir").mkdir()
     (d / "datadir" / "notes.txt").write_text(make_text(3000, seed=5))

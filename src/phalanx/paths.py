@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import stat
+import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from phalanx.errors import UserError
 
@@ -115,6 +117,17 @@ class RunDir:
 
 
 RUN_SUBDIRS = RunDir.SUBDIRS
+
+
+def parse_json(text: str | bytes) -> Any:
+    """`json.loads`, where text nested too deeply for Python's parser (it recurses once
+    per level: `RecursionError`) is a `ValueError` like any other JSON it cannot read —
+    so every reader that refuses bad JSON in one line refuses it too."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested too deeply to read (more than ~{sys.getrecursionlimit()} "
+                         f"levels of arrays or objects)") from None
 
 
 def shown(text: object) -> str:

@@ -107,3 +107,20 @@ def test_a_full_disk_at_the_out_probe_says_full_and_read_only_says_not_writable(
     monkeypatch.setattr(rundir, "create_new", read_only)
     with pytest.raises(UserError, match=r"is not a writable directory \(Read-only file system"):
         rundir.prepare_out_dir(str(tmp_path))
+
+
+def test_json_nested_too_deeply_is_refused_like_any_bad_json(tmp_path):
+    """A planted manifest.json or train_state.json nested 50,000 levels deep: Python's
+    parser raised RecursionError (a traceback through `--resume auto`'s scan and export);
+    now the checkpoint is refused like any other unreadable one, in one line."""
+    from phalanx.checkpoint.manifest import listed_files
+    from phalanx.checkpoint.store import read_sidecar
+    from phalanx.errors import UserError
+
+    deep = "[" * 50_000 + "]" * 50_000
+    (tmp_path / "manifest.json").write_text('{"files": ' + deep + "}")
+    (tmp_path / "train_state.json").write_text(deep)
+    assert listed_files(tmp_path) == ({}, "manifest is not valid JSON with a `files` table")
+    with pytest.raises(UserError, match=r"`train_state.json` is not readable JSON \(nested "
+                                        r"too deeply to read"):
+        read_sidecar(tmp_path)

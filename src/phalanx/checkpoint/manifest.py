@@ -3,10 +3,10 @@ read back with its shape and containment checked (nothing else read)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from phalanx.checkpoint.digest import entry_digest, known_algorithms
+from phalanx.paths import parse_json
 
 MANIFEST, STATE, LATEST = "manifest.json", "train_state.json", "latest"
 
@@ -18,7 +18,7 @@ def listed_files(path: Path) -> tuple[dict[str, dict], str | None]:
     if manifest_path.is_symlink() or not manifest_path.is_file():
         return {}, "no manifest (never committed, or written by something else)"
     try:
-        files = json.loads(manifest_path.read_text())["files"]
+        files = parse_json(manifest_path.read_text())["files"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
         return {}, "manifest is not valid JSON with a `files` table"
     if not isinstance(files, dict) or not all(

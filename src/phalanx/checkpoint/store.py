@@ -16,7 +16,6 @@ directory; every rank raises the same error.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from phalanx.checkpoint.manifest import LATEST, MANIFEST, STATE, listed_files  #
 from phalanx.checkpoint.rundir import fsync_dir, step_of  # noqa: F401 (re-exported)
 from phalanx.checkpoint.safety import check_metadata, safe_reader
 from phalanx.errors import UserError
-from phalanx.paths import create_new
+from phalanx.paths import create_new, parse_json
 
 
 class CheckpointError(UserError):
@@ -94,7 +93,7 @@ def commit_order(paths) -> list[Path]:
 def committed_at(path: Path) -> float | None:
     """When checkpoint `path` was committed (its manifest's time), None if unreadable."""
     try:
-        created = json.loads((Path(path) / MANIFEST).read_text()).get("created")
+        created = parse_json((Path(path) / MANIFEST).read_text()).get("created")
     except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         return None
     return float(created) if isinstance(created, (int, float)) \
@@ -169,7 +168,12 @@ def _check_items(path: Path, metadata) -> str | None:
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / STATE).read_text())
+    """The checkpoint's `train_state.json`; JSON that cannot be read is one line."""
+    try:
+        return parse_json((Path(path) / STATE).read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"checkpoint `{path}`: `{STATE}` is not readable JSON ({exc}). "
+                        f"Resume or export another checkpoint.") from None
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module,

@@ -21,7 +21,7 @@ import numpy as np
 
 from phalanx.data.cache import cache_key, file_version, joined_digest
 from phalanx.errors import UserError
-from phalanx.paths import atomic_write
+from phalanx.paths import atomic_write, parse_json
 
 MAX_GUESSED_VOCAB = 1 << 20  # no tokenizer file: a larger max id means a wrong dtype
 _BLOCK = 1 << 24  # ids scanned at a time
@@ -70,7 +70,7 @@ def _recalled(record: Path, version: list) -> Scan | None:
     """The scan `record` holds when it was made of this `version` of the file (a record
     of another version, or of another file, is stale: scanned again, not trusted)."""
     with contextlib.suppress(OSError, ValueError):
-        found = json.loads(record.read_text())
+        found = parse_json(record.read_text())
         scan = found.get("scan") if isinstance(found, dict) else None
         if found.get("file") == version and isinstance(scan, list) and len(scan) == 5 \
                 and all(type(x) is int for x in scan[:4]) and isinstance(scan[4], str):

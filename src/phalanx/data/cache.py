@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.paths import atomic_write, current_umask
+from phalanx.paths import atomic_write, current_umask, parse_json
 
 SUFFIX = {"uint8": "u8", "uint16": "u16", "uint32": "u32"}
 
@@ -89,7 +89,7 @@ def read_meta(folder: Path, log) -> dict | None:
         return None
     why = "damaged"
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = parse_json(meta_path.read_text())
         item = {"uint8": 1, "uint16": 2, "uint32": 4}[meta.get("dtype", "uint8")]
         suffix = SUFFIX[meta.get("dtype", "uint8")]
         sizes = ((folder / f"train.{suffix}").stat().st_size,

@@ -28,6 +28,7 @@ import numpy as np
 
 from phalanx.config.data_spec import parse_spec
 from phalanx.errors import UserError
+from phalanx.paths import parse_json
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer", "encode_raw", "load_tokenizer_file",
            "parse_spec", "token_dtype", "train_bpe"]
@@ -223,7 +224,7 @@ def load_tokenizer_file(path: str | Path, label: str | None = None) -> HFTokeniz
     if not p.is_file():
         raise UserError(f"`--tokenizer` `{path}` is not a file. {hint}")
     try:
-        json.loads(p.read_text(encoding="utf-8"))
+        parse_json(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"`--tokenizer` `{path}` is not a JSON file ({_first_line(exc)}). "
                         f"{hint}") from None

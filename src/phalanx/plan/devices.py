@@ -6,12 +6,12 @@ measurements of your machine: `--peak-tflops`, `--busbw-gbs` or `--busbw-from` (
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import UserError
+from phalanx.paths import parse_json
 from phalanx.runtime.peaks import ROWS
 
 GiB = 2**30
@@ -80,7 +80,7 @@ def busbw_from(path: str) -> float:
     """The largest all-reduce's bus bandwidth (bytes/s) in `phalanx doctor --json`'s
     output."""
     try:
-        rows = json.loads(Path(path).read_text())["bandwidth"]
+        rows = parse_json(Path(path).read_text())["bandwidth"]
         best = max(rows, key=lambda r: r["bytes"])
         return float(best["busbw_gbs"]) * 1e9
     except (OSError, ValueError, KeyError, TypeError) as exc:
