@@ -106,6 +106,9 @@ def data_rows(add) -> None:
     add("train-out-inside-data", ["train", "--data", "{d}/datadir", "--out",
                                   "{d}/datadir/runs/r"], "`--out` `{d}/datadir/runs/r` is "
                                                          "inside `--data`")
+    add("verify-resume-out-inside-data", ["verify-resume", "--data", "{d}/datadir", "--out",
+                                          "{d}/datadir/runs/r"],
+        "`--out` `{d}/datadir/runs/r-verify-resume` is inside `--data`")
     add("train-cache-inside-data", ["train", "--data", "{d}/datadir", "--cache-dir",
                                     "{d}/datadir/cache"], "`--cache-dir` `{d}/datadir/cache` "
                                                           "is inside `--data`")

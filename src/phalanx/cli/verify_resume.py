@@ -23,7 +23,7 @@ import sys
 from phalanx.cluster.protocol import under_launcher
 from phalanx.config.flags import add_config_flags, resolve
 from phalanx.errors import UserError
-from phalanx.train.verify import VERDICT, clear, prepare_scratch, work
+from phalanx.train.verify import VERDICT, clear, prepare_scratch, scratch_dir, work
 
 SUMMARY = "Check that resuming is bit-exact for this configuration (N straight vs N/2 + resume)."
 
@@ -48,7 +48,8 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     if cfg.train.max_steps < 2:
         raise UserError(f"`--max-steps` must be at least 2 to split the run in halves, got "
                         f"{cfg.train.max_steps}.")
-    check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
+    check_data(cfg.data, str(scratch_dir(cfg.train.out)))  # `--data`, `--tokenizer`
+    # readable (and where it trains not in `--data`) before anything is written
     root = prepare_scratch(cfg.train.out)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(root)))
     splits = prepare_data(cfg.data)
