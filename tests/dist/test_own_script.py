@@ -43,12 +43,20 @@ def test_a_resumed_loop_is_bit_identical_to_an_uninterrupted_one(out, precision)
         assert r["scale"] is not None and r["scale"] > 0
 
 
-def test_two_ranks_checkpoint_resumes_at_one_rank_with_the_same_global_batch(out):
+def test_two_ranks_checkpoint_resumes_at_one_rank_with_the_same_global_batch(out, capsys):
     whole = _load(out / "nodrop-rank0.pt")
     with phalanx.init(seed=4, threads=1, log_dir=out / "world1") as run:
+        # issue 40.8: a resume on another world says so, and what it changes, in one line
+        half = sc.fresh(run, dropout=0.0)  # the loader's batch as it was: half the global
+        run.resume(out / "nodrop-half", *half[:2], loader=half[2])
+        [said] = [x for x in capsys.readouterr().out.splitlines() if "resumed from" in x]
+        assert said.endswith("(step 6); written by 2 rank(s) with ddp, now 1 with single; "
+                             "changed: the global batch is 4 samples per micro-step instead "
+                             "of 8 (2 → 1 ranks); to keep 8, give run.loader batch_size=8"), said
         parts = sc.fresh(run, batch=sc.BATCH * 2, dropout=0.0)
         step = run.resume(out / "nodrop-half", *parts[:2], loader=parts[2])
         assert step == 6
+        assert "changed" not in capsys.readouterr().out  # the same global batch: no change
         sc.train(run, parts, out / "nodrop-half", sc.STEPS, save_every=100)
         got = sc.weights(run, parts[0])
     for name, w in whole.items():

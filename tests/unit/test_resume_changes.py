@@ -95,3 +95,26 @@ def test_a_saved_config_without_the_new_fields_means_the_old_recipe():
         False, True, "gelu")
     assert (cfg.train.optimizer, cfg.train.lr_schedule, cfg.data.tokenizer) == (
         "adamw", "cosine", "bytes")
+
+
+def test_another_world_is_said_alike_by_the_trainer_and_a_script():
+    """Issue 40.8: `run.resume` says a resume on another world the way `phalanx train`
+    does (runtime.world_change, shared); a checkpoint that did not record its world is
+    resumed without the claim."""
+    from phalanx.runtime.world_change import WORLD_KEY, script_resume, world_record
+
+    cfg = build_config({})
+    t = cfg.train
+    per_rank = t.micro_batch_size * t.grad_accum
+    saved = {**meta(cfg), "world_size": 2}
+    assert check_compatible(cfg, saved, Path("c"), world=1) == [
+        f"the global batch is {per_rank} sequences per step instead of {2 * per_rank} "
+        f"(2 → 1 ranks); to keep {2 * per_rank}, resume with `--grad-accum "
+        f"{2 * t.grad_accum}`"]
+    script = {WORLD_KEY: world_record(2, 2, "ddp")}
+    assert script_resume(script, 3, 3, "fsdp", (8, 4)) == (
+        "; written by 2 rank(s) with ddp, now 3 with fsdp; changed: the global batch is 12 "
+        "samples per micro-step instead of 8 (2 → 3 ranks)")  # no whole batch keeps 8
+    assert script_resume(script, 2, 2, "zero", (8, 4)) == \
+        "; written by 2 rank(s) with ddp, now 2 with zero"
+    assert script_resume({}, 1, 1, "single", (8, 4)) == ""  # written before it was recorded

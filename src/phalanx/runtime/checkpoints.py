@@ -2,7 +2,9 @@
 
 What a script's checkpoint holds besides the model and optimizer (in its `meta`, under
 keys of Phalanx's own): the loader's global cursor (`loader=`), so the resumed loop gets
-the very next batch at any world size, and the fp16 loss scaler's state. `run.resume`
+the very next batch at any world size, the fp16 loss scaler's state, and the world that
+wrote it (ranks, data-parallel ranks, strategy: `run.resume` says what a resume on
+another one changes, as `phalanx train` does). `run.resume`
 loads the newest committed checkpoint and returns the step to continue from.
 
 Under `phalanx run` (PHALANX_RUN_DIR set) the first `save` or `resume` makes the script's
@@ -31,6 +33,7 @@ from phalanx.cluster import protocol
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.errors import UserError
 from phalanx.runtime.stepping import SEEDING
+from phalanx.runtime.world_change import WORLD_KEY, script_resume, world_record
 
 LOADER_KEY = "phalanx.loader"  # in a checkpoint's meta: the loader's cursor
 SCALER_KEY = "phalanx.scaler"  # the fp16 loss scaler's state
@@ -44,6 +47,7 @@ class CheckpointMethods:
     _stop: Any
     _stops_at_save: bool
     strategy: Any
+    topology: Any
     precision: Any
     optimizer_steps: int
 
@@ -103,7 +107,11 @@ class CheckpointMethods:
             return 0
         meta = self.load(path, model, optimizer)
         self._restore_extras(meta, loader, path)
-        self.print(f"phalanx: resumed from {path} (step {step})")
+        batches = None if loader is None else (
+            meta[LOADER_KEY].get("global_batch", 0), loader.sampler.batch_size)
+        t = self.topology
+        self.print(f"phalanx: resumed from {path} (step {step})" + script_resume(
+            meta, t.world_size, t.dp_size, self.strategy.name, batches))
         return step
 
     def load(self, path: str | Path, model: nn.Module,
@@ -152,7 +160,9 @@ class CheckpointMethods:
 
     # -- what a script's checkpoint holds besides tensors -------------------------------
     def _extras(self, loader: Any) -> dict[str, Any]:
-        extras: dict[str, Any] = {SEEDING_KEY: SEEDING}
+        t = self.topology
+        extras: dict[str, Any] = {SEEDING_KEY: SEEDING, WORLD_KEY: world_record(
+            t.world_size, t.dp_size, self.strategy.name)}
         if loader is not None:
             if not hasattr(loader, "state_dict") or not hasattr(loader, "position"):
                 raise UserError(f"run.save(loader=...) takes the loader `run.loader(...)` "

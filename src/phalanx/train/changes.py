@@ -11,6 +11,7 @@ from pathlib import Path
 
 from phalanx.config.sections import LEGACY, Config, ModelConfig, flag_of
 from phalanx.errors import UserError
+from phalanx.runtime.world_change import batch_change
 from phalanx.train.schedule import lr_at
 
 ORIGINAL_SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -158,11 +159,6 @@ def _batch(cfg: Config, old: dict, old_world, world: int | None) -> list[str]:
     before = old.get("micro_batch_size", t.micro_batch_size) * \
         old.get("grad_accum", t.grad_accum) * old_world
     now = t.micro_batch_size * t.grad_accum * world
-    if before == now:
-        return []
-    fix = ""
-    if before % (t.micro_batch_size * world) == 0:
-        fix = (f"; to keep {before}, resume with `--grad-accum "
-               f"{before // (t.micro_batch_size * world)}`")
-    return [f"the global batch is {now} sequences per step instead of {before} "
-            f"({old_world} → {world} ranks){fix}"]
+    keep = (f"resume with `--grad-accum {before // (t.micro_batch_size * world)}`"
+            if before % (t.micro_batch_size * world) == 0 else None)
+    return batch_change(before, now, old_world, world, "sequences per step", keep)

@@ -24,6 +24,7 @@ from phalanx.errors import UserError
 from phalanx.paths import RunDir
 from phalanx.report.events import record_event
 from phalanx.report.metrics import read_metrics
+from phalanx.runtime.world_change import written_by
 from phalanx.train.changes import (
     ORIGINAL_SHAPE,
     SAVED_BEFORE,
@@ -143,9 +144,10 @@ def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
     meta = read_sidecar(path)["meta"]
     changes = check_compatible(cfg, meta, path, run.topology.dp_size, corpus=corpus)
     state = _load(run, path, meta, model, opt, precision)
-    line = (f"resumed from {path} at step {state.step} (written by {meta.get('world_size')} "
-            f"rank(s) with {meta.get('strategy', 'ddp/single')}, now {run.world_size} with "
-            f"{run.strategy.name})" + (f"; changed: {', '.join(changes)}" if changes else ""))
+    wrote = written_by(meta.get("world_size"), meta.get("strategy", "ddp/single"),
+                       run.world_size, run.strategy.name)
+    line = (f"resumed from {path} at step {state.step} ({wrote})"
+            + (f"; changed: {', '.join(changes)}" if changes else ""))
     run.print(f"phalanx: {restart}; every rank {line}" if restart else line)
     if restart and run.is_main:
         record_event(out_dir, "restart", state.step,
