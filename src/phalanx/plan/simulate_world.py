@@ -53,8 +53,9 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
 def recorder():
     """A dispatch mode that records every collective (op, bytes of its largest tensor)
     and answers reads of a tensor's value (`.item()`) under fake tensors: 1.0 for a
-    floating tensor (an optimizer's step count: bias corrections stay finite), 0
-    otherwise. Memory does not depend on these values."""
+    floating tensor (an optimizer's step count: bias corrections stay finite), True for a
+    boolean (a check that the ranks agree passes: the simulated ranks are this one's
+    copies), 0 otherwise. Memory does not depend on these values."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -66,7 +67,8 @@ def recorder():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default and _is_fake(args[0]):
-                return 1.0 if args[0].dtype.is_floating_point else 0
+                dtype = args[0].dtype
+                return 1.0 if dtype.is_floating_point else True if dtype == torch.bool else 0
             out = func(*args, **(kwargs or {}))
             if func.namespace in ("c10d", "_c10d_functional") and "barrier" not in func.__name__:
                 sizes = [t.nbytes for t in tree_leaves((args, kwargs, out))

@@ -40,7 +40,10 @@ def fingerprints(state: list[tuple[str, torch.Tensor]], device: torch.device
     shapes, dtypes), row 1 + i for tensor i."""
     layout = "|".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in state).encode()
     digest = int.from_bytes(hashlib.sha256(layout).digest()[:8], "little", signed=True)
-    rows = [torch.tensor([digest, len(state)], dtype=torch.int64, device=device)]
+    # made by factories, not lifted from a Python list: `plan --simulate` runs this on
+    # fake tensors, whose mode converts no real tensor (plan.simulate_world.fake_tensors)
+    rows = [torch.stack([torch.full((), v, dtype=torch.int64, device=device)
+                         for v in (digest, len(state))])]
     rows += [fingerprint(t).to(device) for _, t in state]
     return [n for n, _ in state], torch.stack(rows)
 
@@ -70,17 +73,18 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
     if not all(g.shape == local.shape for g in gathered):
         raise DistributedError("the models differ in their number of tensors across ranks "
                                "(different architectures?).", [])
-    ranks = list(range(world_size))
-    structure = [tuple(g[0].tolist()) for g in gathered]
-    agree, disagree = _majority(structure, ranks)
+    table = torch.stack(gathered).cpu()  # one copy from the device, not one per rank·tensor
+    if bool((table == table[0]).all()):
+        return
+    rows, ranks = table.tolist(), list(range(world_size))
+    agree, disagree = _majority([tuple(r[0]) for r in rows], ranks)
     if disagree:
         raise DistributedError(
             f"the models differ in structure (parameter names, shapes or dtypes): ranks "
             f"{disagree} disagree with ranks {agree}. Build the same model on every rank.",
             disagree)
     for i, name in enumerate(names, start=1):
-        values = [tuple(g[i].tolist()) for g in gathered]
-        agree, disagree = _majority(values, ranks)
+        agree, disagree = _majority([tuple(r[i]) for r in rows], ranks)
         if disagree:
             raise DistributedError(
                 f"the replicas' {what} have diverged: `{name}` differs on rank(s) "
