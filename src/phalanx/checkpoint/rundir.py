@@ -108,13 +108,11 @@ class RunDirLock:
 
 
 def remove_if_unused(out: RunDir | Path) -> None:
-    """Remove a run directory this command created, when it holds nothing but its lock
-    (the run was refused before it started)."""
-    try:
-        RunDir(out).lock.unlink(missing_ok=True)
+    """Remove a run directory this command created, when it is empty (the run was
+    refused before it started; a lock file it made went with `RunDirLock.release`, never
+    unlinked after: another start may hold it by then)."""
+    with contextlib.suppress(OSError):
         Path(out).rmdir()  # only if empty
-    except OSError:
-        pass
 
 
 def _inode(path: Path) -> int | None:
