@@ -233,12 +233,13 @@ def test_ctrl_c_commits_at_the_next_save_and_says_how_to_resume(tmp_path):
     assert f"(step {stop})" in resumed.stdout and f"step {stop + 2}" in resumed.stdout
 
 
-FORKS = """import os, subprocess, sys
+FORKS = """import os, subprocess, sys, threading, time
 rank = os.environ["RANK"]
 for name, own_session in (("child", False), ("daemon", True)):  # the 2nd: a session of its own
     child = subprocess.Popen(["sleep", "300"], start_new_session=own_session)
     with open(os.path.join(sys.argv[1], f"{name}-{rank}.pid"), "w") as fh:
         fh.write(str(child.pid))
+threading.Thread(target=time.sleep, args=(3600,), name="forever").start()  # not a daemon
 """
 
 
@@ -252,7 +253,9 @@ def _alive(pid: int) -> bool:
 
 def test_what_a_rank_forked_ends_with_the_job(tmp_path):
     """Issue 39: a process a rank started (in its session, or in one of its own) outlived
-    the job; the launcher ends them when the job ends, and says so."""
+    the job; the launcher ends them when the job ends, and says so. A thread the script
+    left running (not a daemon) hung the rank, and the job, forever: the rank ends anyway
+    and says so in its log."""
     script = tmp_path / "forks.py"
     script.write_text(FORKS)
     done = phalanx_run(tmp_path, "--nproc-per-node", "2", "--out", "out", script.name,
@@ -265,6 +268,8 @@ def test_what_a_rank_forked_ends_with_the_job(tmp_path):
             time.sleep(0.1)
         assert not [p for p in pids if _alive(p)], "processes the ranks started outlived the job"
         assert "ended 4 process(es) the ranks left running" in done.stderr, done.stderr
+        log = (tmp_path / "out" / "logs" / "rank-1.log").read_text()
+        assert "ending the process although thread(s) `forever` it started still run" in log
     finally:
         for pid in pids:
             if _alive(pid):

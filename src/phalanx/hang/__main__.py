@@ -173,7 +173,14 @@ def main() -> None:
     from phalanx.cluster.ranklogs import quiet_worker
 
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
-    run_script(script, sys.argv[2:], watch)
+    from phalanx.cluster.lingering import end_despite_threads, exit_code
+
+    try:
+        run_script(script, sys.argv[2:], watch)
+    except BaseException as exc:  # its traceback or exit code as Python gives it; a thread
+        end_despite_threads(exit_code(exc))  # the script left running (not a daemon) does
+        raise  # not hang the rank, nor the job waiting for it
+    end_despite_threads(0)
 
 
 if __name__ == "__main__":
