@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,8 +165,10 @@ def test_a_bins_scan_is_remembered_per_version_of_the_file(tmp_path, monkeypatch
     os.utime(val, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert prepare(folder, str(tmp_path / "c"), **QUIET).vocab_size == 1200
     assert scans[5:] == ["val.bin"]
-    records = sorted((tmp_path / "c").glob("bins-*.json"), key=lambda p: p.stat().st_mtime_ns)
-    records[-1].write_bytes(records[0].read_bytes())  # another file's record: not val.bin's
+    named = {Path(json.loads(p.read_text())["file"][0]).name: p  # by the file each record
+             for p in (tmp_path / "c").glob("bins-*.json")  # names (not by mtime order)
+             if p.read_text() != "not json"}  # (one damaged above and never rewritten)
+    named["val.bin"].write_bytes(named["train.bin"].read_bytes())  # another file's record
     assert prepare(folder, str(tmp_path / "c"), **QUIET).vocab_size == 1200
     assert scans[6:] == ["val.bin"]
 
