@@ -163,7 +163,6 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.checkpoint.export import MODEL_KEY, export_weights
     from phalanx.checkpoint.resume import find_checkpoint
     from phalanx.checkpoint.store import load_checkpoint
-    from phalanx.config.data_spec import resolve_spec
     from phalanx.models import build_model
 
     _missing_parents(Path(ns.out).expanduser().parent)  # refused before anything is read
@@ -182,7 +181,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
         with _parents_while_writing(target.parent):
             path = export_weights(model, target.parent, {
                 "tokenizer": (meta.get("tokenizer") or {}).get("label")
-                or resolve_spec(cfg.data.tokenizer, cfg.data.path),
+                or cfg.data.tokenizer,  # (unresolved: `auto` would walk a path it names)
                 "phalanx": cfg.to_dict()}, target.name)
             tokenizer = _copy_tokenizer(checkpoint, tokenizer_json, target.parent)
     except (OSError, SafetensorError) as exc:
