@@ -147,3 +147,19 @@ def test_an_access_log_entry_inside_a_line_is_cut_out_and_the_line_rejoined():
     assert list(without_access_logs([entry, "a\n"])) == ["a\n"]  # a whole entry: dropped
     assert list(without_access_logs(["phal" + entry, "anx\n"])) == ["phalanx\n"]
     assert list(without_access_logs(["last, no newline"])) == ["last, no newline"]
+
+
+def test_an_ipv6_lighthouse_is_routed_to_over_ipv6():
+    """`--lighthouse [v6]:PORT` is accepted: the groups' servers then listen on this
+    machine's address towards it (was: an IPv4 socket, "no route" for every group)."""
+    import socket
+
+    from phalanx.ft.bind import listen_host
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.connect(("::1", 29510))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    assert listen_host("http://[::1]:29510", local=False) == "::1"
+    assert listen_host("http://127.0.0.1:29510", local=False) == "127.0.0.1"

@@ -59,10 +59,13 @@ def interface_addresses() -> dict[str, str]:
 
 def route_to(host: str, port: int, flag: str = "--rdzv-endpoint",
              what: str = "node 0") -> str:
-    """The local address this machine would use to reach host:port (no packet is sent)."""
+    """The local address this machine would use to reach host:port (no packet is sent);
+    `host` may be an IPv6 address, bracketed or not."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))
+        with socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET,
+                           socket.SOCK_DGRAM) as s:
+            s.connect((bare, port))
             return s.getsockname()[0]
     except OSError as exc:
         raise UserError(f"`{flag} {host}:{port}`: no route from this machine "
