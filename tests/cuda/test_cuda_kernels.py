@@ -1,6 +1,6 @@
 """The fast paths on a GPU: SDPA's flash and memory-efficient kernels run MiniGPT's
-attention (restricted to each one, the forward and backward succeed and agree with the
-math kernel), and `--compile` trains to the same losses as eager, without graph breaks."""
+attention (restricted to each one, the forward and backward succeed and every attention
+output and gradient agrees with the math kernel's: compare.py), and `--compile` trains to the same losses as eager, without graph breaks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from cuda_helpers import scenario
 
 pytestmark = pytest.mark.cuda
 
-KERNEL_RTOL = 1e-2  # loss of a fused kernel vs the math kernel, same dtype
 COMPILE_RTOL = 2e-2  # per-step loss, compiled vs eager (bf16; inductor fuses differently)
 COMPILE_STEPS = 30
 
@@ -29,9 +28,11 @@ def test_each_fused_attention_kernel_runs_the_model(sdpa, kernel, dtype, figure)
     got, math = sdpa[f"{kernel}/{dtype}"], sdpa[f"math/{dtype}"]
     assert got["ok"], f"SDPA restricted to {kernel} failed: {got.get('error')}"
     assert math["ok"], math.get("error")
-    assert abs(got["loss"] - math["loss"]) <= KERNEL_RTOL * abs(math["loss"])
+    # every attention output and gradient, not the loss (compare.py: a kernel that
+    # zeroes attention moves a fresh model's loss by 0.015 %)
+    assert got["mismatches"] == [], got["mismatches"]
     figure(f"sdpa {kernel} {dtype}", loss=got["loss"], math_loss=math["loss"],
-           default_kernels=sdpa["default_kernels"])
+           worst_relative_error=got["worst"], default_kernels=sdpa["default_kernels"])
 
 
 def test_the_default_choice_is_a_fused_kernel(sdpa):

@@ -130,9 +130,13 @@ def strategy_steps(strategy: str, steps: int, state_path: str) -> dict:
 
 def sdpa() -> dict:
     """gpt2-124m's forward and backward with SDPA restricted to each fused kernel (an
-    error if it cannot run), the math kernel for reference, and which kernels run when
-    torch chooses (the profiler's CUDA kernel names)."""
+    error if it cannot run), compared with the math kernel's on every attention output
+    and gradient (`compare.kernel_mismatches`), and which kernels run when torch chooses
+    (the profiler's CUDA kernel names)."""
+    import functools
+
     import torch
+    from compare import attention_and_grads, kernel_mismatches, relative_errors
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from phalanx.models import build_model
@@ -140,18 +144,21 @@ def sdpa() -> dict:
     model = build_model(config(), GPT2_VOCAB).cuda()
     x, y = next(random_batches(GPT2_VOCAB, 4, 1024, "cuda"))
     out: dict[str, Any] = {}
-    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"):
-        for dtype in (torch.bfloat16, torch.float16):
+    for dtype in (torch.bfloat16, torch.float16):
+        math = attention_and_grads(model, x, y, functools.partial(
+            sdpa_kernel, [SDPBackend.MATH]), dtype)
+        out[f"math/{str(dtype)[6:]}"] = {"ok": True, "loss": float(math["loss"])}
+        for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
             key = f"{name.lower()}/{str(dtype)[6:]}"
             try:
-                with sdpa_kernel([getattr(SDPBackend, name)]), \
-                        torch.autocast("cuda", dtype=dtype):
-                    _, loss = model(x, y)
-                loss.backward()
-                out[key] = {"ok": True, "loss": loss.item()}
+                got = attention_and_grads(model, x, y, functools.partial(
+                    sdpa_kernel, [getattr(SDPBackend, name)]), dtype)
             except RuntimeError as exc:
                 out[key] = {"ok": False, "error": str(exc)[:400]}
-            model.zero_grad(set_to_none=True)
+                continue
+            out[key] = {"ok": True, "loss": float(got["loss"]),
+                        "mismatches": kernel_mismatches(got, math, dtype),
+                        "worst": max(relative_errors(got, math).values())}
     out["default_kernels"] = _attention_kernels(model, x, y)
     return out
 
