@@ -134,6 +134,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     add("train-fault-rank", ["train"], "is malformed", {"PHALANX_FAULT": "rank=x,step=1"})
     add("train-fault-action", ["train"], "is malformed",
         {"PHALANX_FAULT": "rank=0,step=1,action=explode"})
+    add("run-fault-garbage", ["run", "--nproc-per-node", "2", "{d}/ok.py"],
+        "PHALANX_FAULT=`garbage` is malformed", {"PHALANX_FAULT": "garbage"})
     add("train-bad-env-rank", ["train"], "launcher environment",
         {"RANK": "x", "WORLD_SIZE": "2"}, sub=True)
     for verb in ("verify-resume", "bench"):

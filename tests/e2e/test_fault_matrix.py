@@ -9,6 +9,7 @@ runs every case (`python -m pytest tests/e2e/test_fault_matrix.py`, ~10 minutes)
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from safetensors.torch import load_file
 
 import procs
 from phalanx.checkpoint.store import committed, verify
+from phalanx.report.events import read_events
 
 STEPS, EVERY = 8, 2
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
@@ -140,6 +142,8 @@ def test_fault_ends_bit_identical_or_refused(case, reference, tmp_path, small_co
                                              cache_dir):
     out = tmp_path / "run"
     result = _fault(case, out, small_corpus_file, cache_dir)
+    if case.startswith("kill-rank"):  # the fault said once (the launcher's line), recorded
+        _fault_said(result, out)
     if case == "run-twice":
         return _run_twice(out, small_corpus_file, cache_dir, reference)
     before = _valid(out) if out.exists() else set()
@@ -151,6 +155,17 @@ def test_fault_ends_bit_identical_or_refused(case, reference, tmp_path, small_co
     assert got.keys() == reference.keys()
     assert all(torch.equal(got[k], reference[k]) for k in got), "not bit-identical"
     _nothing_lost(out, before)
+
+
+def _fault_said(result, out: Path) -> None:
+    """PHALANX_FAULT is never silent (issue 41.6): one line for the job, environment.json
+    and the events."""
+    said = [x for x in (result.stdout + result.stderr).splitlines()
+            if "PHALANX_FAULT is set (fault injection): rank=" in x]
+    assert len(said) == 1, said
+    assert json.loads((out / "environment.json").read_text())["PHALANX_FAULT"].startswith(
+        "rank="), (out / "environment.json").read_text()
+    assert any(e["kind"] == "fault" for e in read_events(out))
 
 
 def _nothing_lost(out: Path, before: set[str]) -> None:

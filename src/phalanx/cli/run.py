@@ -29,6 +29,7 @@ from pathlib import Path
 
 from phalanx.checkpoint.rundir import RunDirLock, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
+from phalanx.cluster.faults import announce
 from phalanx.cluster.protocol import under_launcher
 from phalanx.cluster.rendezvous import restart_note
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
@@ -103,6 +104,7 @@ def run_verb(ns: argparse.Namespace, argv: list[str], verb: str) -> int:
     from phalanx.launch.agent import launch_or_work  # lazy: `phalanx --help` loads every verb
 
     check_script(ns.script)
+    announce()  # PHALANX_FAULT checked, and said in one line when set
     if under_launcher():  # torchrun or srun: this process is a rank
         _as_torchrun()
         out = _worker_out(ns, verb)

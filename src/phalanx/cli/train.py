@@ -11,7 +11,7 @@ from pathlib import Path
 
 from phalanx.checkpoint.rundir import RunDirLock, one_run, prepare_out_dir, remove_if_unused
 from phalanx.cluster import protocol
-from phalanx.cluster.faults import check_faults
+from phalanx.cluster.faults import announce
 from phalanx.cluster.protocol import one_machine_worker, under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.flags import add_config_flags, resolve
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     mark("config resolved")
-    check_faults()
+    announce()  # checked, and said in one line when set
     check_data(cfg.data, cfg.train.out)  # `--data`, `--tokenizer` readable (and `--out`
     # not in `--data`) before anything is written
     if cfg.model.factory is not None:  # and `--model` importable (built once data is read)

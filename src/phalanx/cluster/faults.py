@@ -69,6 +69,31 @@ def check_faults() -> None:
     _specs()
 
 
+def injected() -> str | None:
+    """PHALANX_FAULT's value, checked (a malformed one: UserError), or None when unset.
+    A value left exported in a shell acts on every step, save and export: `announce`
+    says it, `environment.json` records it under "PHALANX_FAULT", the events say it."""
+    check_faults()
+    return os.environ.get(protocol.FAULT) or None
+
+
+def announcement(value: str) -> str:
+    return f"phalanx: {protocol.FAULT} is set (fault injection): {value}"
+
+
+def announce() -> str | None:
+    """Check PHALANX_FAULT and, when set, print its one line — once per job: the launcher
+    says it and its ranks (which inherit FAULT_ANNOUNCED) do not; a rank without one
+    says it itself (rank 0). The value, or None."""
+    value = injected()
+    if value is None or os.environ.get(protocol.FAULT_ANNOUNCED) == value:
+        return value
+    if os.environ.get("RANK", "0") == "0":
+        print(announcement(value), flush=True)
+    os.environ[protocol.FAULT_ANNOUNCED] = value
+    return value
+
+
 def _this_attempt(attempts: str) -> bool:
     attempt = str(restart_attempt())
     return attempts == "always" or attempt == {"first": "0"}.get(attempts, attempts)

@@ -40,6 +40,7 @@ WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no seco
 STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
 FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)
 FAULT_MATRIX = "PHALANX_FAULT_MATRIX"  # the test suite: run every fault case
+FAULT_ANNOUNCED = "PHALANX_FAULT_ANNOUNCED"  # the PHALANX_FAULT value already said (faults)
 
 
 class Role(enum.Enum):

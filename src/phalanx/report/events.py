@@ -22,7 +22,9 @@ LIFECYCLE = ("start", "end", "failure", "stop")
 # torchft (phalanx.ft): the live replica groups changed; this group was healed from a peer
 FAULT_TOLERANCE = ("membership", "heal")
 
-KINDS = ("restart", "nan", "rollback", "spike", "straggler", *LIFECYCLE, *FAULT_TOLERANCE)
+# PHALANX_FAULT was set: injected faults act on this start (phalanx.cluster.faults)
+KINDS = ("restart", "nan", "rollback", "spike", "straggler", "fault", *LIFECYCLE,
+         *FAULT_TOLERANCE)
 
 FILE = RunDir("").events.name
 

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.cluster import protocol
+from phalanx.cluster.faults import announcement
 from phalanx.paths import RunDir
 from phalanx.report import used
 from phalanx.report.charts import charts_svg
-from phalanx.report.events import read_events
+from phalanx.report.events import read_events, record_event
 from phalanx.report.listing import list_checkpoints, recorded_world_size
 from phalanx.report.outfile import PageFile, write_atomic
 from phalanx.report.records import Warn, check_metric, finite, read_object, read_records, whole_step
@@ -128,7 +131,12 @@ def write_environment(run, cfg, out_dir: Path) -> None:
         tokenizer = resolve_spec(cfg.data.tokenizer, cfg.data.path)
         env.update(precision=cfg.train.precision, tokenizer=tokenizer,
                    loss_unit="nats/byte" if tokenizer == "bytes" else "nats/token")
+    fault = os.environ.get(protocol.FAULT)
+    if fault:  # injected faults change this run's results: said where they are read
+        env[protocol.FAULT] = fault
     write_atomic(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
+    if fault:
+        record_event(out_dir, "fault", 0, announcement(fault).removeprefix("phalanx: "))
 
 
 def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:

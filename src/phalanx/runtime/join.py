@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from phalanx.cluster import protocol
 from phalanx.cluster.env import LaunchEnv, detect_launch_env, usable_cores
+from phalanx.cluster.faults import announce
 from phalanx.cluster.lifecycle import die_with_agent
 from phalanx.cluster.peers import gather_peers
 from phalanx.cluster.protocol import record_for_agent
@@ -88,6 +89,7 @@ def init(seed: int = 0, *, backend: str = "auto",
     `out`: the run directory (`run.out`); under `phalanx run` its `--out` instead.
     `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/ (default: `out`).
     """
+    announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
     if debug_collectives:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
