@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 
 import procs
+from phalanx.checkpoint.store import committed, verify
 
 STEPS = 24
-ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+KEEP = 2  # --keep-checkpoints: the stops may meet a rotation (8, 16, a stop's, 24)
+ARGS = ["--keep-checkpoints", str(KEEP), "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "12", "--eval-batches", "2",
         "--log-every", "1", "--sample-tokens", "20", "--checkpoint-every", "8",
         "--nproc-per-node", "2", "--threads-per-rank", "1", "--max-steps", str(STEPS),
@@ -92,6 +94,23 @@ class Stopped:
     stderr: str
     workers: set
     sent: bool
+    before: dict  # committed checkpoint name → verified, when the signal was sent
+    last_step: int  # the last "step N/" rank 0 had printed then (0: none)
+
+
+def step_of(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def checkpoints(out: Path) -> dict[str, bool]:
+    """Each committed checkpoint under OUT/checkpoints → whether it verifies."""
+    return {p.name: verify(p) is None for p in committed(out / "checkpoints")}
+
+
+def _last_step(lines: list[str]) -> int:
+    steps = [int(ln.split("/", 1)[0].split()[-1]) for ln in lines
+             if ln.startswith("step ") and "/" in ln.split()[1]]
+    return max(steps, default=0)
 
 
 def stop_once(case: Case, out: Path, corpus: Path, cache: Path) -> Stopped:
@@ -115,9 +134,11 @@ def stop_once(case: Case, out: Path, corpus: Path, cache: Path) -> Stopped:
         r.start()
     sent = _wait_for(case, lines, proc)
     workers = procs.descendants(proc.pid)
+    before, last = {}, 0
     if sent:
         time.sleep(case.delay)
         workers |= procs.descendants(proc.pid)  # those of a restart, too
+        before, last = checkpoints(out), _last_step(list(texts["out"]))
         if case.sig == signal.SIGINT:
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group
         else:
@@ -126,7 +147,8 @@ def stop_once(case: Case, out: Path, corpus: Path, cache: Path) -> Stopped:
     workers |= procs.with_argument(str(out))  # any process of this run still there
     for r in readers:
         r.join(timeout=10)
-    return Stopped(proc.returncode, "".join(texts["out"]), "".join(texts["err"]), workers, sent)
+    return Stopped(proc.returncode, "".join(texts["out"]), "".join(texts["err"]), workers, sent,
+                   before, last)
 
 
 def _wait_for(case: Case, lines: queue.Queue, proc: subprocess.Popen) -> bool:
