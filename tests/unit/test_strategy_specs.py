@@ -29,6 +29,18 @@ def test_specs_import_no_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
+def test_the_cli_starts_without_torch():
+    """Every verb's module and parser load without torch: torch reads
+    TORCH_CPP_LOG_LEVEL when it is imported, so a CLI that imported it at start could no
+    longer quiet c10d's retry lines (`quiet_store_retries`): a multi-node launch that
+    cannot reach its rendezvous printed C++ frames instead of one line (b36a7c7)."""
+    code = ("import sys, phalanx.cli.dispatch as d, phalanx.cli.entry; "
+            "from phalanx.cli import build_parser; build_parser(); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 def test_each_strategy_gets_only_its_own_options(name):
     cfg = build_config({"dist": {"strategy": name}, "train": {"grad_accum": 2}})

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from phalanx.checkpoint.rundir import step_of
-from phalanx.checkpoint.store import read_latest
 from phalanx.errors import Interrupted, UserError
 from phalanx.paths import RunDir, atomic_write
 from phalanx.report.events import LIFECYCLE, read_events, record_event
@@ -38,6 +37,8 @@ def step_now(out: RunDir, logged: bool = True) -> int:
     """How far the run is: the step of the newest committed checkpoint under
     OUT/checkpoints (where a restart or a resume continues from), or with `logged` the
     last step logged to metrics.jsonl when that is later; 0 when there is neither."""
+    from phalanx.checkpoint.store import read_latest  # (imports torch: not at CLI start)
+
     latest = read_latest(out.checkpoints)
     steps = [r["step"] for r in read_records(out.metrics, check_metric, lambda _: None)
              ] if logged else []
@@ -150,6 +151,8 @@ class Before:
     def _progress(self) -> tuple:
         metrics = self.out.metrics
         stat = metrics.stat() if metrics.is_file() else None
+        from phalanx.checkpoint.store import read_latest
+
         latest = read_latest(self.out.checkpoints)
         return (stat and (stat.st_size, stat.st_mtime_ns), latest and latest.name)
 

@@ -105,7 +105,7 @@ class CheckpointMethods:
         self.at_step(step)
         if path is None:
             return 0
-        meta = self.load(path, model, optimizer)
+        meta = self._load(path, model, optimizer)
         self._restore_extras(meta, loader, path)
         batches = None if loader is None else (
             meta[LOADER_KEY].get("global_batch", 0), loader.sampler.batch_size)
@@ -117,8 +117,15 @@ class CheckpointMethods:
     def load(self, path: str | Path, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None) -> dict:
         """Load a checkpoint written at any world size by any strategy; returns the `meta`
-        saved with it. A collective: call it on every rank. One written before the
-        micro-steps were seeded as they are now (`SEEDING`) is said in one line."""
+        given to `run.save` (Phalanx's own `phalanx.*` entries left out). A collective:
+        call it on every rank. One written before the micro-steps were seeded as they
+        are now (`SEEDING`) is said in one line."""
+        meta = self._load(path, model, optimizer)
+        return {k: v for k, v in meta.items() if not k.startswith("phalanx.")}
+
+    def _load(self, path: str | Path, model: nn.Module,
+              optimizer: torch.optim.Optimizer | None) -> dict:
+        """`load`, returning the whole meta (Phalanx's entries too)."""
         meta = load_checkpoint(Path(path), model, optimizer, self.strategy.load_template,
                                self.strategy.apply_state)
         if meta.get(SEEDING_KEY) != SEEDING:
