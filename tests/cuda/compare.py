@@ -12,9 +12,14 @@ from contextlib import AbstractContextManager
 import torch
 import torch.nn as nn
 
-# max |fused − math| / max |math| per tensor, same autocast dtype (not yet calibrated on
-# a GPU: a broken kernel gives ~1; bf16 keeps 8 bits of mantissa, fp16 11)
+# max |fused − math| / max |math| per tensor, same autocast dtype (a broken kernel gives
+# ~1; bf16 keeps 8 bits of mantissa, fp16 11). First H200 run (2026-11-27): bf16 worst
+# 0.012 (flash) and 0.011 (efficient)
 KERNEL_TOL = {torch.bfloat16: 5e-2, torch.float16: 2e-2}
+# fp16 runs under a loss scale, as GradScaler runs it: unscaled, gpt2-124m's logit
+# gradients (~1/(B·T·V) ≈ 5e-9) fall below fp16's smallest subnormal (6e-8), and on the
+# first H200 run both kernels' gradients were then off each other by 3–4.7 %
+LOSS_SCALE = {torch.float16: 2.0 ** 16}
 
 
 def attention_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -22,7 +27,9 @@ def attention_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                         ) -> dict[str, torch.Tensor]:
     """One forward and backward of `model(x, y)` (MiniGPT: returns (logits, loss)) under
     `kernel()` and autocast to `dtype`: each CausalSelfAttention's output, each
-    parameter's gradient and the loss, as fp32 on the CPU. The gradients are cleared."""
+    parameter's gradient and the loss, as fp32 on the CPU. The gradients are cleared.
+    fp16's backward runs on the loss × LOSS_SCALE (as GradScaler's), the gradients are
+    divided by it again."""
     from phalanx.models.minigpt import CausalSelfAttention
 
     found: dict[str, torch.Tensor] = {}
@@ -32,16 +39,17 @@ def attention_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
             found[f"attention {name}"] = out.detach().float().cpu()
         return hook
 
+    scale = LOSS_SCALE.get(dtype, 1.0)
     hooks = [m.register_forward_hook(keep(n)) for n, m in model.named_modules()
              if isinstance(m, CausalSelfAttention)]
     try:
         with kernel(), torch.autocast(x.device.type, dtype=dtype):
             _, loss = model(x, y)
-        loss.backward()
+        (loss * scale).backward()
     finally:
         for h in hooks:
             h.remove()
-    found.update({f"grad {n}": p.grad.detach().float().cpu()
+    found.update({f"grad {n}": p.grad.detach().float().cpu() / scale
                   for n, p in model.named_parameters() if p.grad is not None})
     found["loss"] = loss.detach().float().cpu()
     model.zero_grad(set_to_none=True)
@@ -74,16 +82,18 @@ def kernel_mismatches(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
     return [f"{n}: {e:.3g} > {tol:g}" for n, e in errors.items() if not e <= tol]
 
 
-def scaler_stuck(state: dict, initial_scale: float) -> str | None:
+def scaler_stuck(state: dict, initial_scale: float, steps: int) -> str | None:
     """Why the fp16 loss scaler's final `state` (GradScaler.state_dict, as a checkpoint
-    records it) shows it never acted, or None: a scaler that saw an overflow moved its
-    scale (down, and maybe back up); one that never moved from `initial_scale` and
-    counts no growth either did nothing."""
+    records it) after `steps` optimizer steps shows it never acted, or None: a scaler that
+    saw an overflow moved its scale (down, and maybe back up); one still at
+    `initial_scale` must have counted every step as overflow-free in its growth tracker
+    (300 steps stay below torch's growth interval of 2000, as on the first H200 run); one
+    that neither moved nor counted did nothing."""
     scale = state.get("scale")
     if scale is None:
         return f"no scale in the scaler's state: {state}"
-    if scale != initial_scale:
+    if scale != initial_scale or state.get("_growth_tracker") == steps:
         return None
-    return (f"the loss scale is still {initial_scale:g} (growth tracker "
-            f"{state.get('_growth_tracker')}): no overflow skipped, no growth — the scaler "
-            f"never acted")
+    return (f"the loss scale is still {initial_scale:g} and its growth tracker is "
+            f"{state.get('_growth_tracker')} after {steps} steps (expected {steps}: each "
+            f"step without overflow counts one) — the scaler never acted")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cuda
 def test_this_device_has_its_own_peak_or_is_said_to_have_none(figure):
     name = torch.cuda.get_device_name()
     peak = peak_for(name)
-    figure("device", name=name, row=None if peak is None else peak.device,
+    figure("device", device=name, row=None if peak is None else peak.device,
            peak_tflops=None if peak is None else peak.bf16_flops / 1e12,
            capability=".".join(map(str, torch.cuda.get_device_capability())))
     if peak is None:

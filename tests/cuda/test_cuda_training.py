@@ -62,7 +62,7 @@ def test_fp16_trains_gpt2_124m_with_the_loss_scaler(tmp_path, token_cache, figur
     scaler = find_key(out, "phalanx.scaler")  # the checkpoint's record of the scaler
     assert scaler is not None, "no loss-scaler state in the fp16 run's checkpoint"
     assert math.isfinite(scaler["scale"]) and scaler["scale"] >= 1.0, scaler
-    stuck = scaler_stuck(scaler, 2.0 ** 16)  # torch's initial scale: it must have moved
+    stuck = scaler_stuck(scaler, 2.0 ** 16, STEPS)  # torch's initial scale
     assert stuck is None, stuck
     figure("train gpt2-124m fp16", first_loss=first, last_loss=last, steps=STEPS,
            tokens_per_s=records[-1]["tokens_per_s"], loss_scale=scaler["scale"])

@@ -54,19 +54,20 @@ def test_a_kernel_that_zeroes_attention_is_caught(model_and_batch, dtype):
     assert any(f.startswith("grad ") for f in found), found
 
 
-def fp16_scaler_state(steps: int, stuck: bool) -> dict:
-    """A few fp16 steps of a tiny model through torch's GradScaler from 2**24 (its first
-    steps overflow); `stuck`: a scaler whose update never acts."""
+def fp16_scaler_state(steps: int, stuck: bool, init_scale: float = 2.0 ** 24,
+                      spread: float = 1e3) -> dict:
+    """A few fp16 steps of a tiny model through torch's GradScaler from `init_scale` (from
+    2**24 its first steps overflow); `stuck`: a scaler whose update never acts."""
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     if stuck:  # forgets the step's overflow record, never touches the scale
         scaler.update = lambda new_scale=None: setattr(  # type: ignore[method-assign]
             scaler, "_per_optimizer_states", defaultdict(_refresh_per_optimizer_state))
     for _ in range(steps):
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = net(torch.randn(4, 8) * 1e3).square().mean()
+            loss = net(torch.randn(4, 8) * spread).square().mean()
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -75,6 +76,11 @@ def fp16_scaler_state(steps: int, stuck: bool) -> dict:
 
 
 def test_a_loss_scaler_that_never_acts_is_caught():
-    assert compare.scaler_stuck(fp16_scaler_state(4, stuck=False), 2.0 ** 24) is None
-    said = compare.scaler_stuck(fp16_scaler_state(4, stuck=True), 2.0 ** 24)
-    assert said is not None and "never acted" in said, said
+    assert compare.scaler_stuck(fp16_scaler_state(4, stuck=False), 2.0 ** 24, 4) is None
+    # no overflow, growth interval not reached: the scale stays, every step counted
+    calm = fp16_scaler_state(4, stuck=False, init_scale=1.0, spread=1.0)
+    assert calm["scale"] == 1.0 and compare.scaler_stuck(calm, 1.0, 4) is None, calm
+    for init in (2.0 ** 24, 1.0):
+        stuck = fp16_scaler_state(4, stuck=True, init_scale=init, spread=1.0)
+        said = compare.scaler_stuck(stuck, init, 4)
+        assert said is not None and "never acted" in said, said
