@@ -14,6 +14,7 @@ import dataclasses
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import procs
 from phalanx.checkpoint.store import committed, verify
 
 STEPS = 24
+RECEIVED = re.compile(r"^phalanx: SIG[A-Z]+ received after step (\d+) of ", re.M)
 KEEP = 2  # --keep-checkpoints: the stops may meet a rotation (8, 16, a stop's, 24)
 ARGS = ["--keep-checkpoints", str(KEEP), "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "12", "--eval-batches", "2",
@@ -96,6 +98,13 @@ class Stopped:
     sent: bool
     before: dict  # committed checkpoint name → verified, when the signal was sent
     last_step: int  # the last "step N/" rank 0 had printed then (0: none)
+
+    @property
+    def received(self) -> int | None:
+        """The steps rank 0 had done when the signal reached it, as it said at once
+        ("phalanx: SIGINT received after step N of M"); None when it never said so."""
+        found = RECEIVED.search(self.stdout)
+        return None if found is None else int(found.group(1))
 
 
 def step_of(name: str) -> int:

@@ -5,6 +5,7 @@ processes listen on loopback only."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -68,6 +69,9 @@ def test_first_signal_commits_a_checkpoint_and_resume_is_exact(
     [ckpt] = committed(out / "checkpoints")
     assert verify(ckpt) is None
     stop = int(ckpt.name.split("-")[1])
+    said = re.search(rf"^phalanx: {sig.name} received after step (\d+) of 100000: stopping "
+                     r"after the step in progress", stdout, re.M)  # at once, on rank 0
+    assert said and stop - int(said.group(1)) in (0, 1), (stop, stdout[-2000:])
     # continue to stop + 2 and compare with a run that was never interrupted
     target = str(stop + 2)
     same = ["--max-steps", target, "--lr-decay-steps", "100000", "--nproc-per-node", nproc]

@@ -244,12 +244,17 @@ class Run(StepMethods, CheckpointMethods):
 
     # -- stopping on a signal ---------------------------------------------------------
     @contextlib.contextmanager
-    def catch_stop_signals(self):
+    def catch_stop_signals(self, on_request: Callable[[int], None] | None = None):
         """Within this block the first SIGINT/SIGTERM only asks to stop (see
         `stop_requested`); another one more than 2 s later stops the process at once.
-        Enter it on every rank. Blocks may nest: a request carries over inwards."""
+        Enter it on every rank. `on_request(signum)` is told the first request as it
+        arrives (from a watcher thread), e.g. to say what happens next. Blocks may nest:
+        a request carries over inwards, and so does an outer block's `on_request`."""
 
-        outer, self._stop = self._stop, StopSignals().install()
+        outer = self._stop
+        if on_request is None and outer is not None:
+            on_request = outer.on_request
+        self._stop = StopSignals(on_request).install()
         try:
             yield self
         finally:

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from phalanx.cluster.lifecycle import exit_code
+from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.cluster.protocol import (
     in_replica_group,
     one_machine_worker,
@@ -118,22 +118,47 @@ def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = 
     signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).
     A signal once every step is done does not stop the final outputs (seconds): the
     run is complete, it writes them and exits 0."""
+    # one stop-signal scope from the process group to its end: a first signal before the
+    # loop is agreed at its first step; after it, the outputs are still written; and the
+    # closing barrier is inside it too — a rank waiting there while rank 0 writes the
+    # outputs takes a copy of the signal (the launcher forwards what a Ctrl-C also
+    # delivered) as the same request, not as a KeyboardInterrupt that exits 130
+    with init_run(cfg, threads, out) as run, \
+            run.catch_stop_signals(lambda signum: _acknowledge(run, cfg, signum)):
+        code = _train(cfg, run, splits, out, argv)
+        run.close()
+    return code
+
+
+def _train(cfg: Config, run, splits: TokenSplits, out: RunDir, argv: list[str] | None) -> int:
     from phalanx.train.agreement import check_agreement
     from phalanx.train.finish import banner, finish
     from phalanx.train.loop import train
 
-    # one stop-signal scope from the process group to the last output: a first signal
-    # before the loop is agreed at its first step; after it, the outputs are still written
-    with init_run(cfg, threads, out) as run, run.catch_stop_signals():
-        mark("process group up")
-        check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
-        if not restart_attempt():  # a restart says so in one line when it resumes
-            run.print(banner(cfg, run, splits))
-        result = train(cfg, run, splits, out)
-        if result.stopped and result.state.step < cfg.train.max_steps:
-            if run.is_main and not phalanx_worker():  # else the launcher
-                print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
-                      file=sys.stderr, flush=True)
-            return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)
-        finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
+    mark("process group up")
+    check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
+    if not restart_attempt():  # a restart says so in one line when it resumes
+        run.print(banner(cfg, run, splits))
+    result = train(cfg, run, splits, out)
+    if result.stopped and result.state.step < cfg.train.max_steps:
+        if run.is_main and not phalanx_worker():  # else the launcher
+            print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
+                  file=sys.stderr, flush=True)
+        return exit_code(result.stopped)  # closing the run waits for rank 0 (a barrier)
+    finish(cfg, run, result, out, splits)  # every rank: sharded weights gathered
+    if run.stop_signal_here():  # caught after the last step's stop check: no stop
+        run.print(f"phalanx: {signal.Signals(run.stop_signal_here()).name} came after "
+                  f"the last step: the run is complete and every output is written.")
     return 0
+
+
+def _acknowledge(run, cfg: Config, signum: int) -> None:
+    """Said at once (rank 0, from the signal watcher; on stdout, with the progress: stderr
+    keeps its one line on how the run ended) when the first stop signal arrives: at
+    which step, and what happens next."""
+    name, done, total = signal.Signals(signum).name, run.optimizer_steps, cfg.train.max_steps
+    then = ("the run is complete: its outputs are written, then it exits" if done >= total
+            else "stopping after the step in progress (a checkpoint is committed, then "
+                 "every rank exits)")
+    run.print(f"phalanx: {name} received after step {done} of {total}: {then}; another "
+              f"{name} more than {StopSignals.GRACE_S:g} s from now stops at once")
