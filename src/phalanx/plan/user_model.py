@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from phalanx.errors import UserError
 from phalanx.plan import formulas as f
 from phalanx.plan.estimate import ModelFacts
+from phalanx.plan.fake import fake_input, on_fake_cpu, quiet
 
 LOW = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -262,14 +263,14 @@ def trace(model, inputs: tuple, spec: str, precision: str = "fp32",
     kept: dict[int, int] = {}
     copied = _copy(model, spec)  # (outside the mode: a meta tensor copied inside it fails)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        fake = _on_fake_cpu(copied, low if low_params else None)
+        fake = on_fake_cpu(copied, low if low_params else None)
         watch = _BlockWatch(find_blocks(fake), checkpointed)
         if lm_vocab is not None:
             from phalanx.models.adapter import adapt
 
             fake = adapt(fake, spec, lm_vocab)
         params = {p.untyped_storage()._cdata for p in fake.parameters()}
-        xs = tuple(_fake_input(x, low if low_params else None) for x in inputs)
+        xs = tuple(fake_input(x, low if low_params else None) for x in inputs)
         if lm_vocab is not None:
             xs = (*xs, torch.zeros_like(xs[0]))  # the targets
 
@@ -285,7 +286,7 @@ def trace(model, inputs: tuple, spec: str, precision: str = "fp32",
         counter = FlopCounterMode(display=False)
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast, \
-                    counter, _quiet("torch._subclasses.fake_tensor"):
+                    counter, quiet("torch._subclasses.fake_tensor"):
                 out = fake(*xs)
         except UserError:  # the adapter's own (logits of the wrong shape)
             raise
@@ -346,53 +347,6 @@ def _copy(model, spec: str):
                         f"on the meta device, and copying it raised {type(exc).__name__}: "
                         f"{first} (give the module a working __deepcopy__, or keep tensors "
                         f"that are not parameters or buffers off its attributes).") from None
-
-
-def _on_fake_cpu(model, low):
-    """The meta module's parameters and buffers replaced by (fake) CPU tensors of their
-    shape — tied parameters stay tied; floating ones in `low` when given."""
-    import torch
-
-    made: dict[int, torch.Tensor] = {}
-
-    def new(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in made:
-            dtype = low if low is not None and t.is_floating_point() else t.dtype
-            x = torch.empty(t.shape, dtype=dtype, device="cpu")
-            made[id(t)] = torch.nn.Parameter(x, t.requires_grad) \
-                if isinstance(t, torch.nn.Parameter) else x
-        return made[id(t)]
-
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                if t is not None:
-                    table[name] = new(t)
-    return model
-
-
-@contextlib.contextmanager
-def _quiet(name: str):
-    """FakeTensorMode logs a failing op's traceback at ERROR before raising it; the
-    plan says it in one line instead."""
-    import logging
-
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _fake_input(x, low):
-    import torch
-
-    if not isinstance(x, torch.Tensor):
-        return x
-    dtype = low if low is not None and x.is_floating_point() else x.dtype
-    return torch.zeros(x.shape, dtype=dtype, device="cpu")
 
 
 def _forward_error(spec: str, exc: Exception) -> UserError:

@@ -104,15 +104,7 @@ def init(seed: int = 0, *, backend: str = "auto",
         raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")
     device = _pick_device(env, backend)
     n_threads = _set_threads(env, threads)
-    created = not dist.is_initialized()
-    if created:
-        timeout = datetime.timedelta(seconds=timeout_s)
-        if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=timeout)
-        else:
-            dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                    timeout=timeout, store=_store(env, timeout))
+    created = _process_group(env, backend, timeout_s)
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
@@ -137,6 +129,20 @@ def init(seed: int = 0, *, backend: str = "auto",
     if hang > 0 and not os.environ.get(protocol.WATCHED):
         run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR) or run_dir)
     return run
+
+
+def _process_group(env, backend: str, timeout_s: float) -> bool:
+    """Make torch's default process group unless one exists; True when made here."""
+    if dist.is_initialized():
+        return False
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, store=_store(env, timeout))
+    return True
 
 
 FAILED_EXIT_S = 5.0  # after an uncaught exception, the longest the shutdown may take
