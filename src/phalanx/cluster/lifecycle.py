@@ -123,15 +123,19 @@ def _processes() -> list[tuple[int, str, int, int, int]]:
     """(pid, state, parent, process group, session) of each process (Linux /proc)."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                state, parent, group, session = fh.read().rsplit(")", 1)[1].split()[:4]
-        except (OSError, IndexError, ValueError):
-            continue
-        found.append((int(entry), state, int(parent), int(group), int(session)))
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            found.append((int(entry), *stat))
     return found
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, parent, process group, session) of `pid` from /proc, or None (gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state, parent, group, session = fh.read().rsplit(")", 1)[1].split()[:4]
+        return state, int(parent), int(group), int(session)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _launcher_alive() -> bool:
@@ -139,11 +143,8 @@ def _launcher_alive() -> bool:
     told = os.environ.get(protocol.LAUNCHER_PID, "")
     if not told.isdigit():
         return True
-    try:
-        state = open(f"/proc/{told}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")  # a launcher that exited, not yet reaped, is gone
+    stat = _stat(int(told))
+    return stat is not None and stat[0] not in ("Z", "X")  # exited, not yet reaped: gone
 
 
 def _watch_parent(parent: int) -> None:
