@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StepOutcome:
     norm: torch.Tensor | None  # the gradient norm before clipping (None: no clipping)
-    skipped: bool  # `check` found the step bad: the gradients were dropped, nothing stepped
+    stepped: bool  # the parameters moved: `run.step`'s answer, the one definition of a
+    # skipped step (not stepped: fp16's scaler skipped an overflow, or `dropped`)
+    dropped: bool = False  # `check` found the step bad: gradients dropped, nothing stepped
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision,
@@ -42,27 +44,19 @@ def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision
 
 def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_clip: float,
                    check: Callable[[torch.Tensor | None], bool] | None = None) -> StepOutcome:
-    """Unscale (fp16) → clip (the strategy's: the global norm, sharded or not) → step →
-    zero, in that order. Returns the gradient norm before clipping and whether the step
-    was skipped. Either way it counts one optimizer step (`run.optimizer_steps`, as
-    `run.step` does).
+    """The public path, `run.clip_grad_norm_` then `run.step`: unscale (fp16) → clip (the
+    strategy's: the global norm, sharded or not) → step → zero, in that order. Returns
+    the gradient norm before clipping and whether the parameters moved. Either way it
+    counts one optimizer step (`run.optimizer_steps`).
 
     `check(norm)` (the NaN guard) is asked before stepping; when it says the step is bad
-    the gradients are dropped and nothing steps (`skipped`). Under fp16 it is not asked:
-    the scaler skips such steps itself (and that is not reported as `skipped`)."""
+    the gradients are dropped and nothing steps (`dropped`). Under fp16 it is not asked:
+    the scaler skips such steps itself (`stepped` False, not `dropped`)."""
     assert run.precision is not None  # set by run.setup
-    run.optimizer_steps += 1
     scaler = run.precision.scaler
-    if scaler is not None:
-        scaler.unscale_(opt)
-    norm = run.clip_grad_norm_(model, grad_clip) if grad_clip > 0 else None
+    norm = run.clip_grad_norm_(model, grad_clip, opt) if grad_clip > 0 else None
     if check is not None and scaler is None and check(norm):
+        run.optimizer_steps += 1  # counted as `run.step` counts it
         opt.zero_grad(set_to_none=True)
-        return StepOutcome(norm, skipped=True)
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    return StepOutcome(norm, skipped=False)
+        return StepOutcome(norm, stepped=False, dropped=True)
+    return StepOutcome(norm, stepped=run.step(opt))

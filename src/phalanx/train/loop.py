@@ -136,8 +136,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
                               check=functools.partial(_nan_check, guard, loss,
                                                       step=step + 1, model=inner))
         result.grad_norms.append(done.norm)
-        log.step_done(loss, skipped=done.skipped)  # a skipped step counts for throughput
-        if done.skipped and guard.mode == "rollback" and \
+        log.step_done(loss, skipped=done.dropped)  # a dropped step counts for throughput
+        if done.dropped and guard.mode == "rollback" and \
                 _roll_back(run, cfg, out_dir, result, precision, guard, log):
             result.state.position += global_batch  # the bad batch was read: counted, not
             continue  # read again; on from the checkpoint's step, the data past that batch
