@@ -80,22 +80,6 @@ class PageFile:
                 f"write the page elsewhere: `phalanx report {self.run_dir} --out FILE`")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """`data` into a new temporary file beside `path`, renamed over `path` (a link there
-    is replaced, never written through); the temporary file never outlives a failure.
-    OSError as raised."""
-    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)

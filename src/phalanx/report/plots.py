@@ -8,8 +8,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from phalanx.paths import atomic_write
 from phalanx.report.charts import loss_label
-from phalanx.report.outfile import write_atomic
 from phalanx.report.records import check_metric, read_records
 
 
@@ -31,7 +31,7 @@ def plot_losses(metrics_path: Path, out_path: Path, unit: str | None,
         png = _plot(plt, train, val, unit)
     except (ValueError, OverflowError, FloatingPointError):  # values beyond drawing, ±1e308
         png = _plot(plt, [], [], unit)
-    write_atomic(Path(out_path), png)  # never through a link planted there
+    atomic_write(Path(out_path), png)  # never through a link planted there
     return out_path
 
 

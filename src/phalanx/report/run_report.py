@@ -25,12 +25,12 @@ from typing import Any
 
 from phalanx.cluster import protocol
 from phalanx.cluster.faults import announcement
-from phalanx.paths import RunDir
+from phalanx.paths import RunDir, atomic_write
 from phalanx.report import used
 from phalanx.report.charts import charts_svg
 from phalanx.report.events import read_events, record_event
 from phalanx.report.listing import list_checkpoints, recorded_world_size
-from phalanx.report.outfile import PageFile, write_atomic
+from phalanx.report.outfile import PageFile
 from phalanx.report.records import Warn, check_metric, finite, read_object, read_records, whole_step
 from phalanx.version import __version__
 
@@ -134,7 +134,7 @@ def write_environment(run, cfg, out_dir: Path) -> None:
     fault = os.environ.get(protocol.FAULT)
     if fault:  # injected faults change this run's results: said where they are read
         env[protocol.FAULT] = fault
-    write_atomic(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
+    atomic_write(RunDir(out_dir).environment, (json.dumps(env, indent=2) + "\n").encode())
     if fault:
         record_event(out_dir, "fault", 0, announcement(fault).removeprefix("phalanx: "))
 
