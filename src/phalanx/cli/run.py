@@ -250,9 +250,9 @@ def _job_out(verb: str) -> str:
 def _as_torchrun() -> None:
     """Under plain srun: the variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE; MASTER_ADDR/PORT unless set), for a script's env:// init."""
-    from phalanx.cluster.env import detect_launch_env
+    from phalanx.cluster.env import detect_launch_env, has_ranks
 
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if has_ranks():
         return
     env = detect_launch_env()
     os.environ.update({"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank),
@@ -263,7 +263,9 @@ def _as_torchrun() -> None:
 
 
 def _global_rank() -> str:
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    from phalanx.cluster.env import global_rank
+
+    return str(global_rank())
 
 
 def _work(ns: argparse.Namespace, out: RunDir) -> int:

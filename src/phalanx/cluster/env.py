@@ -7,6 +7,7 @@ launch workers or be one without paying for `import torch`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from phalanx.cluster import slurm_env
@@ -30,6 +31,41 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
         return os.cpu_count() or 1
+
+
+def has_ranks(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether torchrun-style RANK and WORLD_SIZE are set (torchrun, Phalanx's agent, or
+    `phalanx run` having set them under srun)."""
+    e = os.environ if environ is None else environ
+    return "RANK" in e and "WORLD_SIZE" in e
+
+
+def global_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's global rank as its launcher set it, without checking the rest
+    (`detect_launch_env` does): RANK, else SLURM_PROCID, else 0 (no launcher); None when
+    the variable is not an integer. For deciding who speaks or writes before (or
+    without) `phalanx.init` — the one reader of these variables outside cluster/."""
+    return _lenient(environ, "RANK", "SLURM_PROCID")
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """LOCAL_RANK, else SLURM_LOCALID, else 0; None when not an integer."""
+    return _lenient(environ, "LOCAL_RANK", "SLURM_LOCALID")
+
+
+def launched_world(environ: Mapping[str, str] | None = None) -> int | None:
+    """WORLD_SIZE as the launcher set it, else 1; None when not an integer."""
+    e = os.environ if environ is None else environ
+    return _lenient(e, "WORLD_SIZE") if "WORLD_SIZE" in e else 1
+
+
+def _lenient(environ: Mapping[str, str] | None, *names: str) -> int | None:
+    e = os.environ if environ is None else environ
+    value = next((e[n] for n in names if n in e), "0")
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def _int(environ: dict, name: str, default: int | None = None) -> int:

@@ -9,6 +9,7 @@ import os
 import time
 
 from phalanx.cluster import protocol
+from phalanx.cluster.env import global_rank, has_ranks, launched_world, local_rank
 from phalanx.doctor import checks as report
 from phalanx.errors import DistributedError
 from phalanx.strategies import spec
@@ -63,7 +64,7 @@ def _verdict(failed: bool) -> int:
     path = os.environ.get(protocol.DOCTOR_RESULT)
     if path is None:
         return 1 if failed else 0
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if local_rank() == 0:
         with open(path, "w") as f:
             f.write("1" if failed else "0")
     return 0
@@ -85,7 +86,7 @@ def _report_unreachable(problems: list, as_json: bool) -> int:
                           "open the ports between the machines (firewall), or point "
                           "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME at an interface the other "
                           "machines can route to") for line in problems]
-    if os.environ.get("RANK") == "0":
+    if has_ranks() and global_rank() == 0:
         print(report.as_json(found, []) if as_json else report.render_table(found, []),
               flush=True)
     return _verdict(True)
@@ -118,8 +119,8 @@ def _world() -> int:
     """The world of the agent that started this rank (Phalanx's or torchrun's), whose
     store the peer checks meet on; 1 elsewhere — under a plain `srun` there is no such
     store, and `phalanx.init` meets through SLURM's own (`slurm_store`)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return launched_world() or 1
 
 
 def _rank() -> int:
-    return int(os.environ["RANK"])
+    return global_rank() or 0

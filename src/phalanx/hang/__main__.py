@@ -49,13 +49,14 @@ def _attempt_rendezvous(timeout) -> dict:
     the agent's store is not shared with the workers)."""
     import datetime
 
+    from phalanx.cluster.env import global_rank, launched_world
     from phalanx.cluster.rendezvous import attempt_store
 
-    world = int(os.environ["WORLD_SIZE"])
+    world = launched_world() or 1
     store = attempt_store(world, timeout or datetime.timedelta(minutes=30))
     if store is None:
         return {}
-    return {"store": store, "rank": int(os.environ["RANK"]), "world_size": world,
+    return {"store": store, "rank": global_rank() or 0, "world_size": world,
             "init_method": None}
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from phalanx.cluster import protocol
-from phalanx.cluster.env import usable_cores
+from phalanx.cluster.env import global_rank, usable_cores
 from phalanx.cluster.lifecycle import ends_descendants, sigint_held_for_workers
 from phalanx.cluster.nodes import node_plan
 from phalanx.cluster.protocol import under_launcher
@@ -84,7 +84,7 @@ def _preset_here(dist) -> None:
     preset: dict[str, str] = {}
     notes = nccl_preset(dist, os.environ.get("NCCL_SOCKET_IFNAME"), preset)
     os.environ.update(preset)
-    if os.environ.get("RANK", os.environ.get("SLURM_PROCID")) == "0":
+    if global_rank() == 0:
         for line in notes:
             print(f"phalanx: {line}", file=sys.stderr, flush=True)
 

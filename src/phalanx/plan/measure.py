@@ -8,10 +8,10 @@ random tokens of the planned shape: memory does not depend on what the tokens sa
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
+from phalanx.cluster.env import global_rank
 from phalanx.config.sections import from_dict
 from phalanx.runtime.choice import choose_here
 
@@ -134,7 +134,7 @@ def worker(spec_path: str) -> int:
         gc.collect()
     assert first is not None  # the spec names every planned variant (plan.compare.VARIANTS)
     first.close()
-    if os.environ.get("RANK", "0") == "0":
+    if global_rank() == 0:
         Path(spec["result"]).write_text(json.dumps(results, indent=2))
     return 0
 

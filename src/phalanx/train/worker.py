@@ -3,12 +3,12 @@ agreed, the loop run, and (rank 0) the results written."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
 from pathlib import Path
 
+from phalanx.cluster.env import global_rank
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.cluster.protocol import (
     in_replica_group,
@@ -53,8 +53,7 @@ def owns_run_dir(cfg: Config) -> bool:
     that holds the lock already."""
     if not under_launcher():
         return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
-    return not one_machine_worker() and os.environ.get(
-        "RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    return not one_machine_worker() and global_rank() == 0
 
 
 def complete_quietly(cfg: Config, out: RunDir) -> bool:
