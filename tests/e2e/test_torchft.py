@@ -5,16 +5,24 @@
 - Group 1's rank SIGKILLed three times (each after it trained a few steps since it
   rejoined, torchft's punisher style): the run finishes; both groups' weights agree after
   every step both took (their fingerprints in ft-steps.jsonl); each rejoin is a heal;
-  each membership change is one console line; and the final weights equal a reference
-  replayed in one process from the membership the run recorded (tests/ft_replay.py).
+  each membership change is one console line; the final weights equal a reference
+  replayed in one process from the membership the run recorded (tests/ft_replay.py); and,
+  apart from the code that replay shares with the run, from the sample indices of each
+  step attempt: the committed steps read each sample of the global order once, in order,
+  and the kills (each sent while group 1 is inside an all-reduce group 0 has not joined)
+  failed steps that were taken again on the same samples (`ft_replay.each_sample_once`).
 The time each failure costs beside restart-from-checkpoint: benchmarks/ft_vs_restart.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,9 +34,11 @@ import procs
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import ft_vs_restart  # noqa: E402
 from ft_vs_restart import command, punish  # noqa: E402
 
-from ft_replay import recorded, replay  # noqa: E402
+from ft_replay import each_sample_once, recorded, replay  # noqa: E402
+from phalanx.ft.replica import SAMPLES  # noqa: E402
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "10", "--eval-batches", "2",
@@ -87,8 +97,69 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1", out / "replica-0")
 
 
-def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file, cache_dir):
+def _group_rank(group: int) -> int | None:
+    """The pid of replica group `group`'s rank (as ft_vs_restart.victim finds group 1's)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if f"PHALANX_FT_GROUP={group}".encode() in env and b"PHALANX_LAUNCHED=1" in env \
+                and any(v.startswith(b"LOCAL_RANK=") for v in env):
+            return int(entry.name)
+    return None
+
+
+def _last_attempt(replica: Path) -> int | None:
+    """The step of the group's attempt in flight (its samples written, no verdict yet)."""
+    try:
+        with open(replica / "ft-samples.jsonl", "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            last = json.loads(fh.read().splitlines()[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return last["step"] if "samples" in last else None
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+    except OSError:
+        return True
+
+
+def in_the_all_reduce(out: Path):
+    """ft_vs_restart.victim for a kill that fails a step: group 1's rank once it has
+    started an all-reduce (its attempt's samples written, no verdict) that group 0 has
+    not joined — group 0 is stopped (SIGSTOP) before it does and continued just after the
+    kill, so its all-reduce fails and torchft takes the step again. Else, after 2 s, as
+    ft_vs_restart kills it."""
+    find = ft_vs_restart.victim
+
+    def victim(mode: str) -> int | None:
+        pid, other = find(mode), _group_rank(0)
+        deadline = time.monotonic() + 2
+        while pid is not None and other is not None and time.monotonic() < deadline:
+            step = _last_attempt(out / "replica-1")
+            if step is not None and _last_attempt(out / "replica-0") != step:
+                os.kill(other, signal.SIGSTOP)
+                while not _stopped(other):
+                    time.sleep(0.0005)
+                if _last_attempt(out / "replica-0") != step and \
+                        _last_attempt(out / "replica-1") == step:
+                    threading.Timer(0.05, os.kill, (other, signal.SIGCONT)).start()
+                    return pid  # killed at once by punish
+                os.kill(other, signal.SIGCONT)
+            time.sleep(0.001)
+        return pid
+    return victim
+
+
+def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file, cache_dir,
+                                                          monkeypatch):
     out = tmp_path / "chaos"
+    monkeypatch.setenv(SAMPLES, "1")  # each step attempt's samples: ft-samples.jsonl
+    monkeypatch.setattr(ft_vs_restart, "victim", in_the_all_reduce(out))
     cmd = command("torchft", out, corpus_file, cache_dir, steps=500, every=50)
     run = punish("torchft", cmd, kills=3, life=25, say=lambda line: None)
     console = "\n".join(run.console)
@@ -115,6 +186,10 @@ def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file,
     reference = replay(out / "replica-0")
     final = load_file(out / "replica-0" / "model.safetensors")
     assert all(torch.equal(final[k], reference[k]) for k in final), "not the recorded run"
+    # and the data, apart from the code the replay shares with the run: the committed steps
+    # read the global order's prefix, each sample once; a step that failed was retried
+    steps, failed = each_sample_once([out / "replica-0", out / "replica-1"])
+    assert steps == 500 and failed >= 1, (steps, failed)
 
 
 def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_file,

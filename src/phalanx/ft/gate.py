@@ -20,22 +20,27 @@ from phalanx.data.sampler import ShardedBatchSampler
 class QuorumBatches:
     """The trainer's micro-batches when the data-parallel rank and world change per step:
     `aim(position, rank, world)` before each step, then one `next()` per micro-step —
-    the positions ShardedBatchSampler's stream mode gives rank `rank` of `world`."""
+    the positions ShardedBatchSampler's stream mode gives rank `rank` of `world`.
+    `read`: the sample indices read since the last `aim` (this step attempt's)."""
 
     def __init__(self, dataset, batch_size: int, seed: int, device: torch.device) -> None:
         self.dataset, self.batch_size, self.device = dataset, batch_size, device
         self.sampler = ShardedBatchSampler(len(dataset), batch_size, 0, 1, seed=seed,
                                            stream=True)
         self.cursor, self.stride = 0, batch_size
+        self.read: list[int] = []
 
     def aim(self, position: int, rank: int, world: int) -> None:
         self.cursor, self.stride = position + rank * self.batch_size, world * self.batch_size
+        self.read = []
 
     def __iter__(self) -> QuorumBatches:
         return self
 
     def __next__(self) -> Any:
-        items = [self.dataset[i] for i in self.sampler.indices(self.cursor, self.batch_size)]
+        indices = self.sampler.indices(self.cursor, self.batch_size)
+        self.read.extend(indices)
+        items = [self.dataset[i] for i in indices]
         self.cursor += self.stride
         return to_device(default_collate(items), self.device)  # as DeviceLoader's batches
 

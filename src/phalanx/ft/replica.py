@@ -14,7 +14,14 @@ the optimizer and `TrainState` (step, cursor, tokens). Each step's membership is
 to `OUT/ft-steps.jsonl` with a fingerprint of the weights after the step, so live groups
 can be compared step by step (each step once: records from this process's first step on,
 left by a continuation that was lost, are dropped when it writes it); changes are also events (`events.jsonl`) and one console
-line (said by the quorum's first group)."""
+line (said by the quorum's first group).
+
+With `PHALANX_FT_SAMPLES=1` (the tests; nothing is recorded otherwise), each step
+*attempt* is also written to `OUT/ft-samples.jsonl`, committed or not: before its
+all-reduce, `{"step", "group", "rank", "participants", "samples"}` (the sample indices
+this group read, `QuorumBatches.read`); after torchft's vote, `{"step", "committed"}`. A
+group killed between the two leaves the first alone. Each process starts the file's part
+with `{"dataset_samples": N}`."""
 
 from __future__ import annotations
 
@@ -38,6 +45,8 @@ from phalanx.paths import open_append
 from phalanx.report.events import record_event
 from phalanx.report.sink import drop_from
 from phalanx.strategies.guards import fingerprints, named_state
+
+SAMPLES = "PHALANX_FT_SAMPLES"  # "1": record each step attempt's samples (module docstring)
 
 
 def _torchft_logs_to_rank_log() -> None:
@@ -83,6 +92,9 @@ class ReplicaGroup:
         self.participants, self.rank, self.healed, self.agreed_stop = 0, 0, False, 0
         self.start: StartStore | None = None
         self.recording = False  # ft-steps.jsonl trimmed to this process's first step
+        self.batches: Any = None
+        self.samples = open_append(Path(out_dir) / "ft-samples.jsonl") if out_dir is not None \
+            and run.is_main and os.environ.get(SAMPLES) == "1" else None  # (tests)
 
     def attach(self, result: Any) -> None:
         """Bind to the trainer's model, optimizer and state (restored from a checkpoint or
@@ -120,6 +132,9 @@ class ReplicaGroup:
                          console=self.rank == 0)  # one line per change: the first group's
         self.participants = participants
         batches.aim(self.result.state.position, self.rank, participants)
+        if self.samples is not None and self.batches is None:
+            self._sampled({"dataset_samples": len(batches.dataset)})
+        self.batches = batches
 
     def _no_lighthouse(self, exc: Exception) -> DistributedError:
         return DistributedError(
@@ -132,6 +147,10 @@ class ReplicaGroup:
         """Every gradient, the loss and a job-wide stop request averaged over this step's
         live groups in one all-reduce, so that the NaN guard and a stop of the whole job
         decide alike in every group. Returns the mean loss (what ddp logs)."""
+        if self.samples is not None:  # before the all-reduce: what this attempt adds to it
+            self._sampled({"step": self.result.state.step + 1, "group": self.group,
+                           "rank": self.rank, "participants": self.participants,
+                           "samples": self.batches.read})
         params = [p for p in model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         dtype = grads[0].dtype if grads else torch.float32
@@ -153,7 +172,10 @@ class ReplicaGroup:
 
     def commit(self) -> bool:
         """torchft's vote: True when every live group's step went through."""
-        return self.manager.should_commit()
+        committed = self.manager.should_commit()
+        if self.samples is not None:
+            self._sampled({"step": self.result.state.step + 1, "committed": committed})
+        return committed
 
     def stop(self, run) -> int:
         """The stop every live group agreed at this step's all-reduce (0: none)."""
@@ -182,8 +204,14 @@ class ReplicaGroup:
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 
+    def _sampled(self, line: dict[str, Any]) -> None:
+        assert self.samples is not None
+        os.write(self.samples, (json.dumps(line) + "\n").encode())  # one write: whole lines
+
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+        if self.samples is not None:
+            os.close(self.samples)
 
     def _record(self, kind: str, step: int, text: str, console: bool) -> None:
         if self.run.is_main:
