@@ -38,7 +38,7 @@ import ft_vs_restart  # noqa: E402
 from ft_vs_restart import command, punish  # noqa: E402
 
 from ft_replay import each_sample_once, recorded, replay  # noqa: E402
-from phalanx.ft.replica import SAMPLES  # noqa: E402
+from phalanx.cluster.protocol import FT_SAMPLES as SAMPLES  # noqa: E402
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "10", "--eval-batches", "2",

@@ -20,6 +20,7 @@ LAUNCHED = "PHALANX_LAUNCHED"  # "1": Phalanx's own launcher started this rank
 LAUNCHER_PID = "PHALANX_LAUNCHER_PID"  # the pid of the Phalanx process that started this one
 MULTINODE = "PHALANX_MULTINODE"  # "1": the job spans several machines (rank 0 checks the run)
 ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
+FT_SAMPLES = "PHALANX_FT_SAMPLES"  # "1": torchft groups record each step attempt's samples
 LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
 RANK_LOGS = "PHALANX_RANK_LOGS"  # DIR: each worker's output goes to DIR/rank-N.log
 VERIFIED_CHECKPOINT = "PHALANX_VERIFIED_CHECKPOINT"  # path + checksum the launcher verified

@@ -46,8 +46,6 @@ from phalanx.report.events import record_event
 from phalanx.report.sink import drop_from
 from phalanx.strategies.guards import fingerprints, named_state
 
-SAMPLES = "PHALANX_FT_SAMPLES"  # "1": record each step attempt's samples (module docstring)
-
 
 def _torchft_logs_to_rank_log() -> None:
     """torchft logs each failure it handles with a traceback (a peer gone mid-all-reduce):
@@ -94,7 +92,7 @@ class ReplicaGroup:
         self.recording = False  # ft-steps.jsonl trimmed to this process's first step
         self.batches: Any = None
         self.samples = open_append(Path(out_dir) / "ft-samples.jsonl") if out_dir is not None \
-            and run.is_main and os.environ.get(SAMPLES) == "1" else None  # (tests)
+            and run.is_main and os.environ.get(protocol.FT_SAMPLES) == "1" else None  # (tests)
 
     def attach(self, result: Any) -> None:
         """Bind to the trainer's model, optimizer and state (restored from a checkpoint or
