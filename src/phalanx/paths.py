@@ -315,12 +315,12 @@ def replacing(path: str | os.PathLike, mode: int = 0o666):
         shutil.rmtree(private, ignore_errors=True)
 
 
-def open_append(path: str | os.PathLike, mode: int = 0o666) -> int:
-    """A descriptor appending to `path` (created if missing); a link there is refused
-    (`link_error`), not followed."""
+def open_append(path: str | os.PathLike, mode: int = 0o666, *, fresh: bool = False) -> int:
+    """A descriptor appending to `path` (created if missing; `fresh`: emptied first, for a
+    stream a run starts afresh); a link there is refused (`link_error`), not followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                       | os.O_CLOEXEC, mode)
+        return os.open(path, flags | (os.O_TRUNC if fresh else 0), mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP or os.path.islink(path):
             raise link_error(Path(path), "in the run directory") from None

@@ -17,6 +17,7 @@ from phalanx.config.sections import Config
 from phalanx.data.corpus import check_data
 from phalanx.errors import Interrupted
 from phalanx.launch.agent import plan_launch, start_workers
+from phalanx.paths import atomic_write, ensure_dir
 
 
 def parent(cfg: Config, *, repeats: int, steps: int, warmup: int, peers: bool,
@@ -24,8 +25,7 @@ def parent(cfg: Config, *, repeats: int, steps: int, warmup: int, peers: bool,
     """Bench `cfg`'s step (`peers`: beside a plain DDP loop, Accelerate and Fabric) in
     `repeats` timed blocks of `steps` steps after `warmup`; exit code 0."""
     check_data(cfg.data)  # `--data`, `--tokenizer` readable before anything is written
-    out = prepare_out_dir(cfg.train.out) / "bench"
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(prepare_out_dir(cfg.train.out) / "bench", "in the run directory")
     plan = plan_launch(cfg.dist)  # as `phalanx train` launches; always workers here
     spec = {"config": cfg.to_dict(), "repeats": repeats, "steps": steps,
             "warmup": warmup, "out": str(out), "threads": plan.threads}
@@ -35,7 +35,7 @@ def parent(cfg: Config, *, repeats: int, steps: int, warmup: int, peers: bool,
                       "scaling": scaling}, plan, out / "raw.json")
     except Interrupted as exc:  # the workers kept the rounds they completed, if any
         raise Interrupted(exc.signum, _partial(out, exc.signum)) from None
-    (out / "results.json").write_text(json.dumps(res, indent=2))
+    atomic_write(out / "results.json", json.dumps(res, indent=2))  # a link: replaced
     path = report.write(res, out)
     print(path.read_text())
     print(f"wrote: {', '.join(map(str, [path, out / 'results.json', *report.plots_of(out)]))}")
@@ -49,7 +49,7 @@ def _partial(out: Path, signum: int) -> str:
     res = json.loads(raw.read_text()) if raw.is_file() else None
     if not res or not res.get("stopped"):
         return f"stopped by {name} before the first timed round ended: no report."
-    (out / "results.json").write_text(json.dumps(res, indent=2))
+    atomic_write(out / "results.json", json.dumps(res, indent=2))  # a link: replaced
     path = report.write(res, out)
     return (f"stopped by {name} after {res['repeats']} complete round(s): partial report at "
             f"{path}.")

@@ -1,11 +1,15 @@
-"""OUT/bench/report.md and its plots, from the raw results (results.json)."""
+"""OUT/bench/report.md and its plots, from the raw results (results.json). Each is
+written whole through `paths.atomic_write`: a link planted at its name is replaced, never
+written through; a link at OUT/bench itself is refused (`paths.ensure_dir`)."""
 
 from __future__ import annotations
 
+import io
 import statistics
 from pathlib import Path
 
 from phalanx.bench import flops, stats
+from phalanx.paths import atomic_write, ensure_dir
 
 GOALS = {"plain": 1.00, "accelerate": 0.95, "fabric": 0.95}  # no goal for strategy baselines
 
@@ -157,8 +161,7 @@ def peers_plot(res: dict, path: Path) -> None:
     ax.set_ylabel("ms per step (median, min–max)")
     ax.set_title("The same training step, four ways")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def scaling_plot(scaling: dict, path: Path) -> None:
@@ -177,8 +180,15 @@ def scaling_plot(scaling: dict, path: Path) -> None:
     ax.set_ylim(0, 110)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> None:
+    """The figure as PNG at `path` (matplotlib would open the name: through a link)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    atomic_write(path, buf.getvalue())
 
 
 def plots(res: dict, out: Path) -> None:
@@ -194,8 +204,6 @@ def plots_of(out: Path) -> list[Path]:
 
 
 def write(res: dict, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out, "where `phalanx bench` writes")
     plots(res, out)
-    path = out / "report.md"
-    path.write_text(render(res))
-    return path
+    return atomic_write(out / "report.md", render(res))

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from phalanx.paths import ensure_dir, replacing
 from phalanx.report.progress import PhaseProgress
 from phalanx.runtime.step import optimizer_step
 from phalanx.strategies.base import BackwardSyncControl
@@ -108,8 +109,9 @@ def breakdown(run, step, out: Path, n: int, repeats: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(n):
             synced()
-    out.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(out / f"trace-rank{run.rank}.json"))
+    ensure_dir(out, "where `phalanx bench` writes")
+    with replacing(out / f"trace-rank{run.rank}.json") as tmp:  # a link there: replaced
+        prof.export_chrome_trace(str(tmp))
     phases = {e.key.split("::")[1]: e.cpu_time_total / 1e3 / n for e in prof.key_averages()
               if e.key.startswith("phalanx::")}
     collectives = {k: v / n for k, v in _collective_ms(prof).items()}

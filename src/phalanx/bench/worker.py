@@ -14,6 +14,7 @@ from phalanx.bench import defaults, flops, peers, runner, scaling
 from phalanx.config.sections import from_dict
 from phalanx.data.corpus import prepare_data
 from phalanx.models import build_model
+from phalanx.paths import atomic_write
 from phalanx.runtime.choice import choose_here
 from phalanx.runtime.join import init
 from phalanx.strategies import build, choose_for_script
@@ -71,7 +72,7 @@ def _write_result(spec, cfg, run, times, names, variant_info, prof, sweep,
            "peers": {name: times[name] for name in names}, "profile": prof, "scaling": sweep,
            "defaults": [{**d, "times": times[d["label"]]} for d in variant_info],
            "stopped": stopped}
-    Path(spec["result"]).write_text(json.dumps(res))
+    atomic_write(spec["result"], json.dumps(res))  # a link planted there: replaced
 
 
 def baseline_step(cfg, tokens, run) -> dict:

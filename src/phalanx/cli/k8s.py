@@ -31,6 +31,7 @@ from typing import Any
 from phalanx.cli.cluster_job import add_job_argument, check_value, job_of, show
 from phalanx.config.flags import add_config_flags, count, resolve
 from phalanx.errors import UserError
+from phalanx.paths import atomic_write
 
 SUMMARY = ("Render a Kubeflow PyTorchJob manifest that runs `phalanx train` (or, with `run "
            "SCRIPT`, your script under `phalanx run`) on N nodes.")
@@ -201,7 +202,8 @@ def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
             + to_yaml(manifest(ns, cfg, argv)))
     if ns.manifest:
         try:
-            Path(ns.manifest).expanduser().write_text(text)
+            # as `phalanx slurm --script`: written whole, a link at the name replaced
+            atomic_write(Path(ns.manifest).expanduser(), text)
         except OSError as exc:
             raise UserError(f"cannot write `{ns.manifest}` (`--manifest`): "
                             f"{exc.strerror}.") from None

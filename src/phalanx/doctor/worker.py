@@ -12,6 +12,7 @@ from phalanx.cluster import protocol
 from phalanx.cluster.env import global_rank, has_ranks, launched_world, local_rank
 from phalanx.doctor import checks as report
 from phalanx.errors import DistributedError
+from phalanx.paths import atomic_write
 from phalanx.strategies import spec
 
 
@@ -64,9 +65,8 @@ def _verdict(failed: bool) -> int:
     path = os.environ.get(protocol.DOCTOR_RESULT)
     if path is None:
         return 1 if failed else 0
-    if local_rank() == 0:
-        with open(path, "w") as f:
-            f.write("1" if failed else "0")
+    if local_rank() == 0:  # a link planted at the name is replaced, never written through
+        atomic_write(path, "1" if failed else "0")
     return 0
 
 

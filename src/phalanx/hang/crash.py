@@ -4,10 +4,13 @@ A watched rank has `faulthandler` write every Python thread's stack to
 `<report dir>/.phalanx-crash-rank<R>.txt` if it dies of a fatal signal; the launcher
 reads the main thread's stack from there and says where the rank was — the same
 description as the hang report. The file is removed when the rank exits normally.
+It is created new (a stale one, or a link planted at its name, is removed first — never
+followed) and read back without following a link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import re
@@ -19,6 +22,7 @@ from phalanx.hang.stacks import Activity, Frame, describe
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 _TB_FRAME = re.compile(r'File "(.+)", line (\d+), in (.+)')
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def crash_file(report_dir: Path, rank: int) -> Path:
@@ -31,7 +35,10 @@ class CrashRecorder:
         self.file = None
         try:
             report_dir.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "w")  # noqa: SIM115 — open until exit
+            with contextlib.suppress(FileNotFoundError):  # stale, or a link: removed
+                os.unlink(self.path)
+            fd = os.open(self.path, _CREATE, 0o666)  # planted again meanwhile: refused
+            self.file = os.fdopen(fd, "w")  # noqa: SIM115 — open until exit
             self.file.write(f"main-thread {threading.main_thread().ident:#018x}\n")
             self.file.flush()
             faulthandler.enable(file=self.file, all_threads=True)
@@ -68,8 +75,10 @@ def crashed_at(report_dir: str | None, rank: int) -> Activity | None:
     if not report_dir:
         return None
     path = crash_file(Path(report_dir), rank)
-    try:
-        stack = main_stack_from_dump(path.read_text(errors="replace"))
+    try:  # not through a link, not blocking on a FIFO
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            stack = main_stack_from_dump(fh.read().decode(errors="replace"))
     except OSError:
         return None
     return _with_code(describe(stack)) if stack else None

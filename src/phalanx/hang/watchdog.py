@@ -35,7 +35,7 @@ from phalanx.hang import flight_recorder
 from phalanx.hang.crash import CrashRecorder
 from phalanx.hang.report import build_report
 from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
-from phalanx.paths import HANG_REPORT
+from phalanx.paths import HANG_REPORT, atomic_write
 
 HANG_EXIT_CODE = 3
 REPORT_NAME = HANG_REPORT
@@ -196,7 +196,7 @@ class Watchdog:
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
+            atomic_write(path, text + "\n")  # a link planted there: replaced
             text += f"\n(report written to {path})"
         except OSError as exc:
             text += f"\n(could not write {path}: {exc.strerror})"

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.paths import RunDir
+from phalanx.paths import RunDir, open_append
 from phalanx.report.records import check_event, read_records
 
 # `phalanx run`'s launcher records these: the run began, or ended in one of three ways
@@ -40,7 +41,8 @@ def record_event(out_dir: RunDir | Path | None, kind: str, step: int, message: s
     line = {"step": int(step), "kind": kind, "message": message,
             "time": datetime.datetime.fromtimestamp(time.time() if when is None else when)
             .isoformat(timespec="seconds")}
-    with open(RunDir(out_dir).events, "a", encoding="utf-8") as fh:
+    # a link planted at events.jsonl: refused in one line, never appended through
+    with os.fdopen(open_append(RunDir(out_dir).events), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
 

@@ -6,17 +6,21 @@ not a JSON object), says so once, and a resumed run rewrites the file without it
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.paths import open_append
+
 
 class MetricsWriter:
-    """Starts the file afresh, or appends when `append` (a resumed run)."""
+    """Starts the file afresh, or appends when `append` (a resumed run); a link planted
+    at its name is refused in one line (`paths.link_error`), never written through."""
 
     def __init__(self, path: Path, append: bool = False) -> None:
         self.path = path
-        self._fh = open(path, "a" if append else "w", encoding="utf-8")
+        self._fh = os.fdopen(open_append(path, fresh=not append), "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(record) + "\n")
