@@ -1,6 +1,6 @@
 """Precision of `phalanx lint` on real public distributed-training code, repeatable.
 
-    python benchmarks/lint_study.py --mirrors /work/.mirror [--json OUT]
+    python benchmarks/lint_study.py --mirrors /work/.mirror [--json OUT] [--figures OUT]
 
 For each project in benchmarks/lint_study/projects.json (repo, commit, paths) it checks
 out exactly those paths at that commit (from a local mirror, `--mirrors DIR` laid out as
@@ -247,6 +247,8 @@ def parse_args() -> argparse.Namespace:
                     help="judge every warning of a set with at most this many")
     ap.add_argument("--all", action="store_true", help="judge every warning")
     ap.add_argument("--json", type=Path, help="write scores and findings here")
+    ap.add_argument("--figures", type=Path, help="write the published figures here "
+                    "(per rule, per class; benchmarks/results/lint_study.json)")
     ap.add_argument("--verbose", action="store_true", help="list the judged findings too")
     return ap.parse_args()
 
@@ -288,6 +290,10 @@ def main() -> int:
     if len(groups) > 1:
         totals["overall"] = print_table(results, "overall")
     print_lists(results, gone, args.verbose)
+    if args.figures:
+        from lint_study_figures import figures  # noqa: PLC0415 (beside this script)
+        fig = figures({title.split(" (")[0]: rs for title, rs in groups})
+        args.figures.write_text(json.dumps(fig, indent=1) + "\n")
     if args.json:
         for r in results:
             r.pop("warnings", None)

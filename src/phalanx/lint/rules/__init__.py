@@ -25,3 +25,8 @@ BY_CODE = {rule.code: rule for rule in ALL}
 # true on public code: RNG, scheduler and CPU-saved states); an explicit
 # weights_only=False (a deliberate choice, judged false on a run's own caches)
 OPT_IN = frozenset({"PX703", "PX705", "PX501", "PX502", "PX704"})
+# "hygiene": style, deprecation or cleanup that never deadlocks, crashes or computes a wrong
+# result (nn.DataParallel, the deprecated torch.cuda.amp, no destroy_process_group,
+# find_unused_parameters); every other rule is "analysis" (flow of collectives, ranks,
+# devices, data). benchmarks/lint_study.py reports the two classes' precision apart.
+HYGIENE = frozenset({"PX101", "PX603", "PX702", "PX703"})
