@@ -176,9 +176,6 @@ REVIEWED = {  # (file, function): why it cannot write through a link planted by 
     ("bench/runner.py", "breakdown"): "into paths.replacing's private folder",
     ("report/plots.py", "_plot"): "into an io.BytesIO (then paths.atomic_write)",
     ("cluster/startup_trace.py", "mark"): "PHALANX_STARTUP_TRACE: a file the user names",
-    # the rank log (opened O_NOFOLLOW by cluster/ranklogs) reopened by name by logging:
-    # a link planted after ranklogs opened it would be followed — left to phalanx.ft's owner
-    ("ft/replica.py", "_torchft_logs_to_rank_log"): "not fixed here (phalanx.ft)",
 }
 
 

@@ -6,8 +6,9 @@ JSON); exit 1 when any check fails."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
+import shutil
+import tempfile
 
 from phalanx.cluster import protocol
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
@@ -36,17 +37,17 @@ def run_doctor(ns: argparse.Namespace, argv: list[str]) -> int:
     file, as the workers exit 0 so that the agent does not restart them."""
     from phalanx.launch.agent import launch_or_work
 
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"phalanx-doctor-{os.getpid()}.code")
+    private = tempfile.mkdtemp(prefix="phalanx-doctor-")  # 0700: no name another user
+    path = os.path.join(private, "verdict")  # of the machine could plant a link at
     options = {"model": ns.model, "strategy": ns.strategy,
                "init_timeout_s": ns.init_timeout_s, "as_json": ns.json}
-    code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],
-                          lambda _threads: worker(**options),
-                          env={protocol.DOCTOR_RESULT: path})
     try:
+        code = launch_or_work(dist_config(ns), ["-m", "phalanx", "doctor", *argv],
+                              lambda _threads: worker(**options),
+                              env={protocol.DOCTOR_RESULT: path})
+        if not os.path.exists(path):  # under another launcher
+            return code
         with open(path) as f:
             return int(f.read() or 0)
-    except FileNotFoundError:  # under another launcher
-        return code
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        shutil.rmtree(private, ignore_errors=True)

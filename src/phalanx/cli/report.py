@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from phalanx.errors import UserError
-from phalanx.paths import RunDir
+from phalanx.paths import RunDir, atomic_write
 
 SUMMARY = "Rebuild a run directory's report.html (and optionally a screenshot of it)."
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -56,25 +56,31 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 9000) -> 
         raise UserError("no Chromium found for --screenshot (looked for "
                         f"{', '.join(BROWSERS)}); install it, e.g. `apt install chromium`.")
     with tempfile.TemporaryDirectory(prefix="phalanx-chromium-") as profile:
+        shot = Path(profile) / "page.png"  # rendered in private, then renamed into place:
         cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                "--no-first-run", f"--user-data-dir={profile}", f"--window-size={width},{height}",
-               f"--screenshot={png.resolve()}", page.resolve().as_uri()]
+               f"--screenshot={shot}", page.resolve().as_uri()]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0 or not png.is_file():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"Chromium could not render `{page}` (exit {done.returncode}): "
-                        f"{tail[0]}.")
-    crop_background(png)
+        if done.returncode != 0 or not shot.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"Chromium could not render `{page}` (exit {done.returncode}): "
+                            f"{tail[0]}.")
+        atomic_write(png, crop_background(shot.read_bytes()))  # a link at `png`: replaced
     return png
 
 
-def crop_background(png: Path, margin: int = 24) -> None:
-    """Cut the rows below the last one that differs from the page's background."""
+def crop_background(png: bytes, margin: int = 24) -> bytes:
+    """The PNG without the rows below the last one that differs from the background."""
+    import io
+
     from PIL import Image, ImageChops
 
-    with Image.open(png) as image:
+    with Image.open(io.BytesIO(png)) as image:
         rgb = image.convert("RGB")
     background = Image.new("RGB", rgb.size, rgb.getpixel((0, rgb.height - 1)))
     box = ImageChops.difference(rgb, background).getbbox()
-    if box is not None and box[3] + margin < rgb.height:
-        rgb.crop((0, 0, rgb.width, box[3] + margin)).save(png)
+    if box is None or box[3] + margin >= rgb.height:
+        return png
+    out = io.BytesIO()
+    rgb.crop((0, 0, rgb.width, box[3] + margin)).save(out, format="PNG")
+    return out.getvalue()

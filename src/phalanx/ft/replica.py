@@ -53,8 +53,9 @@ def _torchft_logs_to_rank_log() -> None:
     logger = logging.getLogger("torchft")
     logger.setLevel(logging.WARNING)
     path = os.environ.get(protocol.RANK_LOG_FILE)
-    if path:
-        logger.addHandler(logging.FileHandler(path))
+    if path:  # appended without following a link (not logging.FileHandler's by-name open)
+        stream = os.fdopen(open_append(path), "a", buffering=1, encoding="utf-8")
+        logger.addHandler(logging.StreamHandler(stream))
         logger.propagate = False
 
 
