@@ -74,7 +74,8 @@ class RunDir:
     # a run's results: moved with its checkpoints when a new run starts fresh in the directory
     RESULTS: ClassVar[tuple[str, ...]] = (
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
-        "run_config.json", HANG_REPORT, "ft-steps.jsonl")  # (a torchft group's membership)
+        "run_config.json", HANG_REPORT, "ft-steps.jsonl",  # (a torchft group's membership)
+        "ft-samples.jsonl")  # (PHALANX_FT_SAMPLES: its step attempts' samples)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
         object.__setattr__(self, "root", Path(root))
