@@ -54,6 +54,9 @@ def main() -> int:
               for m, c in counts.items()]
     total = sum(c["PASSED"] for c in counts.values())
     lines.append(f"total: {total}/{ns.n} passed")
+    failed = [ln for ln in done.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "E "))]
+    if failed:  # why each failed: pytest's assertion lines, for the record
+        lines += ["failures:", *(f"  {ln[:600]}" for ln in failed[:80])]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
