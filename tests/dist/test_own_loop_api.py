@@ -35,7 +35,9 @@ def test_position_is_honoured_in_epoch_mode(run):
 
 def test_the_cursor_counts_the_batches_handed_out_not_those_fetched_ahead(run):
     data = TensorDataset(torch.arange(40))
-    loader = run.loader(data, batch_size=4, num_workers=1)
+    # a spawned worker: a worker forked from this test process (threads of earlier tests
+    # alive in it) segfaulted once in CI's full run — fork after threads, not the cursor
+    loader = run.loader(data, batch_size=4, num_workers=1, multiprocessing_context="spawn")
     it = iter(loader)
     next(it), next(it)
     assert loader.state_dict()["position"] == 8
