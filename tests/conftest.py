@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from textgen import make_text  # noqa: E402
+
+FULL = os.environ.get("PHALANX_FULL") == "1"  # every case of the long matrices (on demand)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A case marked `full` (a long matrix's case outside CI's sample) is skipped, with the
+    reason said, unless PHALANX_FULL=1."""
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="a long matrix's case outside CI's sample: PHALANX_FULL=1 "
+                                   "runs it")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

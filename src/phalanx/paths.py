@@ -100,6 +100,7 @@ class RunDir:
     events = property(lambda self: self.root / "events.jsonl")
     run_config = property(lambda self: self.root / "run_config.json")
     environment = property(lambda self: self.root / "environment.json")
+    job = property(lambda self: self.root / "job.json")  # the launcher's job (launch.job)
     model = property(lambda self: self.root / "model.safetensors")
     model_config = property(lambda self: self.root / "config.json")
     loss_plot = property(lambda self: self.root / "loss.png")
@@ -111,6 +112,10 @@ class RunDir:
     def replica(self, name: str) -> Path:
         """Replica group NAME's run directory in a `--fault-tolerance torchft` run."""
         return self.root / f"replica-{name}"
+
+    def group_job(self, name: str) -> Path:
+        """The job a torchft launcher hands replica group NAME (`launch.job`)."""
+        return self.root / f"job-replica-{name}.json"
 
     def replicas(self) -> list[Path]:
         """The replica groups' run directories in it (a torchft run's), by name."""

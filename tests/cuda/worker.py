@@ -102,7 +102,7 @@ def strategy_steps(strategy: str, steps: int, state_path: str) -> dict:
     import torch
 
     import phalanx
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     cfg = config({"preset": "small"}, micro_batch_size=8, lr=2e-3)
     with phalanx.init(seed=cfg.train.seed, strategy=strategy) as run:
@@ -238,7 +238,7 @@ def checkpoint_stall(root: str, preset: str = "gpt2-124m") -> dict:
     """gpt2-124m + AdamW state: a synchronous save, then async saves (pinned staging
     buffers), copy-first and overlapped; each save's stall (`run.checkpoint_timings`)."""
     import phalanx
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     cfg = config({"preset": preset}, micro_batch_size=4)
     with phalanx.init(seed=0) as run:
@@ -308,7 +308,7 @@ def throughput(steps: int = 30, warmup: int = 10, micro_batch_size: int = 8,
     import phalanx
     from phalanx.bench.flops import flops_per_token, matmul_params
     from phalanx.runtime import peaks
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     cfg = config({"preset": preset}, micro_batch_size=micro_batch_size, optimizer="muon")
     m = cfg.model

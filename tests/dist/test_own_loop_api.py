@@ -167,7 +167,7 @@ def test_each_micro_step_draws_its_own_masks_and_a_resume_replays_them(run, tmp_
 
 def test_a_checkpoint_from_before_the_micro_step_seeding_resumes_saying_so(
         run, tmp_path, capsys, monkeypatch):
-    from phalanx.runtime import checkpoints
+    from phalanx.runtime import save_resume as checkpoints
 
     model, opt = run.setup(nn.Linear(2, 2), lambda p: torch.optim.SGD(p, lr=0.1))
     run.save(tmp_path / "new", 3, model, opt)

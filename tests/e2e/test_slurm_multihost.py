@@ -149,7 +149,8 @@ def _latest(out: Path) -> str:
         return ""
 
 
-@pytest.mark.parametrize("silent", [False, True], ids=["processes-die", "power-loss"])
+@pytest.mark.parametrize("silent", [pytest.param(False, marks=pytest.mark.full), True],
+                         ids=["processes-die", "power-loss"])  # CI: the silent loss
 def test_a_lost_host_is_named_and_the_requeued_job_resumes_exactly(
         cluster, tmp_path, small_corpus_file, cache_dir, local_runs, silent):
     """Host h2 is lost mid-run: every process on it killed at once (slurmd, slurmstepd,

@@ -29,6 +29,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import job_counts
 import procs
 
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
@@ -47,10 +48,11 @@ TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32
         "--threads-per-rank", "1", "--tokenizer", "bytes"]
 
 
-def _train(out: Path, corpus: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+def _train(out: Path, corpus: Path, cache: Path, *extra: str,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "phalanx", "train", *TINY, "--data",
                            str(corpus), "--cache-dir", str(cache), "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -70,9 +72,16 @@ def _events(replica: Path, kind: str) -> list[dict]:
 
 def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_file,
                                                          cache_dir):
+    counted = job_counts.env(tmp_path)
     ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, "--fault-tolerance", "torchft",
-                "--sample-tokens", "8")
+                "--sample-tokens", "8", env=counted)
     assert ft.returncode == 0, ft.stdout + ft.stderr
+    # one job, decided once (issue 42): the command line parsed by the launcher only (each
+    # group's launcher and its rank start from the job they are handed; before: all 5
+    # parsed), the strategy decided once in each of the 5 processes (before: twice)
+    per_pid = job_counts.read(counted)
+    assert len(job_counts.parsers(per_pid)) == 1 and len(per_pid) == 5, per_pid
+    assert all(c["parse"] <= 1 and c["choose"] == 1 for c in per_pid.values()), per_pid
     said = [(line[:4], line[4:8]) for line in ft.stdout.splitlines()
             if line[4:].startswith(("done: ", "--- sample ---"))]
     assert said == [("g0| ", "--- "), ("g0| ", "done")], said  # one group says them (40.14)

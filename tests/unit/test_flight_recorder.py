@@ -15,7 +15,7 @@ import pytest
 from torch.distributed.flight_recorder.components.loader import read_dump
 
 from phalanx.hang import flight_recorder as fr
-from phalanx.hang.report import build_report
+from phalanx.hang.diagnosis import build_report
 from phalanx.hang.stacks import Frame
 from phalanx.hang.watchdog import HANG_EXIT_CODE, REPORT_NAME, _stack_answer
 

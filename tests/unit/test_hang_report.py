@@ -10,12 +10,12 @@ import time
 import pytest
 import torch.distributed as dist
 
-from phalanx.doctor.worker import wait_for_peers
+from phalanx.doctor.rank_checks import wait_for_peers
 from phalanx.errors import DistributedError
 from phalanx.hang.collectives import module_called
 from phalanx.hang.crash import main_stack_from_dump
+from phalanx.hang.diagnosis import likely_cause
 from phalanx.hang.mismatch import explain
-from phalanx.hang.report import likely_cause
 from phalanx.hang.stacks import Activity, Frame, describe, rank_stack
 from phalanx.hang.uneven import ended_early, loop_left
 from phalanx.hang.watchdog import Beat

@@ -123,7 +123,7 @@ def test_k8s_manifest_replaces_a_link_as_slurm_script_does(tmp_path, outside, ca
 
 def test_doctor_verdict_replaces_a_link(tmp_path, outside, monkeypatch):
     from phalanx.cluster import protocol
-    from phalanx.doctor.worker import _verdict
+    from phalanx.doctor.rank_checks import _verdict
 
     link = planted(tmp_path, "phalanx-doctor-1.code", outside)
     monkeypatch.setenv(protocol.DOCTOR_RESULT, str(link))
@@ -137,7 +137,7 @@ def test_doctor_verdict_replaces_a_link(tmp_path, outside, monkeypatch):
 def test_bench_report_plots_and_results_replace_links(tmp_path, outside):
     from test_bench_report import RESULTS
 
-    from phalanx.bench import report
+    from phalanx.bench import markdown as report
     from phalanx.bench.parent import _partial
 
     out = tmp_path / "run" / "bench"

@@ -172,12 +172,12 @@ def test_explain_shows_both_examples():
 
 
 def test_the_rules_page_is_generated_from_the_rules():
-    from phalanx.lint.report import rules_markdown
+    from phalanx.lint.output import rules_markdown
 
     page = Path(__file__).parents[2] / "docs" / "lint-rules.md"
     assert page.read_text() == rules_markdown(ALL), (
         "docs/lint-rules.md is stale: regenerate it with "
-        "python -c 'from phalanx.lint.report import rules_markdown; "
+        "python -c 'from phalanx.lint.output import rules_markdown; "
         "from phalanx.lint.rules import ALL; print(rules_markdown(ALL), end=\"\")' "
         "> docs/lint-rules.md")
 

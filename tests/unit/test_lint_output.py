@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from phalanx.cli.lint import chosen_rules
-from phalanx.lint import report
+from phalanx.lint import output as report
 from phalanx.lint.engine import Finding
 from phalanx.lint.rules import ALL, BY_CODE, OPT_IN
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phalanx.runtime.step import optimizer_step
+from phalanx.runtime.train_step import optimizer_step
 
 
 @pytest.fixture

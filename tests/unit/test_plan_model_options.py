@@ -22,7 +22,7 @@ from phalanx.plan import formulas as f
 from phalanx.plan.devices import device
 from phalanx.plan.estimate import VARIANTS, minigpt_facts, optimizer_bytes, optimizer_layout
 from phalanx.plan.recommend import facts_for, parameter_count, plan, planned_vocab
-from phalanx.plan.report import print_plan
+from phalanx.plan.tables import print_plan
 from phalanx.runtime.muon import hidden_matrices, muon_adamw
 from phalanx.runtime.optim import adamw
 from phalanx.train.cpu_estimate import flops_per_step

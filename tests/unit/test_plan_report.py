@@ -11,7 +11,7 @@ from phalanx.config.sections import build_config
 from phalanx.plan.devices import device
 from phalanx.plan.estimate import VARIANTS
 from phalanx.plan.recommend import plan, recommend
-from phalanx.plan.report import print_measured, print_plan, short_moment
+from phalanx.plan.tables import print_measured, print_plan, short_moment
 
 LABELS = [v.label for v in VARIANTS]
 

@@ -1,5 +1,5 @@
 """The launching side of `phalanx bench`: the ranks started once, as `phalanx train`
-starts them (phalanx.bench.worker in each), their measurement read back, the report
+starts them (phalanx.bench.timed_rank in each), their measurement read back, the report
 written (OUT/bench/report.md, results.json, plots and Chrome traces) and printed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import signal
 from pathlib import Path
 
-from phalanx.bench import report
+from phalanx.bench import markdown as report
 from phalanx.bench.peers import PEERS
 from phalanx.checkpoint.rundir import prepare_out_dir
 from phalanx.cluster import protocol

@@ -18,7 +18,7 @@ import torch
 from phalanx.data import TokenWindows
 from phalanx.models import build_model
 from phalanx.runtime.optim import adamw
-from phalanx.runtime.step import micro_steps, optimizer_step
+from phalanx.runtime.train_step import micro_steps, optimizer_step
 
 PEERS = ("plain", "accelerate", "fabric", "phalanx")
 PACKAGES = {"accelerate": "accelerate", "fabric": "lightning"}

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from phalanx.paths import ensure_dir, replacing
 from phalanx.report.progress import PhaseProgress
-from phalanx.runtime.step import optimizer_step
+from phalanx.runtime.train_step import optimizer_step
 from phalanx.strategies.base import BackwardSyncControl
 
 

@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
     """The launching process: `phalanx.bench.parent`; each rank it starts comes back here
-    under the launcher: `phalanx.bench.worker` (both import torch: imported here)."""
+    under the launcher: `phalanx.bench.timed_rank` (both import torch: imported here)."""
     if under_launcher():
-        from phalanx.bench.worker import worker
+        from phalanx.bench.timed_rank import worker
 
         return worker(json.loads(os.environ[protocol.BENCH_PHASE]))
     from phalanx.bench import peers as peer_impls

@@ -23,6 +23,7 @@ from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.ranklogs import log_traceback, quiet_worker
 from phalanx.cluster.startup_trace import mark, process_started
 from phalanx.errors import DistributedError, Interrupted, UserError, storage_errors
+from phalanx.launch.job import handed_job
 from phalanx.version import __version__
 
 VERBS = {
@@ -43,6 +44,9 @@ VERBS = {
     "export": (export_command.add_arguments, export_command.run_export,
                "Write a checkpoint's weights as one .safetensors file plus config.json."),
 }
+
+
+FROM_JOB = {"train": train_command.run_job}  # verbs whose workers start from a job file
 
 
 class Parser(argparse.ArgumentParser):
@@ -94,10 +98,9 @@ def _main(argv: list[str] | None) -> int:
     mark("phalanx imported")
     die_with_agent()
     quiet_worker()  # under Phalanx's launcher: this rank's output goes to its log
-    ns = parse(build_parser(), argv)
     try:
         with storage_errors():  # a full or read-only disk is the user's to fix (exit 2)
-            return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
+            return _run_verb(argv)
     except UserError as exc:
         left_uncaught(exc)
         if not record_for_agent(exc):  # under Phalanx's launcher, the launcher says it once
@@ -120,6 +123,17 @@ def _main(argv: list[str] | None) -> int:
         if isinstance(exc, Exception) and log_traceback(exc):
             return 1
         raise
+
+
+def _run_verb(argv: list[str]) -> int:
+    """The verb: a worker of Phalanx's launcher starts from the job it was handed (the
+    command line was parsed once, by the launcher); anything else parses ARGV."""
+    job = handed_job()
+    if job is not None and argv[:1] == [job.verb] and job.verb in FROM_JOB:
+        return FROM_JOB[job.verb](job)
+    ns = parse(build_parser(), argv)
+    mark("command line parsed")
+    return VERBS[ns.verb][1](ns, argv[argv.index(ns.verb) + 1:])
 
 
 def left_uncaught(exc: BaseException) -> None:

@@ -12,7 +12,7 @@ import tempfile
 
 from phalanx.cluster import protocol
 from phalanx.config.flags import add_launch_flags, dist_config, seconds
-from phalanx.doctor.worker import worker
+from phalanx.doctor.rank_checks import worker
 from phalanx.strategies import SPECS, default_name
 
 SUMMARY = ("Check environment, process group, collectives, bandwidth, stragglers and a "

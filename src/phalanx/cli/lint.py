@@ -206,7 +206,7 @@ def _shown(globs: tuple[str, ...]) -> str:
 
 
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.lint import report
+    from phalanx.lint import output as report
     from phalanx.lint.files import patterns, python_files
     from phalanx.lint.fix import FixBroke
     from phalanx.lint.rules import BY_CODE

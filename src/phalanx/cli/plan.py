@@ -72,7 +72,7 @@ def planned_world(ns: argparse.Namespace, cfg) -> int:
 
 
 def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
-    from phalanx.plan.report import print_measured, print_plan
+    from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
     if ns.model_states and (ns.measure or ns.simulate):

@@ -56,7 +56,8 @@ def run_verify_resume(ns: argparse.Namespace, argv: list[str]) -> int:
     check_data_fits(cfg, splits)
     check_model(cfg, splits.vocab_size)
     code = run_ranks(cfg, "verify-resume", argv,  # the ranks' logs: root/logs
-                     lambda threads: work(cfg, splits, root, threads), root)
+                     lambda threads, choice: work(cfg, splits, root, threads, choice),
+                     root)
     if code == 0 and (root / VERDICT).is_file():
         code = int((root / VERDICT).read_text())
     if under_launcher():  # every rank gets here: the launching command cleans up, if any

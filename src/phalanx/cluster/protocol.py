@@ -28,6 +28,7 @@ HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"  # seconds: start the hang watchdog (`phal
 HANG_REPORT_DIR = "PHALANX_HANG_REPORT_DIR"  # where hang reports and stacks are written
 DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers write findings here
 BENCH_PHASE = "PHALANX_BENCH_PHASE"  # JSON: which `phalanx bench` phase a worker runs
+JOB = "PHALANX_JOB"  # FILE: the job the launcher decided; its workers start from it
 RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the script's run.out (phalanx.init)
 FT_GROUP = "PHALANX_FT_GROUP"  # torchft: this process tree is replica group N (phalanx.ft)
 FT_LIGHTHOUSE = "PHALANX_FT_LIGHTHOUSE"  # torchft: the lighthouse's address for the group
@@ -40,7 +41,6 @@ WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no seco
 # set by the user or the test suite
 STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
 FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)
-FAULT_MATRIX = "PHALANX_FAULT_MATRIX"  # the test suite: run every fault case
 FAULT_ANNOUNCED = "PHALANX_FAULT_ANNOUNCED"  # the PHALANX_FAULT value already said (faults)
 
 

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from phalanx.config.fields import (
     MAX_PROCS,
     MAX_TIMEOUT_S,
     _at_most,
     _check_values,
-    _field,
     _positive,
-    flag_of,
     opt,
 )
 from phalanx.config.nccl import PRESET_NAMES
-from phalanx.config.strategy import GRAD_SYNC, SPECS, choose, foreign_options
+from phalanx.config.strategy import GRAD_SYNC, SPECS, refuse_foreign
 from phalanx.errors import UserError
 
 STRATEGIES = tuple(SPECS)
@@ -141,19 +137,8 @@ class DistConfig:
                             f"`--nnodes {self.nnodes}`.")
         if self.rdzv_endpoint:
             endpoint(self.rdzv_endpoint)
-        # before launch the world is known only from --nproc-per-node (auto: likely several
-        # ranks, so ddp); only the name is read here, the options are the worker's
-        chosen = choose(self, self.nproc_per_node or 2, grad_accum=1).name
-        defaults = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(self)})
-        foreign = foreign_options(self, chosen, defaults)
-        if foreign:
-            f = _field(self, foreign[0])
-            owners = [s.name for s in SPECS.values() if f.name.startswith(s.flag_prefix)
-                      and s.flag_prefix]
-            raise UserError(f"`{flag_of(f)}` is an option of `--strategy "
-                            f"{'/'.join(owners) or 'ddp/zero'}`, and this run uses "
-                            f"`{chosen}`: it would have no effect. Drop it, or choose that "
-                            f"strategy.")
+        if self.strategy:  # named: its options are checked now; `auto` is settled for
+            refuse_foreign(self, self.strategy)  # the world the run gets (`choose`)
         if self.hang_timeout_s >= self.timeout_s:
             raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
                             f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "

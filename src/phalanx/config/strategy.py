@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+from phalanx.config.fields import flag_of
 from phalanx.errors import UserError
 
 
@@ -192,6 +194,7 @@ def choose(dist_cfg: Any, world: int, grad_accum: int) -> StrategyChoice:
     ranks; its options from the `[dist]` fields, settled for `grad_accum` micro-steps per
     optimizer step (the spec's rule, e.g. DDP's static graph only without accumulation)."""
     found = spec(dist_cfg.strategy or default_name(world))
+    refuse_foreign(dist_cfg, found.name)  # `auto`'s options checked for the world it got
     options = found.options_from(dist_cfg)
     if found.settle is not None:
         options = found.settle(options, grad_accum)
@@ -203,6 +206,25 @@ def choose_for_script(name: str | None, world: int, **options: Any) -> StrategyC
     default for `world` ranks) with exactly the options given, checked against its spec."""
     found = spec(name or default_name(world))
     return StrategyChoice(found, found.make_options(**options), world)
+
+
+def refuse_foreign(dist_cfg: Any, chosen: str) -> None:
+    """A `[dist]` option of another strategy than `chosen`, set away from its default, is
+    refused in one line: it would have no effect. (A section that is not a dataclass — a
+    test's stand-in — has no defaults to compare with: nothing to check.)"""
+    if not dataclasses.is_dataclass(dist_cfg):
+        return
+    fields = {f.name: f for f in dataclasses.fields(dist_cfg)}
+    defaults = SimpleNamespace(**{n: f.default for n, f in fields.items()})
+    foreign = foreign_options(dist_cfg, chosen, defaults)
+    if foreign:
+        f = fields[foreign[0]]
+        owners = [s.name for s in SPECS.values() if f.name.startswith(s.flag_prefix)
+                  and s.flag_prefix]
+        raise UserError(f"`{flag_of(f)}` is an option of `--strategy "
+                        f"{'/'.join(owners) or 'ddp/zero'}`, and this run uses "
+                        f"`{chosen}`: it would have no effect. Drop it, or choose that "
+                        f"strategy.")
 
 
 def foreign_options(dist_cfg: Any, chosen: str, defaults: Any) -> list[str]:

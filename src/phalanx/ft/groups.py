@@ -92,12 +92,14 @@ def replica_dir(out: Path, name: str) -> Path:
 
 
 def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
-               complete: Callable[[Path], bool]) -> int:
+               complete: Callable[[Path], bool],
+               hand: Callable[[str, list[str]], dict[str, str]]) -> int:
     """Start the lighthouse (unless `--lighthouse`) and the groups, each with `threads`
     torch threads; wait for them all (`check(cfg)` first). A run one group has completed
     (`complete(its folder)`: at `--max-steps`, its outputs written) starts nothing: the
     groups behind it must not train on alone; a higher `--max-steps` or `--resume never`
-    is not complete."""
+    is not complete. `hand(name, its command line)`: the variables that hand group NAME
+    the job its launcher decided (`phalanx.launch.job`): it parses no command line."""
     groups = group_count(cfg.dist)
     names = [group_name(g, cfg.dist.lighthouse is not None) for g in range(groups)]
     done = next((n for n in names if complete(replica_dir(out, n))), None)
@@ -124,7 +126,7 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
           f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
     try:
         groups_ = Groups(names, store, out)
-        groups_.start(argv, address, threads, start)
+        groups_.start(argv, address, threads, start, hand)
         return groups_.wait(cfg.dist.ft_join_timeout_s + 10)
     finally:
         if server is not None:
@@ -143,12 +145,14 @@ class Groups:
         self.signals: list[int] = []
         self.marked: set[str] = set()  # groups marked as ended in the store
 
-    def start(self, argv: list[str], address: str, threads: int,
-              start: dict[str, str]) -> None:
+    def start(self, argv: list[str], address: str, threads: int, start: dict[str, str],
+              hand: Callable[[str, list[str]], dict[str, str]]) -> None:
         for name in self.names:
+            command = group_command(argv, self.out, name, threads)
             env = {**os.environ, protocol.FT_GROUP: name, protocol.FT_LIGHTHOUSE: address,
-                   protocol.LAUNCHER_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1", **start}
-            proc = subprocess.Popen(group_command(argv, self.out, name, threads), env=env,
+                   protocol.LAUNCHER_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1", **start,
+                   **hand(name, command[3:])}
+            proc = subprocess.Popen(command, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
             pump = threading.Thread(target=_pump, args=(proc, f"g{name}| "), daemon=True)

@@ -33,7 +33,7 @@ from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang import flight_recorder
 from phalanx.hang.crash import CrashRecorder
-from phalanx.hang.report import build_report
+from phalanx.hang.diagnosis import build_report
 from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
 from phalanx.paths import HANG_REPORT, atomic_write
 

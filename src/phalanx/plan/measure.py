@@ -43,7 +43,7 @@ def measure(run, cfg, steps: int = 3) -> dict:
     from phalanx.models import build_model
     from phalanx.plan.recommend import planned_vocab
     from phalanx.runtime.optim import make_optimizer
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     t = cfg.train
     gen = torch.Generator().manual_seed(run.rank)
@@ -83,7 +83,7 @@ def warmed_tracker(run, cfg, model, opt, acc, data):
     into them), tracked from the start as "other" memory."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     grads: list = []
     for _ in range(WARMUP):

@@ -72,7 +72,7 @@ def _tracked_steps(run, cfg, model, opt, vocab: int, recorder, steps: int) -> di
     under the memory tracker: the peak's components, its moment and the collectives."""
     import torch
 
-    from phalanx.runtime.step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import micro_steps, optimizer_step
 
     t = cfg.train
     shape = (t.micro_batch_size, cfg.model.block_size)

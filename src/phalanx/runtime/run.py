@@ -29,9 +29,9 @@ from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
-from phalanx.runtime.checkpoints import CheckpointMethods
-from phalanx.runtime.stepping import StepMethods
-from phalanx.runtime.stepping import derive_seed as derive_seed  # (its old home)
+from phalanx.runtime.clip_and_step import StepMethods
+from phalanx.runtime.clip_and_step import derive_seed as derive_seed  # (its old home)
+from phalanx.runtime.save_resume import CheckpointMethods
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
 from phalanx.strategies.precision import Precision

@@ -31,7 +31,7 @@ from phalanx.report.events import warn
 from phalanx.report.run_report import write_environment
 from phalanx.runtime.optim import make_optimizer
 from phalanx.runtime.run import Run
-from phalanx.runtime.step import micro_steps, optimizer_step
+from phalanx.runtime.train_step import micro_steps, optimizer_step
 from phalanx.strategies.precision import Precision
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.logger import Logger

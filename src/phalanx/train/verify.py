@@ -122,11 +122,11 @@ def clear(root: RunDir | Path, logs: bool = False) -> None:
         Path(root).rmdir()  # (a RunDir has no rmdir)
 
 
-def work(cfg: Config, splits, root: RunDir, threads: int | None) -> int:
+def work(cfg: Config, splits, root: RunDir, threads: int | None, choice=None) -> int:
     from phalanx.train.loop import train  # torch: in the ranks, not the launching process
 
     n, half = cfg.train.max_steps, cfg.train.max_steps // 2
-    with init_run(cfg, threads, root) as run:  # a hang report goes there too
+    with init_run(cfg, threads, root, choice) as run:  # a hang report goes there too
         if run.is_main:
             clear(root)
         run.barrier()

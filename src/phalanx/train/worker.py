@@ -12,7 +12,6 @@ from phalanx.cluster.env import global_rank
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.cluster.protocol import (
     in_replica_group,
-    one_machine_worker,
     phalanx_worker,
     under_launcher,
 )
@@ -49,11 +48,11 @@ def check_model(cfg: Config, vocab_size: int) -> None:
 def owns_run_dir(cfg: Config) -> bool:
     """Whether this process is the run directory's one writer-to-be: the launcher of a
     one-machine job, or under a launcher (torchrun, SLURM, Phalanx's own for several
-    machines) the global rank 0. Phalanx's own one-machine workers run under a launcher
-    that holds the lock already."""
+    machines) the global rank 0. (Phalanx's own one-machine workers never ask: they start
+    from the job their launcher, which holds the lock, hands them — `launch.job`.)"""
     if not under_launcher():
         return cfg.dist.node_range()[1] == 1  # several machines: global rank 0 locks
-    return not one_machine_worker() and global_rank() == 0
+    return global_rank() == 0
 
 
 def complete_quietly(cfg: Config, out: RunDir) -> bool:
@@ -85,13 +84,16 @@ def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
             f"{shlex.join(['phalanx', 'train', *args])}")
 
 
-def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None):
+def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None,
+             choice: StrategyChoice | None = None):
     """`phalanx.init` with the config's backend and the strategy chosen once for the world
-    it joins; the hang watchdog reports into `out`."""
+    it joins (`choice`: decided already by this process, as the launcher of a rank it runs
+    itself); the hang watchdog reports into `out`."""
     import phalanx
 
     d = cfg.dist
-    return phalanx.init(cfg.train.seed, backend=d.backend, strategy=choose_strategy(cfg),
+    return phalanx.init(cfg.train.seed, backend=d.backend,
+                        strategy=choose_strategy(cfg) if choice is None else choice,
                         timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
                         hang_timeout_s=d.hang_timeout_s or None, hang_report_dir=out,
                         debug_collectives=d.debug_collectives)
@@ -112,7 +114,7 @@ def strategy_options(cfg: Config, world: int | None = None) -> dict:
 
 
 def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = None,
-           argv: list[str] | None = None) -> int:
+           argv: list[str] | None = None, choice: StrategyChoice | None = None) -> int:
     """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
     signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).
     A signal once every step is done does not stop the final outputs (seconds): the
@@ -122,7 +124,7 @@ def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = 
     # closing barrier is inside it too — a rank waiting there while rank 0 writes the
     # outputs takes a copy of the signal (the launcher forwards what a Ctrl-C also
     # delivered) as the same request, not as a KeyboardInterrupt that exits 130
-    with init_run(cfg, threads, out) as run, \
+    with init_run(cfg, threads, out, choice) as run, \
             run.catch_stop_signals(lambda signum: _acknowledge(run, cfg, signum)):
         code = _train(cfg, run, splits, out, argv)
         run.close()

@@ -32,7 +32,7 @@ from phalanx.checkpoint.store import load_checkpoint, param_groups
 from phalanx.cluster import protocol
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.errors import UserError
-from phalanx.runtime.stepping import SEEDING
+from phalanx.runtime.clip_and_step import SEEDING
 from phalanx.runtime.world_change import WORLD_KEY, script_resume, world_record
 
 LOADER_KEY = "phalanx.loader"  # in a checkpoint's meta: the loader's cursor

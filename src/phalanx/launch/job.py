@@ -1,0 +1,129 @@
+"""One job, decided once: what a Phalanx launcher settled for the run (the settings, the
+run directory, the checkpoint it verified, the torchft group, the layout requested),
+handed to every worker it starts as one versioned JSON file (`OUT/job.json`, its path in
+`PHALANX_JOB`). A worker starts from it — it does not parse the command line again — and
+decides only what belongs to its attempt (the world it joined, its rank, the strategy for
+that world: `runtime.choice.choose_here`, once per process), since an elastic restart can
+change the world.
+
+Under `torchrun` or a plain `srun` there is no Phalanx launcher: each rank is its own
+launcher, parses once and writes no job file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.cluster import protocol
+from phalanx.config.sections import Config, from_dict
+from phalanx.errors import UserError
+from phalanx.paths import RunDir, atomic_write, parse_json, read_regular, shown
+from phalanx.version import __version__
+
+FORMAT = 1  # the job file's layout; a change that old readers would misread bumps it
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout requested, as mesh dimensions (torchtitan's names): pipeline
+    stages, replicated and sharded data-parallel groups, tensor-parallel ranks. Today
+    every run is one data-parallel dimension over the whole world (its strategy says
+    whether it replicates or shards), so each is 1: `check` refuses anything else."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    def check(self) -> None:
+        """Every term said in one place: whole numbers >= 1, and (today) all 1."""
+        for name, value in dataclasses.asdict(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"the job's layout `{name}` must be a whole number >= 1, got "
+                                f"{value!r}.")
+        above = [f"{k}={v}" for k, v in dataclasses.asdict(self).items() if v != 1]
+        if above:
+            raise UserError(f"the job asks for a parallel layout ({', '.join(above)}) that "
+                            f"this version of Phalanx does not build: every run is data "
+                            f"parallel over its whole world (--strategy). Leave each at 1.")
+
+
+@dataclass(frozen=True)
+class Job:
+    """The run-wide part of a job, decided once by the launcher."""
+
+    verb: str  # the command whose workers start from it ("train")
+    config: Config
+    out: Path  # the run directory, absolute
+    argv: tuple[str, ...]  # the command line as given (said back in "Resume with: …")
+    verified: dict[str, str] = field(default_factory=dict)  # protocol.VERIFIED_CHECKPOINT
+    ft_group: str | None = None  # the torchft replica group this launcher runs, if any
+    layout: Layout = Layout()
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT, "phalanx": __version__, "verb": self.verb,
+            "config": self.config.to_dict(), "out": str(self.out), "argv": list(self.argv),
+            "verified": dict(self.verified), "ft_group": self.ft_group,
+            "layout": dataclasses.asdict(self.layout)}, indent=1, sort_keys=True)
+
+
+def write(job: Job, path: Path | None = None) -> Path:
+    """`OUT/job.json` (or `path`), replaced atomically and without following a link (the
+    caller holds the lock of the run directory it is in)."""
+    job.layout.check()
+    return atomic_write(path or RunDir(job.out).job, job.to_json() + "\n")
+
+
+def from_json(text: str | bytes, where: str) -> Job:
+    """The job in `text`; a file from another format or Phalanx version, or not a job at
+    all, is a UserError in one line naming `where`."""
+    try:
+        data = parse_json(text)
+    except ValueError as exc:
+        raise UserError(f"the job file {where} is not JSON ({exc}).") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT \
+            or data.get("phalanx") != __version__:
+        found = data.get("phalanx") if isinstance(data, dict) else None
+        raise UserError(f"the job file {where} was written by "
+                        f"{'Phalanx ' + str(found) if found else 'something else'}, not by "
+                        f"this Phalanx {__version__} (job format {FORMAT}): a worker starts "
+                        f"only from its own launcher's job. Start the run again with one "
+                        f"Phalanx version on every machine.")
+    try:
+        layout = Layout(**data["layout"])
+        job = Job(verb=str(data["verb"]), config=from_dict(data["config"], f"the job file "
+                                                           f"{where}"),
+                  out=Path(data["out"]), argv=tuple(str(a) for a in data["argv"]),
+                  verified={str(k): str(v) for k, v in data["verified"].items()},
+                  ft_group=data["ft_group"], layout=layout)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"the job file {where} is incomplete or malformed ({exc!r}).") from None
+    layout.check()
+    return job
+
+
+def load(path: str | os.PathLike[str]) -> Job:
+    """Read the job a launcher handed this worker (regular file, no link followed)."""
+    where = f"`{shown(path)}` (PHALANX_JOB)"
+    data = read_regular(Path(path), where, "It is written by Phalanx's launcher; start the "
+                        "run with `phalanx train`.")
+    if data is None:
+        raise UserError(f"the job file {where} does not exist: the launcher writes it before "
+                        f"it starts the workers.")
+    return from_json(data, where)
+
+
+def handed_job(environ: Any = None) -> Job | None:
+    """The job this process was handed by the Phalanx launcher that started it (as one of
+    its ranks, or as a torchft replica group); else None."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(protocol.JOB)
+    handed = protocol.phalanx_worker(environ) or protocol.FT_GROUP in environ
+    if not path or not handed:  # a worker, or a torchft replica group's launcher
+        return None
+    return load(path)
