@@ -46,11 +46,11 @@ def test_a_two_rank_run_parses_once_and_each_process_decides_once(tmp_path, corp
     assert job["config"]["dist"]["nproc_per_node"] == 2
 
 
-def test_auto_with_another_strategys_option_is_refused_for_the_world_it_gets(tmp_path,
-                                                                             corpus_file,
-                                                                             cache_dir):
-    """`auto` is settled once the world is known (2 ranks: ddp), where the option of
-    another strategy is refused in one line, before any worker starts or job is written."""
+def test_an_option_of_another_strategy_is_refused_before_anything_is_decided(tmp_path,
+                                                                            corpus_file,
+                                                                            cache_dir):
+    """`auto` on 2 ranks is ddp: an fsdp option is refused in one line by the config's
+    check, before a strategy is decided, a worker starts or a job is written."""
     out = tmp_path / "run"
     proc, per_pid = _counted_run(tmp_path, ["train", *ARGS, "--fsdp-grad-sync", "last",
                                             "--data", str(corpus_file), "--cache-dir",
@@ -59,4 +59,5 @@ def test_auto_with_another_strategys_option_is_refused_for_the_world_it_gets(tmp
     assert proc.stderr.strip().splitlines() == [
         "phalanx: error: `--fsdp-grad-sync` is an option of `--strategy fsdp`, and this run "
         "uses `ddp`: it would have no effect. Drop it, or choose that strategy."]
-    assert len(per_pid) == 1 and not (out / "job.json").exists()
+    assert len(per_pid) == 1 and not (out / "job.json").exists(), per_pid
+    assert not any(c["choose"] for c in per_pid.values()), per_pid

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.bench import flops, report, stats
+from phalanx.bench import flops, stats
+from phalanx.bench import markdown as report
 from phalanx.models import GPTConfig, MiniGPT
 
 

@@ -14,7 +14,7 @@ from phalanx.config.fields import (
     opt,
 )
 from phalanx.config.nccl import PRESET_NAMES
-from phalanx.config.strategy import GRAD_SYNC, SPECS, refuse_foreign
+from phalanx.config.strategy import GRAD_SYNC, SPECS, default_name, refuse_foreign
 from phalanx.errors import UserError
 
 STRATEGIES = tuple(SPECS)
@@ -137,8 +137,10 @@ class DistConfig:
                             f"`--nnodes {self.nnodes}`.")
         if self.rdzv_endpoint:
             endpoint(self.rdzv_endpoint)
-        if self.strategy:  # named: its options are checked now; `auto` is settled for
-            refuse_foreign(self, self.strategy)  # the world the run gets (`choose`)
+        # before launch the world is known only from --nproc-per-node (auto: likely several
+        # ranks, so ddp — at 1 rank a ddp option is harmless); the name only, by the
+        # registry's default rule: the strategy itself is decided by `choose`, once per process
+        refuse_foreign(self, self.strategy or default_name(self.nproc_per_node or 2))
         if self.hang_timeout_s >= self.timeout_s:
             raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
                             f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "

@@ -194,7 +194,6 @@ def choose(dist_cfg: Any, world: int, grad_accum: int) -> StrategyChoice:
     ranks; its options from the `[dist]` fields, settled for `grad_accum` micro-steps per
     optimizer step (the spec's rule, e.g. DDP's static graph only without accumulation)."""
     found = spec(dist_cfg.strategy or default_name(world))
-    refuse_foreign(dist_cfg, found.name)  # `auto`'s options checked for the world it got
     options = found.options_from(dist_cfg)
     if found.settle is not None:
         options = found.settle(options, grad_accum)
@@ -210,10 +209,7 @@ def choose_for_script(name: str | None, world: int, **options: Any) -> StrategyC
 
 def refuse_foreign(dist_cfg: Any, chosen: str) -> None:
     """A `[dist]` option of another strategy than `chosen`, set away from its default, is
-    refused in one line: it would have no effect. (A section that is not a dataclass — a
-    test's stand-in — has no defaults to compare with: nothing to check.)"""
-    if not dataclasses.is_dataclass(dist_cfg):
-        return
+    refused in one line: it would have no effect."""
     fields = {f.name: f for f in dataclasses.fields(dist_cfg)}
     defaults = SimpleNamespace(**{n: f.default for n, f in fields.items()})
     foreign = foreign_options(dist_cfg, chosen, defaults)
