@@ -9,6 +9,7 @@ copies the launcher's environment into each worker) and in torch's error file.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 from collections.abc import Mapping
@@ -89,13 +90,26 @@ def srun_task(environ: Mapping[str, str]) -> bool:
 def record_for_agent(exc: BaseException) -> bool:
     """Under torch's elastic agent, leave the error where the agent reports it from.
     True when Phalanx's own launcher will print it (so the worker need not)."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+    real = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not real or not isinstance(exc, Exception):
         return False
     from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
     handler = get_error_handler()
     handler.initialize()
-    handler.record_exception(exc)
+    # torch writes the file in place (open "w", then json.dump): a signal in between (the
+    # agent stopping the ranks after a peer died) left an empty file, and the agent, parsing
+    # it, crashed the launcher with a JSONDecodeError traceback. Written beside it, renamed
+    # over it once whole: the agent finds the whole record or none.
+    tmp = f"{real}.partial"
+    os.environ["TORCHELASTIC_ERROR_FILE"] = tmp
+    try:
+        handler.record_exception(exc)
+        os.replace(tmp, real)
+    finally:
+        os.environ["TORCHELASTIC_ERROR_FILE"] = real
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return phalanx_worker()
 
 
