@@ -111,10 +111,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
-        splits = prepare_data(cfg.data, log=lambda line: None)  # rank 0 says the notes
-        mark("corpus checked")
-        return run_ranks(cfg, "train", argv,
-                         lambda t, c: worker(cfg, splits, out, t, choice=c), out)
+        return _ranks(cfg, out, argv)
     if cfg.dist.fault_tolerance == "none":  # (a torchft group: its launcher checked)
         one_run(out, False, cfg.train.resume)
     with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
@@ -160,10 +157,15 @@ def run_job(job: Job) -> int:
     if not phalanx_worker():  # a torchft replica group's launcher: its run, as handed
         return train_config(cfg, list(job.argv))
     with storage_errors(out):
-        splits = prepare_data(cfg.data, log=lambda line: None)  # the launcher said the notes
-        mark("corpus checked")
-        return run_ranks(cfg, "train", list(job.argv),
-                         lambda t, c: worker(cfg, splits, out, t, list(job.argv), c), out)
+        return _ranks(cfg, out, list(job.argv))
+
+
+def _ranks(cfg: Config, out: RunDir, argv: list[str]) -> int:
+    """A process that checks nothing (rank 0 or the launcher did, and says the notes):
+    the corpus read, then this process's rank(s) (`run_ranks`)."""
+    splits = prepare_data(cfg.data, log=lambda line: None)
+    mark("corpus checked")
+    return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c), out)
 
 
 @contextlib.contextmanager

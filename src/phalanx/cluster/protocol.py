@@ -113,10 +113,11 @@ def record_for_agent(exc: BaseException) -> bool:
     return phalanx_worker()
 
 
-def replica_group() -> tuple[str, str] | None:
+def replica_group(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """(this replica group's name, the lighthouse's address) when this `phalanx train` is
     one replica group of a torchft job (started by `phalanx.ft.groups`), else None."""
-    group, lighthouse = os.environ.get(FT_GROUP), os.environ.get(FT_LIGHTHOUSE)
+    e = os.environ if environ is None else environ
+    group, lighthouse = e.get(FT_GROUP), e.get(FT_LIGHTHOUSE)
     return None if group is None or lighthouse is None else (group, lighthouse)
 
 

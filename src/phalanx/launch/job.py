@@ -123,7 +123,7 @@ def handed_job(environ: Any = None) -> Job | None:
     its ranks, or as a torchft replica group); else None."""
     environ = os.environ if environ is None else environ
     path = environ.get(protocol.JOB)
-    handed = protocol.phalanx_worker(environ) or protocol.FT_GROUP in environ
+    handed = protocol.phalanx_worker(environ) or protocol.replica_group(environ) is not None
     if not path or not handed:  # a worker, or a torchft replica group's launcher
         return None
     return load(path)
