@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_LINE = re.compile(r"^step (\d+)/\d+ ")
 MODEL = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32",
          "--micro-batch-size", "4", "--eval-every", "100", "--eval-batches", "2",
          "--log-every", "10", "--sample-tokens", "0", "--nproc-per-node", "2",
@@ -98,21 +100,41 @@ def _pump(stream, sink: list) -> None:
         sink.append(line.rstrip("\n"))
 
 
-def _await_progress(proc: subprocess.Popen, lines: list, seen: int, limit_s: float = 300) -> int:
+def _await_progress(proc: subprocess.Popen, lines: list, seen: int,
+                    limit_s: float = 300) -> tuple[int, int]:
     """Wait for a life's first step after console line `seen` (the gap between kills is counted
     from the first step of each life, so a slow start-up on a loaded machine still
-    leaves every life its seconds of training); the index to wait past next time."""
+    leaves every life its training); the index to wait past next time, and that step."""
     end = time.monotonic() + limit_s
     while proc.poll() is None and time.monotonic() < end:
-        if any("first step done" in line for line in lines[seen:]):
-            break
+        firsts = [line for line in lines[seen:] if "first step done" in line]
+        if firsts:
+            return len(lines), _step_of(firsts[-1]) or 0
         time.sleep(0.05)
-    return len(lines)
+    return len(lines), 0
+
+
+def _step_of(line: str) -> int | None:
+    """N of a console line `step N/TOTAL | …` (None for other lines)."""
+    found = STEP_LINE.match(line)
+    return int(found.group(1)) if found else None
+
+
+def _live(proc: subprocess.Popen, lines: list, first: int, gap: float, in_steps: bool) -> None:
+    """Let the life that started at step `first` train `gap` seconds (or, `in_steps`, until it
+    logs step `first + gap`: as many kills on a slow machine as on a fast one)."""
+    deadline = time.monotonic() + (300 if in_steps else gap)
+    while proc.poll() is None and time.monotonic() < deadline:
+        if in_steps and max((_step_of(line) or 0 for line in lines[-3:]), default=0) >= first + gap:
+            return
+        time.sleep(0.02 if in_steps else 0.05)
 
 
 def punish(out: Path, corpus: Path, cache: Path, steps: int, every: int,
-           gap_s: tuple[float, float], seed: int = 0, say=print) -> ChaosResult:
-    """Train to `steps` under kills every `gap_s` seconds; relaunch a killed launcher."""
+           gap: tuple[float, float], seed: int = 0, say=print,
+           in_steps: bool = False) -> ChaosResult:
+    """Train to `steps` under kills every `gap` seconds (`in_steps`: every `gap` steps, counted
+    from each life's first step); relaunch a killed launcher."""
     rng = random.Random(seed)
     result, start = ChaosResult(), time.monotonic()
     while True:
@@ -124,10 +146,8 @@ def punish(out: Path, corpus: Path, cache: Path, steps: int, every: int,
         reader.start()
         seen = 0
         while proc.poll() is None:
-            seen = _await_progress(proc, lines, seen)
-            deadline = time.monotonic() + rng.uniform(*gap_s)
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            seen, first = _await_progress(proc, lines, seen)
+            _live(proc, lines, first, rng.uniform(*gap), in_steps)
             if proc.poll() is not None:
                 break
             what = rng.choice(["rank", "mid-write", "launcher"])

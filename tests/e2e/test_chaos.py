@@ -1,6 +1,6 @@
 """The chaos run, short (issue 25, item 2; the long one: `python benchmarks/chaos.py`):
-ranks, ranks mid-checkpoint-write and the launcher itself are SIGKILLed every few
-seconds while `phalanx train --max-restarts 1000` runs; the run finishes, prints no
+ranks, ranks mid-checkpoint-write and the launcher itself are SIGKILLed every 60-120 steps
+while `phalanx train --max-restarts 1000` runs; the run finishes, prints no
 traceback, each restart is one console line, and the weights are bit-identical to an
 uninterrupted run's."""
 
@@ -14,13 +14,13 @@ from chaos import punish, same_weights, straight_run  # noqa: E402
 
 
 def test_a_punished_run_ends_bit_identical(tmp_path, corpus_file, cache_dir):
-    # ~80 steps/s here once started: each life trains 1-2 s (80-160 steps, past a
-    # checkpoint) before its kill, so 800 steps take several lives even on a machine twice
-    # as fast (with 400 steps and 3-6 s lives, CI's run finished after one kill)
-    steps, every = 800, 20
+    # each life trains 60-120 steps past its first step before its kill (counted in steps,
+    # not seconds: a slower machine gets as many kills, not fewer steps per life — with
+    # 1-2 s lives a loaded CI machine reached step 381 of 800 in 300 s): about five lives
+    steps, every = 400, 20
     straight_run(tmp_path / "straight", corpus_file, cache_dir, steps, every)
-    chaos = punish(tmp_path / "chaos", corpus_file, cache_dir, steps, every, (1.0, 2.0),
-                   seed=1, say=lambda line: None)
+    chaos = punish(tmp_path / "chaos", corpus_file, cache_dir, steps, every, (60, 120),
+                   seed=1, say=lambda line: None, in_steps=True)
     console = "\n".join(chaos.console)
     assert chaos.exit_codes[-1] == 0, console
     assert len(chaos.kills) >= 2, chaos.kills
