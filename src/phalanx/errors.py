@@ -71,10 +71,22 @@ class Interrupted(PhalanxError):
     """The job was stopped by a signal (Ctrl-C / SIGTERM); exits with 128 + the signal."""
 
     def __init__(self, signum: int, message: str = "") -> None:
-        import signal
-
         self.signum = int(signum)
         self.exit_code = 128 + self.signum
-        name = signal.Signals(self.signum).name if self.signum in signal.valid_signals() \
-            else f"signal {self.signum}"
-        super().__init__(message or f"stopped by {name}.")
+        super().__init__(message or stopped_line(self.signum, "", None))
+
+
+def signal_name(signum: int) -> str:
+    """SIGINT for 2; `signal 99` for a number that names no signal."""
+    import signal
+
+    return signal.Signals(signum).name if signum in signal.valid_signals() \
+        else f"signal {signum}"
+
+
+def stopped_line(signum: int, kept: str, command: str | None) -> str:
+    """How a stopped run ends (`phalanx train`, `phalanx run`, a torchft group): the signal,
+    what the run keeps (`kept`, e.g. "checkpoint step-40 is committed"; "": nothing to say)
+    and the command that resumes it (None: another process says it)."""
+    line = f"stopped by {signal_name(signum)}{': ' + kept if kept else ''}"
+    return f"{line}." if command is None else f"{line}. Resume with: {command}"

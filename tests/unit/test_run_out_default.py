@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.cli.run import _job_out
+from phalanx.launch.script_run import _job_out
 from phalanx.errors import UserError
 
 

@@ -1,36 +1,15 @@
-"""`phalanx train`: check everything that can be checked before launching, then launch
-workers (or, under torchrun/SLURM, be one) and train on the public API."""
+"""`phalanx train`: the command line parsed into a config; the run itself (checks,
+launch, a worker's start from its job) is launch.train_run's."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import os
-import signal
-from pathlib import Path
 
-from phalanx.checkpoint.rundir import RunDirLock, one_run, prepare_out_dir, remove_if_unused
-from phalanx.cluster import protocol
-from phalanx.cluster.faults import announce
-from phalanx.cluster.protocol import phalanx_worker, under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.flags import add_config_flags, resolve
-from phalanx.config.sections import Config
-from phalanx.data.corpus import check_data, prepare_data
-from phalanx.errors import Interrupted, UserError, storage_errors
-from phalanx.launch.job import Job
-from phalanx.launch.job import write as write_job
-from phalanx.launch.ranks import run_ranks
-from phalanx.paths import RunDir, refuse_link
-from phalanx.train.worker import (
-    check_data_fits,
-    check_model,
-    complete_quietly,
-    owns_run_dir,
-    stopped_line,
-    worker,
-)
+from phalanx.launch.train_run import run_job, train_config
+
+__all__ = ["add_arguments", "run_job", "run_train"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,148 +20,3 @@ def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     mark("config resolved")
     return train_config(cfg, argv)
-
-
-def train_config(cfg: Config, argv: list[str]) -> int:
-    """`phalanx train` with the settings `cfg` (`argv`: the command line they came from,
-    said back in "Resume with: …")."""
-    announce()  # checked, and said in one line when set
-    check_data(cfg.data, cfg.train.out)  # `--data`, `--tokenizer` readable (and `--out`
-    # not in `--data`) before anything is written
-    if cfg.model.factory is not None:  # and `--model` importable (built once data is read)
-        from phalanx.models.user import load_factory
-
-        load_factory(cfg.model.factory)
-    group = protocol.replica_group()  # (name, lighthouse): this is a torchft replica group
-    ft_launcher = cfg.dist.fault_tolerance != "none" and group is None
-    if ft_launcher:  # what torchft cannot do yet: refused before anything is written
-        from phalanx.ft.groups import check as check_fault_tolerance
-
-        check_fault_tolerance(cfg)
-    created = not Path(cfg.train.out).expanduser().exists()
-    if group is not None:  # OUT/replica-G is inside the job's OUT: never a link
-        refuse_link(Path(cfg.train.out).expanduser(), "in a torchft run directory")
-    out = prepare_out_dir(cfg.train.out)
-    try:
-        if ft_launcher:
-            return _launch_groups(cfg, out, argv)
-        with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
-            return _train_in(cfg, out, argv, None if group is None else group[0])
-    except UserError:
-        if created:  # refused before anything ran: leave no empty run directory behind
-            remove_if_unused(out)
-        raise
-
-
-def _launch_groups(cfg: Config, out: RunDir, argv: list[str]) -> int:
-    """`--fault-tolerance torchft`: OUT locked and checked as any run directory (no link
-    in it, a replica group's included; one run), then a lighthouse and a `phalanx train`
-    a group, each with its share of the cores."""
-    from phalanx.ft.groups import group_count, run_groups
-    from phalanx.launch.agent import threads_per_rank
-    from phalanx.train.checkpointing import start_lineage
-
-    one_run(out, True, cfg.train.resume)
-    with RunDirLock(out) as lock:
-        lock.record_holder()
-        if cfg.train.resume == "never":  # a fresh start: the earlier run moves aside
-            start_lineage(out, None, lambda line: print(f"phalanx: {line}", flush=True))
-        threads = threads_per_rank(group_count(cfg.dist), cfg.dist.threads_per_rank)
-
-        def hand(name: str, group_argv: list[str]) -> dict[str, str]:
-            """Group NAME's job (one rank, its share of the cores, its OUT/replica-NAME),
-            written in OUT, which this launcher holds locked."""
-            group = dataclasses.replace(
-                cfg, train=dataclasses.replace(cfg.train, out=str(out.replica(name))),
-                dist=dataclasses.replace(cfg.dist, nproc_per_node=1, threads_per_rank=threads))
-            job = Job("train", group, out.replica(name).absolute(), tuple(group_argv),
-                      ft_group=name)
-            return {protocol.JOB: str(write_job(job, out.group_job(name)).absolute())}
-
-        return run_groups(cfg, argv, out.root, threads,
-                          lambda folder: complete_quietly(cfg, RunDir(folder)), hand)
-
-
-def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> int:
-    from phalanx.checkpoint.resume import verified_token
-    from phalanx.train.checkpointing import precheck, start_lineage
-    from phalanx.train.finish import missing_outputs
-
-    if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
-        if complete_quietly(cfg, out):
-            return 0  # rank 0 found the same and does not join the process group
-        return _ranks(cfg, out, argv)
-    if cfg.dist.fault_tolerance == "none":  # (a torchft group: its launcher checked)
-        one_run(out, False, cfg.train.resume)
-    with RunDirLock(out) as lock:  # one run per directory; dropped when this process ends
-        splits = prepare_data(cfg.data)
-        check_data_fits(cfg, splits)
-        check_model(cfg, splits.vocab_size)
-        resume_from, complete = precheck(cfg, out, splits.tokenizer_record(),
-                                         splits.corpus_record())
-        mark("corpus and checkpoints checked")
-        missing = missing_outputs(cfg, out) if complete else []
-        if complete and not missing:
-            print(f"phalanx: {complete}", flush=True)
-            return 0
-        if missing:  # stopped while it wrote them: written again from the last checkpoint
-            assert resume_from is not None  # complete: precheck found a checkpoint
-            print(f"phalanx: the run is complete but {', '.join(missing)} "
-                  f"{'is' if len(missing) == 1 else 'are'} missing: writing "
-                  f"{'it' if len(missing) == 1 else 'them'} from {resume_from.name}.",
-                  flush=True)
-        lock.record_holder()
-        start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
-        verified = {} if resume_from is None else {
-            protocol.VERIFIED_CHECKPOINT: verified_token(resume_from)}
-        job = Job("train", cfg, out.root.absolute(), tuple(argv), verified,
-                  ft_group=group)
-        try:
-            return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c),
-                             out, verified, job)
-        except Interrupted as exc:  # the workers committed a checkpoint and stopped
-            if precheck(cfg, out)[1] and not missing_outputs(cfg, out):
-                print(f"phalanx: {signal.Signals(exc.signum).name} came after the last "
-                      f"step: the run is complete and every output is written.", flush=True)
-                return 0  # nothing to resume
-            raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
-
-
-def run_job(job: Job) -> int:
-    """A worker of Phalanx's launcher: the run as the launcher decided it (`job`), with no
-    command line parsed and nothing decided again but this attempt's own (the world it
-    joins, its rank, the strategy for that world: `train.worker.init_run`)."""
-    cfg, out = job.config, RunDir(job.out)
-    mark("job read")
-    if not phalanx_worker():  # a torchft replica group's launcher: its run, as handed
-        return train_config(cfg, list(job.argv))
-    with storage_errors(out):
-        return _ranks(cfg, out, list(job.argv))
-
-
-def _ranks(cfg: Config, out: RunDir, argv: list[str]) -> int:
-    """A process that checks nothing (rank 0 or the launcher did, and says the notes):
-    the corpus read, then this process's rank(s) (`run_ranks`)."""
-    splits = prepare_data(cfg.data, log=lambda line: None)
-    mark("corpus checked")
-    return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c), out)
-
-
-@contextlib.contextmanager
-def quiet_store_retries(cfg: Config):
-    """A launcher of several machines, before it imports torch: torch's store client
-    prints a C++ trace per retry while the other machines are not up yet; Phalanx says
-    what is wrong in one line (`launch_workers` gives workers torch's level back). The
-    variables are put back afterwards (torch reads the level once, at import)."""
-    quiet = cfg.dist.node_range()[1] > 1 and not under_launcher() \
-        and "TORCH_CPP_LOG_LEVEL" not in os.environ
-    if quiet:
-        os.environ.update({"TORCH_CPP_LOG_LEVEL": "FATAL", protocol.QUIET_CPP: "1"})
-    try:
-        yield
-    finally:
-        if quiet:
-            for name in ("TORCH_CPP_LOG_LEVEL", protocol.QUIET_CPP):
-                os.environ.pop(name, None)
-
-

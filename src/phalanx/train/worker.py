@@ -21,6 +21,7 @@ from phalanx.config.sections import Config
 from phalanx.config.strategy import StrategyChoice, choose
 from phalanx.data.corpus import TokenSplits
 from phalanx.errors import UserError
+from phalanx.errors import stopped_line as said_stopped
 from phalanx.paths import RunDir
 from phalanx.runtime.choice import choose_here
 
@@ -71,17 +72,15 @@ def stopped_line(signum: int, out: RunDir, argv: list[str]) -> str:
     """`stopped by SIGINT: checkpoint step-… is committed. Resume with: phalanx train …`"""
     from phalanx.checkpoint.store import committed_note
 
-    kept = committed_note(out)
     if in_replica_group():  # its launcher (phalanx.ft.groups) says how to resume, once
-        return f"stopped by {signal.Signals(signum).name}: {kept}."
+        return said_stopped(signum, committed_note(out), None)
     args, skip = [], False
     for a in argv:  # the resume command continues: no `--resume never` / PATH
         if skip or a == "--resume" or a.startswith("--resume="):
             skip = a == "--resume"
             continue
         args.append(a)
-    return (f"stopped by {signal.Signals(signum).name}: {kept}. Resume with: "
-            f"{shlex.join(['phalanx', 'train', *args])}")
+    return said_stopped(signum, committed_note(out), shlex.join(["phalanx", "train", *args]))
 
 
 def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None,
