@@ -7,7 +7,8 @@ The script gets a run directory (`--out`, default a new `runs/run-<time>`; locke
 the run's life, so a second run on it is refused), quiet ranks (each rank's output in
 `OUT/logs/rank-R.log`, rank 0's also on the console), the hang watchdog (`--hang-timeout-s`,
 300 s; its report in OUT), `PHALANX_RUN_DIR` = OUT (phalanx.init's `run.out`: metrics,
-checkpoints, stop at the next `run.save`), restarts (`--max-restarts`), `OUT/events.jsonl`
+checkpoints, stop at the next `run.save`), restarts (`--max-restarts`), the strategy
+`phalanx.init` builds (`--strategy`; a script naming another is refused), `OUT/events.jsonl`
 (start, restarts, the end, a failure or a stop) and `OUT/report.html` at the end.
 
 Each rank runs `python -m phalanx.hang SCRIPT ARGS` (SCRIPT as `__main__`, the watchdog
@@ -43,7 +44,8 @@ def seconds_or_off(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser, watch: bool = False) -> None:
     """`phalanx run`'s flags; `watch`: `phalanx watch`'s (the same, plus `--report-dir` for
     `--out`, and a watchdog that cannot be turned off)."""
-    add_launch_flags(parser, extra=("tee_ranks", "max_restarts", "threads_per_rank"))
+    add_launch_flags(parser, extra=("tee_ranks", "max_restarts", "threads_per_rank",
+                                     "strategy"))
     where = parser.add_mutually_exclusive_group()
     new = "watch" if watch else "run"
     where.add_argument("--out", default=None, metavar="DIR",

@@ -89,6 +89,8 @@ def _run_env(run: ScriptRun, out: RunDir) -> dict[str, str]:
     itself under another launcher): the watchdog's settings, and the run directory."""
     env = {protocol.HANG_TIMEOUT: f"{run.hang_timeout_s:g}",
            protocol.HANG_REPORT_DIR: str(out.root), protocol.RUN_DIR: str(out.root)}
+    if run.dist.strategy:  # phalanx.init builds it; a script naming another is refused
+        env[protocol.STRATEGY] = run.dist.strategy
     if run.debug_collectives:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     return env

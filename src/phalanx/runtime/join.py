@@ -94,7 +94,7 @@ def init(seed: int = 0, *, backend: str = "auto",
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
     env = detect_launch_env()
-    choice = _strategy_choice(strategy, env.world_size, strategy_options)
+    choice = _strategy_choice(_as_launched(strategy), env.world_size, strategy_options)
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
         os.environ.setdefault(name, value)
 
@@ -202,6 +202,21 @@ def _close_at_exit(run: Run) -> None:
     if failed and not run._failed and dist.is_initialized():  # marked by the CLI (phalanx
         _exit_within(FAILED_EXIT_S, uncaught)  # run under torchrun/srun), still to close
     run.close(failed=failed)
+
+
+def _as_launched(strategy: str | StrategyChoice | None) -> str | StrategyChoice | None:
+    """The script's strategy, agreed with the launcher's (`phalanx run --strategy NAME`):
+    the launcher's when the script names none; one line when the two differ."""
+    launched = os.environ.get(protocol.STRATEGY)
+    if not launched or strategy is None:
+        return launched or strategy
+    named = strategy.name if isinstance(strategy, StrategyChoice) else strategy
+    if named != launched:
+        raise UserError(f"the script calls phalanx.init(strategy={named!r}), but it was "
+                        f"launched with `phalanx run --strategy {launched}`: the job would "
+                        f"train with a strategy its command line does not say. Drop one of "
+                        f"them, or make both name the same strategy.")
+    return strategy
 
 
 def _strategy_choice(strategy: str | StrategyChoice | None, world: int,
