@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.launch.script_run import _job_out
 from phalanx.errors import UserError
+from phalanx.launch.script_run import _job_out
 
 
 def test_named_after_the_slurm_job_and_step(monkeypatch):
