@@ -1,7 +1,9 @@
 """Test-only (tests/e2e/test_one_job.py puts this folder first on PYTHONPATH): every
 Python process of a run appends `<pid> choose` for each evaluation of
-`phalanx.config.strategy.choose` and `<pid> parse` for each command-line parse
-(`phalanx.cli.dispatch.parse`) to $PHALANX_TEST_COUNT — the real functions wrapped as
+`phalanx.config.strategy.choose`, `<pid> parse` for each command-line parse
+(`phalanx.cli.dispatch.parse`) and `<pid> verify-full` / `verify-manifest` for each
+checkpoint verified with / without its file checksums (`phalanx.checkpoint.store.verify`)
+to $PHALANX_TEST_COUNT — the real functions wrapped as
 their modules finish loading, before any other module imports them by name."""
 
 from __future__ import annotations
@@ -12,15 +14,24 @@ import importlib.machinery
 import os
 import sys
 
+
+def _verify_label(args, kwargs) -> str:
+    """`verify-full` when a checkpoint's file checksums are read, else `verify-manifest`."""
+    contents = kwargs.get("contents", args[1] if len(args) > 1 else True)
+    return "verify-full" if contents else "verify-manifest"
+
+
 WRAP = {"phalanx.config.strategy": ("choose", "choose"), "phalanx.cli.dispatch": ("parse",
-                                                                                   "parse")}
+                                                                                   "parse"),
+        "phalanx.checkpoint.store": ("verify", _verify_label)}
 
 
 def _counted(fn, label):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        said = label(args, kwargs) if callable(label) else label
         with open(os.environ["PHALANX_TEST_COUNT"], "a") as fh:
-            fh.write(f"{os.getpid()} {label}\n")
+            fh.write(f"{os.getpid()} {said}\n")
         return fn(*args, **kwargs)
 
     return wrapper

@@ -209,7 +209,6 @@ def test_a_checkpoint_is_hashed_once_per_start(run, tmp_path, monkeypatch):
     second choice then skips the checksums, unless the manifest changed since."""
     import phalanx.checkpoint.store as store
     from phalanx.checkpoint.resume import verified_token
-    from phalanx.cluster.protocol import VERIFIED_CHECKPOINT as VERIFIED_ENV
 
     model, opt = trained(run)
     path = run.save(tmp_path, 1, model, opt)
@@ -218,9 +217,9 @@ def test_a_checkpoint_is_hashed_once_per_start(run, tmp_path, monkeypatch):
                         lambda p, *a: hashed.append(p.name) or real(p, *a))
     assert newest_valid(tmp_path, print) == path
     assert sorted(hashed) == sorted(json.loads((path / MANIFEST).read_text())["files"])
-    monkeypatch.setenv(VERIFIED_ENV, verified_token(path))
+    token = verified_token(path)  # what the launcher's job hands the workers
     hashed.clear()
-    assert newest_valid(tmp_path, print) == path and hashed == []
+    assert newest_valid(tmp_path, print, token) == path and hashed == []
     data = next(path.glob("*.distcp"))
     raw = bytearray(data.read_bytes())
     raw[-100] ^= 0xFF
@@ -228,7 +227,7 @@ def test_a_checkpoint_is_hashed_once_per_start(run, tmp_path, monkeypatch):
     manifest = json.loads((path / MANIFEST).read_text())
     (path / MANIFEST).write_text(json.dumps(manifest))  # other bytes: not the one verified
     assert "does not match its checksum" in verify(path) and hashed
-    assert newest_valid(tmp_path, lambda line: None) is None
+    assert newest_valid(tmp_path, lambda line: None, token) is None
 
 
 def test_manifests_with_sha256_entries_still_verify(run, tmp_path):

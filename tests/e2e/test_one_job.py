@@ -5,6 +5,7 @@ Counted in a real 2-rank run by wrapping the real functions (tests/counting)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -44,6 +45,18 @@ def test_a_two_rank_run_parses_once_and_each_process_decides_once(tmp_path, corp
     assert job["out"] == str(out.absolute()) and job["argv"][-2:] == ["--out", str(out)]
     assert job["config"]["train"]["max_steps"] == 2
     assert job["config"]["dist"]["nproc_per_node"] == 2
+    assert job["verified"] is None  # a fresh start: nothing to resume
+
+    more = ARGS[:-2] + ["--max-steps", "4"]  # ARGS ends with `--max-steps 2`
+    proc, per_pid = _counted_run(tmp_path, ["train", *more, "--data", str(corpus_file),
+                                            "--cache-dir", str(cache_dir), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = json.loads((out / "job.json").read_text())["verified"]
+    assert resumed.startswith(f"{(out / 'checkpoints' / 'step-00000002').resolve()}|")
+    counts = sum(per_pid.values(), collections.Counter())
+    # the step-2 checkpoint's files are read once per start, by the launcher; rank 0, handed
+    # the job's token, checks its manifest only (the step-4 commit verifies nothing here)
+    assert (counts["verify-full"], counts["verify-manifest"]) == (1, 1), dict(per_pid)
 
 
 def test_an_option_of_another_strategy_is_refused_before_anything_is_decided(tmp_path,

@@ -19,7 +19,7 @@ from phalanx.launch import job as jobs
 def _job(tmp_path: Path, **layout) -> jobs.Job:
     cfg = build_config({"train": {"max_steps": 7}, "dist": {"strategy": "fsdp"}})
     return jobs.Job("train", cfg, tmp_path.absolute(), ("--max-steps", "7"),
-                    {protocol.VERIFIED_CHECKPOINT: "x"}, layout=jobs.Layout(**layout))
+                    "/runs/a/checkpoints/step-00000007|abc", layout=jobs.Layout(**layout))
 
 
 def test_a_written_job_reads_back_equal(tmp_path):

@@ -10,10 +10,10 @@ older run's higher step beat the current run's newest. A `PATH` must be a checkp
 directory that verifies, or a run / checkpoints directory holding one.
 
 A checkpoint is verified once per start: the launcher that checked it before starting
-the workers leaves `PHALANX_VERIFIED_CHECKPOINT` (its path and its manifest's checksum)
-in their environment, and rank 0 then checks everything but the file checksums again
-(the manifest must be the same bytes). Any other checkpoint — a restart that picks a
-newer one — is verified in full.
+the workers names it in the job it hands them (`verified_token`: its path and its
+manifest's checksum; launch.job), and rank 0, given that token as `verified`, checks
+everything but the file checksums again (the manifest must be the same bytes). Any other
+checkpoint — a restart that picks a newer one — is verified in full.
 
 On an elastic restart (TORCHELASTIC_RESTART_COUNT > 0) `never` and `PATH` mean `auto`
 when the run has committed a checkpoint of its own: the restarted workers continue the
@@ -22,14 +22,12 @@ run they belong to instead of starting it over.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.checkpoint.digest import file_digest
 from phalanx.checkpoint.safety import UnsafeCheckpoint
 from phalanx.checkpoint.store import MANIFEST, commit_order, committed_at, read_latest, verify
-from phalanx.cluster import protocol
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import UserError
 from phalanx.paths import RunDir
@@ -50,22 +48,26 @@ def verified_token(path: Path) -> str:
         return f"{path}|unreadable"
 
 
-def _reason(path: Path) -> str | None:
-    named = os.environ.get(protocol.VERIFIED_CHECKPOINT)  # the token costs a read: only when one was named
-    contents = named is None or named != verified_token(path)
+def _reason(path: Path, verified: str | None) -> str | None:
+    """Why `path` must not be used (None: it verifies); `verified`: the token of the
+    checkpoint the launcher verified in full, whose file checksums are not read again."""
+    # the token costs a read: only when one was named
+    contents = verified is None or verified != verified_token(path)
     try:
         return verify(path, contents=contents)
     except UnsafeCheckpoint as exc:
         return str(exc)
 
 
-def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
-    """Newest checkpoint under `root` that verifies; each skipped one is named with why."""
+def newest_valid(root: Path, warn: Callable[[str], None],
+                 verified: str | None = None) -> Path | None:
+    """Newest checkpoint under `root` that verifies; each skipped one is named with why
+    (`verified`: see `_reason`)."""
     if not root.is_dir():
         return None
     candidates = commit_order(root.glob("step-*"))[::-1]
     for path in candidates:
-        reason = _reason(path)
+        reason = _reason(path, verified)
         if reason is None:
             latest = read_latest(root)
             if latest is not None and latest != path and latest.exists() \
@@ -78,21 +80,23 @@ def newest_valid(root: Path, warn: Callable[[str], None]) -> Path | None:
     return None
 
 
-def resolve_resume(arg: str, out_dir: RunDir | Path, warn: Callable[[str], None]) -> Path | None:
-    """The checkpoint directory to resume from, or None to start fresh."""
+def resolve_resume(arg: str, out_dir: RunDir | Path, warn: Callable[[str], None],
+                   verified: str | None = None) -> Path | None:
+    """The checkpoint directory to resume from, or None to start fresh (`verified`: the
+    token of the one the launcher verified in full, see `_reason`)."""
     if arg != "auto" and restart_attempt() > 0:
-        own = newest_valid(checkpoints_dir(out_dir), warn)
+        own = newest_valid(checkpoints_dir(out_dir), warn, verified)
         if own is not None:
             return own
     if arg == "never":
         return None
     if arg == "auto":
-        return newest_valid(checkpoints_dir(out_dir), warn)
-    return find_checkpoint(arg, warn, "`--resume` path", " or `auto`/`never`")
+        return newest_valid(checkpoints_dir(out_dir), warn, verified)
+    return find_checkpoint(arg, warn, "`--resume` path", " or `auto`/`never`", verified)
 
 
 def find_checkpoint(arg: str, warn: Callable[[str], None], what: str = "path",
-                    alternatives: str = "") -> Path:
+                    alternatives: str = "", verified: str | None = None) -> Path:
     """The checkpoint `arg` names: itself if it verifies, else the newest valid one in it
     (a run directory or a checkpoints directory). UserError when there is none."""
     path = Path(arg).expanduser()
@@ -100,12 +104,12 @@ def find_checkpoint(arg: str, warn: Callable[[str], None], what: str = "path",
         raise UserError(f"{what} `{arg}` does not exist. Give a checkpoint directory "
                         f"(…/checkpoints/step-…), a run directory{alternatives}.")
     if (path / MANIFEST).exists() or (path / ".metadata").exists():
-        reason = _reason(path)
+        reason = _reason(path, verified)
         if reason is not None:
             raise UserError(f"{what} `{arg}` cannot be used: {reason}.")
         return path
     for root in (checkpoints_dir(path), path):
-        found = newest_valid(root, warn)
+        found = newest_valid(root, warn, verified)
         if found is not None:
             return found
     raise UserError(f"{what} `{arg}` is not a checkpoint and holds no valid checkpoint. "

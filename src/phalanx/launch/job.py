@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class Job:
     config: Config
     out: Path  # the run directory, absolute
     argv: tuple[str, ...]  # the command line as given (said back in "Resume with: …")
-    verified: dict[str, str] = field(default_factory=dict)  # protocol.VERIFIED_CHECKPOINT
+    verified: str | None = None  # the checkpoint verified in full (resume.verified_token)
     ft_group: str | None = None  # the torchft replica group this launcher runs, if any
     layout: Layout = Layout()
 
@@ -68,7 +68,7 @@ class Job:
         return json.dumps({
             "format": FORMAT, "phalanx": __version__, "verb": self.verb,
             "config": self.config.to_dict(), "out": str(self.out), "argv": list(self.argv),
-            "verified": dict(self.verified), "ft_group": self.ft_group,
+            "verified": self.verified, "ft_group": self.ft_group,
             "layout": dataclasses.asdict(self.layout)}, indent=1, sort_keys=True)
 
 
@@ -99,12 +99,18 @@ def from_json(text: str | bytes, where: str) -> Job:
         job = Job(verb=str(data["verb"]), config=from_dict(data["config"], f"the job file "
                                                            f"{where}"),
                   out=Path(data["out"]), argv=tuple(str(a) for a in data["argv"]),
-                  verified={str(k): str(v) for k, v in data["verified"].items()},
+                  verified=_text_or_none(data["verified"], "verified"),
                   ft_group=data["ft_group"], layout=layout)
     except (KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"the job file {where} is incomplete or malformed ({exc!r}).") from None
     layout.check()
     return job
+
+
+def _text_or_none(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be text or null, not {type(value).__name__}")
+    return value
 
 
 def load(path: str | os.PathLike[str]) -> Job:

@@ -120,13 +120,13 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
                   flush=True)
         lock.record_holder()
         start_lineage(out, resume_from, lambda line: print(f"phalanx: {line}", flush=True))
-        verified = {} if resume_from is None else {
-            protocol.VERIFIED_CHECKPOINT: verified_token(resume_from)}
+        verified = None if resume_from is None else verified_token(resume_from)
         job = Job("train", cfg, out.root.absolute(), tuple(argv), verified,
                   ft_group=group)
         try:
-            return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c),
-                             out, verified, job)
+            return run_ranks(cfg, "train", argv,
+                             lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out,
+                             job=job)
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             if precheck(cfg, out)[1] and not missing_outputs(cfg, out):
                 print(f"phalanx: {signal.Signals(exc.signum).name} came after the last "
@@ -144,15 +144,17 @@ def run_job(job: Job) -> int:
     if not phalanx_worker():  # a torchft replica group's launcher: its run, as handed
         return train_config(cfg, list(job.argv))
     with storage_errors(out):
-        return _ranks(cfg, out, list(job.argv))
+        return _ranks(cfg, out, list(job.argv), job.verified)
 
 
-def _ranks(cfg: Config, out: RunDir, argv: list[str]) -> int:
+def _ranks(cfg: Config, out: RunDir, argv: list[str], verified: str | None = None) -> int:
     """A process that checks nothing (rank 0 or the launcher did, and says the notes):
-    the corpus read, then this process's rank(s) (`run_ranks`)."""
+    the corpus read, then this process's rank(s) (`run_ranks`); `verified`: the checkpoint
+    the launcher verified in full (its job's)."""
     splits = prepare_data(cfg.data, log=lambda line: None)
     mark("corpus checked")
-    return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c), out)
+    return run_ranks(cfg, "train", argv,
+                     lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out)
 
 
 @contextlib.contextmanager

@@ -119,14 +119,16 @@ def start_lineage(out_dir: RunDir | Path, resume_from: Path | None, say) -> None
 
 
 def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
-            precision: Precision, corpus: dict | None = None) -> TrainState | None:
+            precision: Precision, corpus: dict | None = None,
+            verified: str | None = None) -> TrainState | None:
     """Load the checkpoint `--resume` selects (same choice on every rank), or None.
-    `corpus`: this run's (`TokenSplits.corpus_record`), checked against the checkpoint's."""
+    `corpus`: this run's (`TokenSplits.corpus_record`), checked against the checkpoint's;
+    `verified`: the launcher's token for the checkpoint it verified in full (the job's)."""
     if out_dir is None:
         return None
     path = None
     if run.is_main:
-        path = resolve_resume(cfg.train.resume, out_dir, run.print)
+        path = resolve_resume(cfg.train.resume, out_dir, run.print, verified)
         if not (path is None and in_replica_group()):  # a torchft group restarted with no
             reconcile(out_dir, path, run.print)  # checkpoint heals from a live one: its
             # history stays (else: a no-op after the CLI's start_lineage)

@@ -42,7 +42,8 @@ from phalanx.train.watchers import StragglerWatch
 
 
 def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | None = None,
-          samples: list[int] | None = None, gate: Any = None) -> TrainResult:
+          samples: list[int] | None = None, gate: Any = None,
+          verified: str | None = None) -> TrainResult:
     """Train MiniGPT per `cfg` on this process's `run`; returns the model and losses.
 
     With `out_dir`, checkpoints are committed there and `--resume` is honoured. With a
@@ -51,6 +52,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     (`result.stopped` names the signal); a second one stops the process at once.
     `gate`: what runs around each step (default: torchft's `ReplicaGroup` in a replica
     group of `--fault-tolerance torchft`, else nothing; see phalanx.ft.replica).
+    `verified`: the checkpoint the launcher verified in full (its job's token).
     """
     t = cfg.train
     out_dir = None if out_dir is None else RunDir(out_dir)
@@ -64,7 +66,8 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     assert precision is not None  # set by run.setup
     mark("model built and wrapped, optimizer made")
     corpus = splits.corpus_record()  # what the data cursor counts in
-    state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus) or TrainState()
+    state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus,
+                         verified) or TrainState()
     state.corpus = corpus
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)

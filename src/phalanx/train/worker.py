@@ -113,8 +113,10 @@ def strategy_options(cfg: Config, world: int | None = None) -> dict:
 
 
 def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = None,
-           argv: list[str] | None = None, choice: StrategyChoice | None = None) -> int:
-    """One rank: init the runtime, train, and (rank 0) write the results. Stopped by a
+           argv: list[str] | None = None, choice: StrategyChoice | None = None,
+           verified: str | None = None) -> int:
+    """One rank: init the runtime, train, and (rank 0) write the results (`verified`: the
+    checkpoint the launcher verified in full, its job's token). Stopped by a
     signal: commit a checkpoint, say how to resume, exit 130 (SIGINT) / 143 (SIGTERM).
     A signal once every step is done does not stop the final outputs (seconds): the
     run is complete, it writes them and exits 0."""
@@ -125,12 +127,13 @@ def worker(cfg: Config, splits: TokenSplits, out: RunDir, threads: int | None = 
     # delivered) as the same request, not as a KeyboardInterrupt that exits 130
     with init_run(cfg, threads, out, choice) as run, \
             run.catch_stop_signals(lambda signum: _acknowledge(run, cfg, signum)):
-        code = _train(cfg, run, splits, out, argv)
+        code = _train(cfg, run, splits, out, argv, verified)
         run.close()
     return code
 
 
-def _train(cfg: Config, run, splits: TokenSplits, out: RunDir, argv: list[str] | None) -> int:
+def _train(cfg: Config, run, splits: TokenSplits, out: RunDir, argv: list[str] | None,
+           verified: str | None) -> int:
     from phalanx.train.agreement import check_agreement
     from phalanx.train.finish import banner, finish
     from phalanx.train.loop import train
@@ -139,7 +142,7 @@ def _train(cfg: Config, run, splits: TokenSplits, out: RunDir, argv: list[str] |
     check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
     if not restart_attempt():  # a restart says so in one line when it resumes
         run.print(banner(cfg, run, splits))
-    result = train(cfg, run, splits, out)
+    result = train(cfg, run, splits, out, verified=verified)
     if result.stopped and result.state.step < cfg.train.max_steps:
         if run.is_main and not phalanx_worker():  # else the launcher
             print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
