@@ -117,6 +117,12 @@ class RunDir:
         """The job a torchft launcher hands replica group NAME (`launch.job`)."""
         return self.root / f"job-replica-{name}.json"
 
+    def launcher_job(self, host: str, pid: int) -> Path:
+        """The job one machine's launcher of a several-machine run hands its workers (each
+        launcher its own: the machines may share OUT; removed when the launcher ends)."""
+        safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in host)
+        return self.root / f"job-launcher-{safe}-{pid}.json"
+
     def replicas(self) -> list[Path]:
         """The replica groups' run directories in it (a torchft run's), by name."""
         return [Path(e.path) for e in _entries(self.root) if e.name.startswith("replica-")]

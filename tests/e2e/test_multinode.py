@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+import job_counts  # noqa: E402
 from slurm_cluster import netns_missing  # noqa: E402
 
 # one thread per rank on both sides: a machine of one rank would otherwise use both cores,
@@ -103,9 +104,16 @@ def same(out, reference: dict) -> bool:
 def test_two_machines_train_like_two_local_ranks(hosts, tmp_path, small_corpus_file,
                                                  cache_dir):
     data = ["--data", str(small_corpus_file), "--cache-dir", str(cache_dir)]
-    results = two_nodes(hosts, tmp_path / "two", 29611, data)
+    counting = job_counts.env(tmp_path)
+    results = two_nodes(hosts, tmp_path / "two", 29611, data, env=counting)
     for code, stdout, stderr in results:
         assert code == 0, stdout[-1500:] + stderr[-1500:]
+    per_pid = job_counts.read(counting)  # each machine's launcher parses; its worker starts
+    parsers = job_counts.parsers(per_pid)  # from the job it was handed (issue 42)
+    assert len(parsers) == 2 and all(per_pid[p]["parse"] == 1 for p in parsers), per_pid
+    assert len(per_pid) == 4, per_pid  # + 2 workers, each deciding its strategy once
+    assert all(c["choose"] == 1 for p, c in per_pid.items() if p not in parsers), per_pid
+    assert not list((tmp_path / "two").glob("job-launcher-*")), "a launcher's job was left"
     (_, out_a, err_a), (_, out_b, err_b) = results
     assert "(node-a, 10.77.0.1 on va" in err_a and "(hosted here)" in err_a
     assert "(node-b, 10.77.0.2 on vb" in err_b and "(hosted here)" not in err_b

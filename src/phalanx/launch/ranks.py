@@ -4,6 +4,7 @@ then `launch_or_work` (the elastic agent, or be the worker under torchrun/SLURM)
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from phalanx.cluster import protocol
 from phalanx.config.sections import Config
@@ -27,12 +28,14 @@ def check_world(cfg: Config, nproc: int, cuda: bool) -> StrategyChoice:
 
 
 def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
-              env: dict[str, str] | None = None, job: Job | None = None) -> int:
+              env: dict[str, str] | None = None, job: Job | None = None,
+              job_path: Path | None = None) -> int:
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
     the checks that need the world size (`check_world`); each rank's output goes to
     `out.logs` (unless `--tee-ranks`); `env`: more for the workers. `job`: the run as this
     launcher decided it, written to `OUT/job.json` once the checks pass; the workers start
-    from it instead of parsing ARGV again (`phalanx.launch.job`). `work(threads, choice)`:
+    from it instead of parsing ARGV again (`phalanx.launch.job`; `job_path`: written there
+    instead, e.g. one machine's launcher of several). `work(threads, choice)`:
     one rank; `choice` is the strategy this process decided for the launch (a rank run in
     this process, or None: the worker decides it for the world it joins)."""
     from phalanx.launch.agent import launch_or_work  # lazy: `phalanx --help` loads every verb
@@ -46,14 +49,14 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
 
         decided.append(check_world(cfg, plan.world, torch.cuda.is_available()))
         if job is not None:  # after the checks: a refused start writes nothing
-            write_job(job)
+            write_job(job, job_path)
         slow = None if torch.cuda.is_available() else cpu_warning(cfg, plan.threads)
         if slow:  # up front, before minutes pass in silence
             print(f"phalanx: {slow}", file=sys.stderr, flush=True)
 
     logs = {} if cfg.dist.tee_ranks else {  # OUT resolved, never a link at OUT/logs
         protocol.RANK_LOGS: str(out.root.resolve() / out.logs.name)}
-    handed = {} if job is None else {protocol.JOB: str(out.job.absolute())}
+    handed = {} if job is None else {protocol.JOB: str((job_path or out.job).absolute())}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv],
                           lambda threads: work(threads, decided[-1] if decided else None),
                           env={**logs, **handed, **(env or {})}, check=check)

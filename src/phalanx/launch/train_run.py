@@ -15,7 +15,7 @@ from pathlib import Path
 from phalanx.checkpoint.rundir import one_run, prepare_out_dir
 from phalanx.cluster import protocol
 from phalanx.cluster.faults import announce
-from phalanx.cluster.protocol import phalanx_worker, under_launcher
+from phalanx.cluster.protocol import one_machine_worker, under_launcher
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.sections import Config
 from phalanx.data.corpus import check_data, prepare_data
@@ -98,7 +98,9 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if complete_quietly(cfg, out):
             return 0  # rank 0 found the same and does not join the process group
-        return _ranks(cfg, out, argv)
+        if under_launcher():  # this process is a rank
+            return _ranks(cfg, out, argv)
+        return _machine_launcher(cfg, out, argv)
     if cfg.dist.fault_tolerance == "none":  # (a torchft group: its launcher checked)
         one_run(out, False, cfg.train.resume)
     with held(out, record=False) as lock:  # recorded once the checks pass
@@ -135,13 +137,30 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
 
 
+def _machine_launcher(cfg: Config, out: RunDir, argv: list[str]) -> int:
+    """One machine's launcher of a several-machine run: its workers start from a job of
+    their own (settings and command line; global rank 0 checks and locks the run as a
+    worker, `run_job`), removed when this launcher ends."""
+    import socket
+
+    path = out.launcher_job(socket.gethostname(), os.getpid())
+    try:
+        splits = prepare_data(cfg.data, log=lambda line: None)
+        job = Job("train", cfg, out.root.absolute(), tuple(argv))
+        return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c),
+                         out, job=job, job_path=path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def run_job(job: Job) -> int:
     """A worker of Phalanx's launcher: the run as the launcher decided it (`job`), with no
     command line parsed and nothing decided again but this attempt's own (the world it
     joins, its rank, the strategy for that world: `train.worker.init_run`)."""
     cfg, out = job.config, RunDir(job.out)
     mark("job read")
-    if not phalanx_worker():  # a torchft replica group's launcher: its run, as handed
+    if not one_machine_worker():  # a torchft replica group's launcher, or a worker of a
+        # several-machine run (global rank 0 checks and holds the run): the run, as handed
         return train_config(cfg, list(job.argv))
     with storage_errors(out):
         return _ranks(cfg, out, list(job.argv), job.verified)
