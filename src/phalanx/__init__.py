@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
         return Run
     if name == "init":
-        from phalanx.runtime.join import init
+        from phalanx.runtime.init import init
 
         return init
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from phalanx.data.corpus import prepare_data
 from phalanx.models import build_model
 from phalanx.paths import atomic_write
 from phalanx.runtime.choice import choose_here
-from phalanx.runtime.join import init
+from phalanx.runtime.init import init
 from phalanx.strategies import build, choose_for_script
 
 

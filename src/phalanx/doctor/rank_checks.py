@@ -25,7 +25,7 @@ def worker(*, model: str | None, strategy: str, init_timeout_s: float, as_json: 
     from phalanx.doctor.environment import launch_checks, local_facts, network_advice, versions
     from phalanx.doctor.model import model_checks
     from phalanx.hang.watchdog import job_store
-    from phalanx.runtime.join import init
+    from phalanx.runtime.init import init
 
     t0 = time.perf_counter()
     if _world() > 1:

@@ -1,6 +1,6 @@
 """`Run`: one object per process — the job's topology, its strategy — and the public
 API for training on it (setup, loader, accumulate, clip, collectives, save/load, guards).
-`phalanx.init()` (see `phalanx.runtime.join`) builds it; every strategy-specific step passes
+`phalanx.init()` (see `phalanx.runtime.init`) builds it; every strategy-specific step passes
 through to `run.strategy`.
 """
 
