@@ -171,11 +171,11 @@ def test_trainer_flags_with_run_are_named_in_one_line(tmp_path, capsys, monkeypa
     (tmp_path / "c.toml").write_text("[train]\nmax_steps = 3\n")
     own = ["--out", str(tmp_path / "r")] if verb == "slurm" else ["--image", "img:1"]
     trainer = ["--preset", "small", "--max-steps=5", "--no-compile", "--config", "c.toml",
-               "--strategy", "ddp", "--no-debug-collectives", "--preset", "tiny"]
+               "--no-debug-collectives", "--preset", "tiny"]
     err = refused(tmp_path, capsys, [verb, *own, *trainer, "--tee-ranks", "--threads-per-rank",
                                      "2", "run", "train.py", "--preset", "x"])
     assert err.startswith("phalanx: error: `--preset`, `--max-steps`, `--no-compile`, "
-                          "`--config`, `--strategy`, `--no-debug-collectives`: the trainer's, "
+                          "`--config`, `--no-debug-collectives`: the trainer's, "
                           "not `phalanx run`'s"), err
     assert "--tee-ranks`" not in err and f"`phalanx {verb}` flags" in err
 
@@ -184,7 +184,8 @@ def test_every_flag_phalanx_run_takes_passes_through(tmp_path, capsys):
     """Read back by `phalanx run`'s own parser; --threads-per-rank also sizes the tasks."""
     user = tmp_path / "train.py"
     user.write_text("")
-    run_flags = ["--threads-per-rank", "3", "--max-restarts", "2", "--hang-timeout-s", "0",
+    run_flags = ["--threads-per-rank", "3", "--max-restarts", "2", "--strategy", "fsdp",
+                 "--hang-timeout-s", "0",
                  "--debug-collectives", "--no-tee-ranks", "--rdzv-timeout-s", "30",
                  "--nccl-preset", "infiniband", "--rdzv-id", "j1"]
     script = slurm(capsys, "--out", str(tmp_path / "r"), *run_flags, "run", str(user), "a")

@@ -21,8 +21,8 @@ from phalanx.errors import UserError
 
 RUN = "run"
 _RUN_FLAGS_SAID = ("--out, --nproc-per-node, --nnodes, --rdzv-id and the other launch flags, "
-                   "--threads-per-rank, --max-restarts, --hang-timeout-s, --debug-collectives, "
-                   "--tee-ranks")
+                   "--threads-per-rank, --max-restarts, --strategy, --hang-timeout-s, "
+                   "--debug-collectives, --tee-ranks")
 
 
 class _RunParser(argparse.ArgumentParser):
