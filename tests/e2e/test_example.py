@@ -59,4 +59,7 @@ def test_killed_and_run_again_it_ends_bit_identical(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stdout
     want, got = _weights(tmp_path / "whole"), _weights(cut)
-    assert all(torch.equal(want[k], got[k]) for k in want)
+    apart = {k: float((want[k] - got[k]).abs().max()) for k in want
+             if not torch.equal(want[k], got[k])}  # said on failure: once seen in CI, not here
+    assert not apart, (apart, [line for line in again.stdout.splitlines() if "resumed" in line],
+                       sorted(p.name for p in (cut / "checkpoints").iterdir()))
