@@ -145,10 +145,8 @@ def _machine_launcher(cfg: Config, out: RunDir, argv: list[str]) -> int:
 
     path = out.launcher_job(socket.gethostname(), os.getpid())
     try:
-        splits = prepare_data(cfg.data, log=lambda line: None)
-        job = Job("train", cfg, out.root.absolute(), tuple(argv))
-        return run_ranks(cfg, "train", argv, lambda t, c: worker(cfg, splits, out, t, argv, c),
-                         out, job=job, job_path=path)
+        return _ranks(cfg, out, argv, job=Job("train", cfg, out.root.absolute(), tuple(argv)),
+                      job_path=path)
     finally:
         path.unlink(missing_ok=True)
 
@@ -166,14 +164,16 @@ def run_job(job: Job) -> int:
         return _ranks(cfg, out, list(job.argv), job.verified)
 
 
-def _ranks(cfg: Config, out: RunDir, argv: list[str], verified: str | None = None) -> int:
+def _ranks(cfg: Config, out: RunDir, argv: list[str], verified: str | None = None,
+           job: Job | None = None, job_path: Path | None = None) -> int:
     """A process that checks nothing (rank 0 or the launcher did, and says the notes):
     the corpus read, then this process's rank(s) (`run_ranks`); `verified`: the checkpoint
-    the launcher verified in full (its job's)."""
+    the launcher verified in full (its job's); `job`: handed to the ranks, at `job_path`."""
     splits = prepare_data(cfg.data, log=lambda line: None)
     mark("corpus checked")
     return run_ranks(cfg, "train", argv,
-                     lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out)
+                     lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out,
+                     job=job, job_path=job_path)
 
 
 @contextlib.contextmanager
