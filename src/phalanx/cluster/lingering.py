@@ -8,11 +8,17 @@ process anyway, a grace period later, and says so in one line.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import io
 import os
+import site
 import sys
+import sysconfig
 import threading
 import time
+from pathlib import Path
 
 from phalanx.cluster import protocol
 
@@ -43,6 +49,50 @@ def end_despite_threads(code: int, grace_s: float = THREADS_GRACE_S) -> None:
         os._exit(code)
 
     threading.Thread(target=later, name="phalanx-exit", daemon=True).start()
+
+
+def leave_at_once(code: int) -> None:
+    """End the process with `code` now, skipping the interpreter's own teardown (freeing
+    every module and tensor: about 0.6 s once torch is imported, paid by the launcher and
+    by every rank at the end of each run, while the user waits for the prompt).
+
+    Nothing is lost: the atexit functions run (logging, multiprocessing, temporary
+    files), every open file's buffer is flushed, and only when no thread that is not a
+    daemon still runs and no module from outside the installed environment (a user's
+    `--model`/`--dataset` code, a test's sitecustomize) was imported here — such code may
+    count on finalizers, so that process ends the usual way. Returns when it does not
+    leave."""
+    if _lingering() or _foreign_modules():
+        return
+    atexit._run_exitfuncs()
+    _flush_open_files()
+    flush_std()
+    os._exit(code)
+
+
+def _foreign_modules() -> list[str]:
+    """Modules imported here from a file outside the standard library, the installed
+    packages (and their console scripts, `phalanx` among them) and Phalanx itself."""
+    paths = sysconfig.get_paths()
+    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")]
+    roots += [*site.getsitepackages(), str(Path(__file__).parents[1])]
+    prefixes = tuple({os.path.join(f(r), "") for r in roots if r
+                      for f in (os.path.abspath, os.path.realpath)})
+    return [name for name, module in list(sys.modules.items())
+            if isinstance(file := getattr(module, "__file__", None), str)
+            and os.path.isabs(file) and not file.startswith(prefixes)]
+
+
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+
+
+def _flush_open_files() -> None:
+    """Flush every open Python file object (as the interpreter's teardown would)."""
+    for obj in gc.get_objects():
+        if type(obj) in _FILE_TYPES:
+            with contextlib.suppress(Exception):
+                if not obj.closed:
+                    obj.flush()
 
 
 def exit_code(exc: BaseException) -> int:
