@@ -11,6 +11,13 @@ when (launcher: imported, config, corpus checked, workers started; each worker: 
 imported, process group, model built, resume checked, first step).
 
     python benchmarks/startup.py [--repeats 5] [-- extra train flags]
+
+`--end` times the other end instead: a tiny 2-rank run to completion, from its last
+console line ("done: …", then "wrote: …") to the command's exit — what a user waits for
+the prompt. `--baseline-src DIR` runs another tree's Phalanx (`DIR` on PYTHONPATH, e.g. a
+`git worktree` of an older commit's `src`) beside it, the two alternating:
+
+    python benchmarks/startup.py --end --repeats 5 --baseline-src /tmp/old/src
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ import time
 from pathlib import Path
 
 FIRST_STEP = "first step done"
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "4", "--max-steps", "6", "--eval-every", "3", "--log-every", "2",
+        "--sample-tokens", "20", "--nproc-per-node", "2"]
 
 
 def one_start(out: Path, trace: Path, extra: list[str]) -> dict[str, float]:
@@ -62,11 +72,49 @@ def phases(trace: Path, t0: float) -> dict[str, float]:
     return reached
 
 
+def one_end(out: Path, extra: list[str], src: str | None) -> float:
+    """Seconds from a finished run's last console line to the command's exit."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-m", "phalanx", "train", *TINY, *extra, "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    last, lines = time.time(), []
+    for line in proc.stdout:
+        last = time.time()
+        lines.append(line)
+    if proc.wait() != 0:
+        raise SystemExit(f"`phalanx train` failed:\n{''.join(lines[-20:])}")
+    return time.time() - last
+
+
+def ends(repeats: int, extra: list[str], baseline: str | None) -> None:
+    trees = {"this tree": None, **({f"baseline ({baseline})": baseline} if baseline else {})}
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="phalanx-end-") as tmp:
+        one_end(Path(tmp) / "warm", extra, None)  # the corpus cache
+        for k in range(repeats):
+            for name, src in trees.items():
+                times[name].append(one_end(Path(tmp) / f"{len(times[name])}-{k}-{bool(src)}",
+                                           extra, src))
+    print(f"a tiny 2-rank `phalanx train` run's last line to its exit, {repeats} runs each "
+          f"(seconds; median [min, max]):")
+    for name, values in times.items():
+        print(f"  {name:40s} {statistics.median(values):6.2f}  [{min(values):.2f}, "
+              f"{max(values):.2f}]")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--end", action="store_true",
+                        help="time a tiny run's last line to its exit instead")
+    parser.add_argument("--baseline-src", help="with --end: another tree's src beside it")
     parser.add_argument("extra", nargs="*", help="more `phalanx train` flags (after --)")
     args = parser.parse_args()
+    if args.end:
+        return ends(args.repeats, args.extra, args.baseline_src)
     with tempfile.TemporaryDirectory(prefix="phalanx-startup-") as tmp:
         one_start(Path(tmp) / "warm", Path(tmp) / "warm.trace", args.extra)  # corpus cache
         runs = [one_start(Path(tmp) / f"run-{k}", Path(tmp) / f"{k}.trace", args.extra)
