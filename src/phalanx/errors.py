@@ -76,6 +76,16 @@ class Interrupted(PhalanxError):
         super().__init__(message or stopped_line(self.signum, "", None))
 
 
+class FinishedElsewhere(PhalanxError):
+    """A torchft replica group (re)started after another group of its launch finished the
+    run: nothing is left to train (alone, from its own step, it would make another run)."""
+
+    def __init__(self, group: str, winner: str) -> None:
+        self.group, self.winner = group, winner
+        super().__init__(f"replica group {winner} has finished the run; group {group} "
+                         f"(started again after it) has nothing left to train and ends")
+
+
 def signal_name(signum: int) -> str:
     """SIGINT for 2; `signal 99` for a number that names no signal."""
     import signal

@@ -163,3 +163,46 @@ def test_an_ipv6_lighthouse_is_routed_to_over_ipv6():
         pytest.skip("this machine has no IPv6 loopback")
     assert listen_host("http://[::1]:29510", local=False) == "::1"
     assert listen_host("http://127.0.0.1:29510", local=False) == "127.0.0.1"
+
+
+class _Ended:
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_a_group_restarted_after_another_finished_ends_instead_of_training_alone(
+        tmp_path, capsys):
+    """Seen under load: group 1, killed near the end, restarted after group 0 had finished
+    the run; alone in its quorum it trained a second run from step 1. The launcher marks
+    the group that finished; a group's next step ends with nothing to train."""
+    from datetime import timedelta
+
+    from phalanx.cluster.rendezvous import bound_store
+    from phalanx.errors import FinishedElsewhere
+    from phalanx.ft.groups import Groups
+    from phalanx.ft.replica import ReplicaGroup, StartStore
+
+    store = bound_store("127.0.0.1", 0)
+    groups = Groups(["0", "1"], store, tmp_path)
+    start = StartStore("127.0.0.1", store.port, ["0", "1"], timedelta(seconds=5))
+    group1 = ReplicaGroup.__new__(ReplicaGroup)  # its quorum is not reached: no torchft here
+    group1.group, group1.start, group1.result = "1", start, object()
+    groups.procs = [_Ended(None), _Ended(None)]
+    groups._mark_ended()
+    assert start.finished_by() is None
+    group1._finished_elsewhere()  # both training: nothing said
+    groups.procs = [_Ended(0), _Ended(None)]  # group 0 finished the run
+    groups._mark_ended()
+    assert start.finished_by() == "0" and groups.winner == "0"
+    with pytest.raises(FinishedElsewhere, match="replica group 0 has finished the run; "
+                                                "group 1 .* has nothing left to train"):
+        group1.begin_step(None)
+    groups.procs = [_Ended(0), _Ended(0)]  # group 1 ended with 0 too: group 0 is named
+    groups._mark_ended()
+    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], groups.winner) == 0
+    assert "replica group 0 finished the run" in capsys.readouterr().out
+    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], "1") == 0
+    assert "replica group 1 finished the run" in capsys.readouterr().out

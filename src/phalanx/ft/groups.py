@@ -144,6 +144,7 @@ class Groups:
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []
         self.marked: set[str] = set()  # groups marked as ended in the store
+        self.winner: str | None = None  # the first group that ended with 0: it finished
 
     def start(self, argv: list[str], address: str, threads: int, start: dict[str, str],
               hand: Callable[[str, list[str]], dict[str, str]]) -> None:
@@ -186,7 +187,7 @@ class Groups:
         for pump in self.pumps:  # every group's last lines before the launcher's own
             pump.join(timeout=10)
         return _outcome([proc.returncode for proc in self.procs], self.signals, self.names,
-                        [replica_dir(self.out, name) for name in self.names])
+                        [replica_dir(self.out, name) for name in self.names], self.winner)
 
     def _forward(self, signum: int, frame: object) -> None:
         """A stop of the whole job: marked first (the groups then stop after the same
@@ -205,13 +206,17 @@ class Groups:
 
     def _mark_ended(self) -> None:
         """A group that ended is no longer waited for by the others' start (see
-        replica.StartStore.meet)."""
+        replica.StartStore.meet); the first that ended with 0 finished the run, and a group
+        behind it ends at its next step (replica.ReplicaGroup.begin_step)."""
         if self.store is None:
             return
-        from phalanx.ft.replica import started_key
+        from phalanx.ft.replica import StartStore, started_key
 
         for name, proc in zip(self.names, self.procs):
             if name not in self.marked and proc.poll() is not None:
+                if proc.poll() == 0 and self.winner is None:
+                    self.winner = name
+                    self.store.set(StartStore.FINISHED, name)  # (before its start mark)
                 self.store.set(started_key(name), "ended")
                 self.marked.add(name)
 
@@ -241,10 +246,12 @@ def without_access_logs(lines):
 
 
 def _outcome(codes: list[int], got: list[int], names: list[str],
-             folders: list[Path]) -> int:
+             folders: list[Path], first: str | None = None) -> int:
     """The launcher's exit code (or Interrupted) from the groups' exit codes, the stop
-    signals it got and the groups' run directories."""
-    winners = [names[g] for g, code in enumerate(codes) if code == 0]
+    signals it got and the groups' run directories (`first`: the group seen ending with 0
+    first; a group behind it ends with 0 too, with nothing left to train)."""
+    winners = sorted((names[g] for g, code in enumerate(codes) if code == 0),
+                     key=lambda name: name != first)
     if got and not winners:
         raise Interrupted(got[0], f"stopped by {signal.Signals(got[0]).name}: "
                           + _kept(codes, names, folders))

@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from phalanx.cluster import protocol
-from phalanx.errors import DistributedError
+from phalanx.errors import DistributedError, FinishedElsewhere
 from phalanx.paths import open_append
 from phalanx.report.events import record_event
 from phalanx.report.sink import drop_from
@@ -106,11 +106,20 @@ class ReplicaGroup:
         if self.start is not None:
             self.start.meet(self.group, self.run.print)
 
+    def _finished_elsewhere(self) -> None:
+        """Raise FinishedElsewhere when another group of this launch has finished the run
+        (its launcher marks it): a group restarted after it would quorum alone and train
+        a new run from its own step."""
+        winner = None if self.start is None else self.start.finished_by()
+        if winner is not None and winner != self.group:
+            raise FinishedElsewhere(self.group, winner)
+
     def begin_step(self, batches: Any) -> None:
         """The quorum for the next step (healing this group first if it is behind), then
         aim the data at this group's place in it."""
         assert self.result is not None
         self.healed = False
+        self._finished_elsewhere()
         try:
             with warnings.catch_warnings():  # torch's note on the state it receives
                 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -242,6 +251,7 @@ class StartStore:
     before their first quorum, and where the launcher marks a stop of the whole job."""
 
     STOP = "phalanx-ft-job-stop"
+    FINISHED = "phalanx-ft-run-finished"  # the group that finished the run
 
     def __init__(self, host: str, port: int, names: list[str], timeout: timedelta) -> None:
         from torch.distributed import TCPStore
@@ -272,6 +282,12 @@ class StartStore:
 
     def job_stopped(self) -> bool:
         return self.store.check([self.STOP])
+
+    def finished_by(self) -> str | None:
+        """The group that finished the run (marked by the launcher once it exited 0)."""
+        if not self.store.check([self.FINISHED]):
+            return None
+        return self.store.get(self.FINISHED).decode()
 
 
 def started_key(group: str) -> str:

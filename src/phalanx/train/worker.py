@@ -20,7 +20,7 @@ from phalanx.cluster.startup_trace import mark
 from phalanx.config.sections import Config
 from phalanx.config.strategy import StrategyChoice, choose
 from phalanx.data.corpus import TokenSplits
-from phalanx.errors import UserError
+from phalanx.errors import FinishedElsewhere, UserError
 from phalanx.errors import stopped_line as said_stopped
 from phalanx.paths import RunDir
 from phalanx.runtime.choice import choose_here
@@ -142,7 +142,11 @@ def _train(cfg: Config, run, splits: TokenSplits, out: RunDir, argv: list[str] |
     check_agreement(run, cfg, splits)  # every rank: the same settings, or one line
     if not restart_attempt():  # a restart says so in one line when it resumes
         run.print(banner(cfg, run, splits))
-    result = train(cfg, run, splits, out, verified=verified)
+    try:
+        result = train(cfg, run, splits, out, verified=verified)
+    except FinishedElsewhere as exc:  # torchft: a group restarted after another finished
+        run.print(f"phalanx: {exc}")
+        return 0
     if result.stopped and result.state.step < cfg.train.max_steps:
         if run.is_main and not phalanx_worker():  # else the launcher
             print(f"phalanx: {stopped_line(result.stopped, out, argv or [])}",
