@@ -14,6 +14,26 @@ from textgen import make_text  # noqa: E402
 FULL = os.environ.get("PHALANX_FULL") == "1"  # every case of the long matrices (on demand)
 
 
+# Under xdist (`-n 2`, the README's test command) each file runs whole on one worker, so
+# its module fixtures are made once; these files share one more resource (the host's munge
+# daemon, a SLURM cluster, network namespaces) and run on one worker, one after another.
+ONE_WORKER = {"test_slurm.py": "cluster", "test_slurm_multihost.py": "cluster",
+              "test_multinode.py": "cluster"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, the scope being the file (or ONE_WORKER's group)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(Path(path).name, path)
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """A case marked `full` (a long matrix's case outside CI's sample) is skipped, with the
     reason said, unless PHALANX_FULL=1."""
