@@ -206,3 +206,35 @@ def test_a_group_restarted_after_another_finished_ends_instead_of_training_alone
     assert "replica group 0 finished the run" in capsys.readouterr().out
     assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], "1") == 0
     assert "replica group 1 finished the run" in capsys.readouterr().out
+
+
+def test_the_last_step_marks_the_run_finished_before_the_outputs_are_written(tmp_path,
+                                                                              capsys):
+    """Seen under load: group 0 took its last step and wrote its outputs (seconds); group 1,
+    restarted from its checkpoint meanwhile, quorumed alone and trained on. The last step
+    marks the run finished; the launcher names that group even when the other exits first."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from phalanx.cluster.rendezvous import bound_store
+    from phalanx.errors import FinishedElsewhere
+    from phalanx.ft.groups import Groups
+    from phalanx.ft.replica import ReplicaGroup, StartStore
+
+    store = bound_store("127.0.0.1", 0)
+    start = StartStore("127.0.0.1", store.port, ["0", "1"], timedelta(seconds=5))
+    group0, group1 = ReplicaGroup.__new__(ReplicaGroup), ReplicaGroup.__new__(ReplicaGroup)
+    for group, name in ((group0, "0"), (group1, "1")):
+        group.group, group.start, group.max_steps, group.out_dir = name, start, 10, None
+        group.result = SimpleNamespace(state=SimpleNamespace(step=9))
+    group0.stepped(None)  # step 9 of 10: not the last
+    assert start.finished_by() is None
+    group0.result.state.step = 10
+    group0.stepped(None)
+    assert start.finished_by() == "0"
+    with pytest.raises(FinishedElsewhere):
+        group1.begin_step(None)
+    groups = Groups(["0", "1"], store, tmp_path)
+    groups.procs = [_Ended(None), _Ended(0)]  # group 1 (nothing to train) exits first
+    groups._mark_ended()
+    assert groups.winner == "0"

@@ -87,4 +87,4 @@ def step_gate(run, cfg, out_dir: Path | None):
         return NoReplicas(group_batch)
     from phalanx.ft.replica import ReplicaGroup
 
-    return ReplicaGroup(run, cfg.dist, found[0], found[1], group_batch, out_dir)
+    return ReplicaGroup(run, cfg.dist, found[0], found[1], group_batch, out_dir, t.max_steps)

@@ -144,7 +144,7 @@ class Groups:
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []
         self.marked: set[str] = set()  # groups marked as ended in the store
-        self.winner: str | None = None  # the first group that ended with 0: it finished
+        self.winner: str | None = None  # the group that finished the run
 
     def start(self, argv: list[str], address: str, threads: int, start: dict[str, str],
               hand: Callable[[str, list[str]], dict[str, str]]) -> None:
@@ -206,17 +206,19 @@ class Groups:
 
     def _mark_ended(self) -> None:
         """A group that ended is no longer waited for by the others' start (see
-        replica.StartStore.meet); the first that ended with 0 finished the run, and a group
-        behind it ends at its next step (replica.ReplicaGroup.begin_step)."""
+        replica.StartStore.meet). The group that took the last step marked the run finished
+        (or, unmarked, the first that ended with 0): a group behind it ends at its next
+        step (replica.ReplicaGroup.begin_step) and the outcome names the winner."""
         if self.store is None:
             return
         from phalanx.ft.replica import StartStore, started_key
 
         for name, proc in zip(self.names, self.procs):
             if name not in self.marked and proc.poll() is not None:
-                if proc.poll() == 0 and self.winner is None:
-                    self.winner = name
-                    self.store.set(StartStore.FINISHED, name)  # (before its start mark)
+                if proc.poll() == 0 and self.winner is None:  # (its last step marked it)
+                    if not self.store.check([StartStore.FINISHED]):
+                        self.store.set(StartStore.FINISHED, name)  # (before its start mark)
+                    self.winner = self.store.get(StartStore.FINISHED).decode()
                 self.store.set(started_key(name), "ended")
                 self.marked.add(name)
 

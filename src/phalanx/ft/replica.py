@@ -65,12 +65,13 @@ class ReplicaGroup:
     aims_batches = True  # the trainer's data: QuorumBatches, aimed by begin_step
 
     def __init__(self, run, dist_cfg, group: str, lighthouse: str, group_batch: int,
-                 out_dir: Path | None) -> None:
+                 out_dir: Path | None, max_steps: int = 0) -> None:
         from torchft import ProcessGroupGloo
 
         from phalanx.ft.bind import bound_manager, listen_host
 
         self.run, self.group, self.group_batch, self.out_dir = run, group, group_batch, out_dir
+        self.max_steps = max_steps  # its last step marks the run finished (StartStore)
         self.lighthouse, self.min_replicas = lighthouse, dist_cfg.min_replicas
         timeout = timedelta(seconds=dist_cfg.timeout_s)
         self.timeout = timedelta(seconds=dist_cfg.rdzv_timeout_s)
@@ -194,7 +195,11 @@ class ReplicaGroup:
         return self.participants * self.group_batch
 
     def stepped(self, model: nn.Module) -> None:
-        """After a committed step: its membership and a fingerprint of the weights."""
+        """After a committed step: its membership and a fingerprint of the weights. The
+        last step marks the run finished at once, before the outputs are written: a group
+        restarted meanwhile would quorum alone and train on (see _finished_elsewhere)."""
+        if self.start is not None and self.result.state.step >= self.max_steps > 0:
+            self.start.finish(self.group)
         if self.out_dir is None or not self.run.is_main:
             return
         # on the model's device, one copy back (not one per tensor: a sync each on a GPU)
@@ -282,6 +287,11 @@ class StartStore:
 
     def job_stopped(self) -> bool:
         return self.store.check([self.STOP])
+
+    def finish(self, group: str) -> None:
+        """Group GROUP took the run's last step (the first to say so is kept)."""
+        if not self.store.check([self.FINISHED]):
+            self.store.set(self.FINISHED, group)
 
     def finished_by(self) -> str | None:
         """The group that finished the run (marked by the launcher once it exited 0)."""
