@@ -109,8 +109,8 @@ class ReplicaGroup:
 
     def _finished_elsewhere(self) -> None:
         """Raise FinishedElsewhere when another group of this launch has finished the run
-        (its launcher marks it): a group restarted after it would quorum alone and train
-        a new run from its own step."""
+        (marked at its last step): a group restarted after it would quorum alone and
+        train a new run from its own step."""
         winner = None if self.start is None else self.start.finished_by()
         if winner is not None and winner != self.group:
             raise FinishedElsewhere(self.group, winner)
@@ -294,7 +294,8 @@ class StartStore:
             self.store.set(self.FINISHED, group)
 
     def finished_by(self) -> str | None:
-        """The group that finished the run (marked by the launcher once it exited 0)."""
+        """The group that finished the run (marked at its last step, or by the launcher
+        once it exited 0)."""
         if not self.store.check([self.FINISHED]):
             return None
         return self.store.get(self.FINISHED).decode()
