@@ -14,7 +14,7 @@ from textgen import make_text  # noqa: E402
 FULL = os.environ.get("PHALANX_FULL") == "1"  # every case of the long matrices (on demand)
 
 
-# Under xdist (`-n 2`, the README's test command) each file runs whole on one worker, so
+# Under xdist (`python -m pytest -n 2`; opt-in, see README) each file runs whole on one worker, so
 # its module fixtures are made once; these files share one more resource (the host's munge
 # daemon, a SLURM cluster, network namespaces) and run on one worker, one after another.
 ONE_WORKER = {"test_slurm.py": "cluster", "test_slurm_multihost.py": "cluster",
