@@ -10,6 +10,7 @@ from pathlib import Path
 
 from phalanx.bench import flops, stats
 from phalanx.paths import atomic_write, ensure_dir
+from phalanx.report.charts import new_figure
 
 GOALS = {"plain": 1.00, "accelerate": 0.95, "fabric": 0.95}  # no goal for strategy baselines
 
@@ -141,33 +142,24 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def peers_plot(res: dict, path: Path) -> None:
-    plt = _pyplot()
     names = list(res["peers"])
     meds = [statistics.median(v) * 1e3 for v in res["peers"].values()]
     lows = [m - min(v) * 1e3 for m, v in zip(meds, res["peers"].values())]
     highs = [max(v) * 1e3 - m for m, v in zip(meds, res["peers"].values())]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = new_figure((6, 3.5))
+    ax = fig.subplots()
     ax.bar(names, meds, yerr=[lows, highs], capsize=4, color="#4c72b0")
     ax.set_ylabel("ms per step (median, min–max)")
     ax.set_title("The same training step, four ways")
     fig.tight_layout()
-    _save(plt, fig, path)
+    _save(fig, path)
 
 
 def scaling_plot(scaling: dict, path: Path) -> None:
     """Efficiency against ranks, weak and strong (95% intervals), with the goal line."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = new_figure((6, 3.5))
+    ax = fig.subplots()
     for kind, marker in (("weak", "o"), ("strong", "s")):
         rows = scaling.get(kind, [])
         ax.errorbar([r["ranks"] for r in rows], [r["efficiency"][0] * 100 for r in rows],
@@ -180,14 +172,13 @@ def scaling_plot(scaling: dict, path: Path) -> None:
     ax.set_ylim(0, 110)
     ax.legend()
     fig.tight_layout()
-    _save(plt, fig, path)
+    _save(fig, path)
 
 
-def _save(plt, fig, path: Path) -> None:
+def _save(fig, path: Path) -> None:
     """The figure as PNG at `path` (matplotlib would open the name: through a link)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
     atomic_write(path, buf.getvalue())
 
 

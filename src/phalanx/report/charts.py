@@ -44,8 +44,6 @@ def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]],
     more than a float, e.g. ±1e308) is a line of text in its place."""
     import matplotlib
 
-    matplotlib.use("Agg")
-
     out = []
     with matplotlib.rc_context({"svg.fonttype": "path", "font.size": 9}), \
             warnings.catch_warnings():
@@ -71,24 +69,30 @@ def charts_svg(records: list[dict[str, Any]], events: list[dict[str, Any]],
 def _chart(title: str, ylabel: str, points: list[tuple[str, str, list]],
            events: list[dict[str, Any]]) -> str:
     """One chart of `points` ([(legend label, style, [(step, value)])]) as SVG."""
-    import matplotlib.pyplot as plt
+    fig = new_figure((5.4, 3.0))
+    ax = fig.subplots()
+    for label, style, p in points:
+        if p:
+            ax.plot(*zip(*p), style, label=label, markersize=3, linewidth=1.4)
+    _mark_events(ax, events)
+    ax.set_title(title, loc="left", fontsize=10, fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len([p for *_, p in points if p]) > 1 or title == "Loss":
+        ax.legend(fontsize=8, frameon=False)
+    # fixed margins that fit the longest label and tick text (tight_layout measured every
+    # text first: 0.1 s per chart)
+    fig.subplots_adjust(left=0.15, right=0.98, bottom=0.16, top=0.89)
+    return _svg(fig)
 
-    fig, ax = plt.subplots(figsize=(5.4, 3.0))
-    try:
-        for label, style, p in points:
-            if p:
-                ax.plot(*zip(*p), style, label=label, markersize=3, linewidth=1.4)
-        _mark_events(ax, events)
-        ax.set_title(title, loc="left", fontsize=10, fontweight="bold")
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if len([p for *_, p in points if p]) > 1 or title == "Loss":
-            ax.legend(fontsize=8, frameon=False)
-        fig.tight_layout()
-        return _svg(fig)
-    finally:
-        plt.close(fig)
+
+def new_figure(size: tuple[float, float]):
+    """A matplotlib Figure outside pyplot (no global figure registry, no GUI backend, and
+    0.7 s less to import): drawn with Agg, freed when it goes out of scope."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size)
 
 
 def _drawable(value: Any) -> bool:
