@@ -17,16 +17,18 @@ from phalanx.launch import job as jobs
 
 
 def _job(tmp_path: Path, **layout) -> jobs.Job:
-    cfg = build_config({"train": {"max_steps": 7}, "dist": {"strategy": "fsdp"}})
+    cfg = build_config({"train": {"max_steps": 7}, "dist": {"strategy": "fsdp", **layout}})
     return jobs.Job("train", cfg, tmp_path.absolute(), ("--max-steps", "7"),
-                    "/runs/a/checkpoints/step-00000007|abc", layout=jobs.Layout(**layout))
+                    "/runs/a/checkpoints/step-00000007|abc")
 
 
 def test_a_written_job_reads_back_equal(tmp_path):
-    job = _job(tmp_path)
+    job = _job(tmp_path, dp_replicate=2)
     path = jobs.write(job)
     assert path == tmp_path / "job.json"
     assert jobs.load(path) == job
+    assert jobs.load(path).layout == {"pp": None, "dp_replicate": 2, "dp_shard": None,
+                                      "tp": None}
 
 
 def test_a_job_from_another_phalanx_is_refused_in_one_line(tmp_path):
@@ -36,16 +38,17 @@ def test_a_job_from_another_phalanx_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match=r"written by Phalanx 0\.0\.1, not by this Phalanx") as e:
         jobs.load(path)
     assert "\n" not in str(e.value)
-    path.write_text(json.dumps({**data, "format": 2}))
-    with pytest.raises(UserError, match="job format 1"):
+    path.write_text(json.dumps({**data, "format": jobs.FORMAT + 1}))
+    with pytest.raises(UserError, match=f"job format {jobs.FORMAT}"):
         jobs.load(path)
 
 
 def test_a_layout_not_built_yet_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"\(tp=2\) that this version of Phalanx does not build"):
-        jobs.write(_job(tmp_path, tp=2))
-    with pytest.raises(UserError, match="`pp` must be a whole number >= 1, got 0"):
-        jobs.Layout(pp=0).check()
+    with pytest.raises(UserError, match=r"`--tp 2`: tensor and pipeline parallelism are not "
+                                        r"built"):
+        _job(tmp_path, tp=2)
+    with pytest.raises(UserError, match="`--pp` must be a whole number >= 1, or -1"):
+        _job(tmp_path, pp=0)
     assert not (tmp_path / "job.json").exists()
 
 

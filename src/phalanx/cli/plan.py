@@ -11,6 +11,7 @@ import json
 import sys
 
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.layout import given, requested, said
 from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
 from phalanx.plan.model_states import parse_count
@@ -75,6 +76,11 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
+    if given(requested(cfg.dist)):
+        raise UserError(f"`{said(requested(cfg.dist))}`: `phalanx plan` models one "
+                        f"data-parallel dimension (ddp, zero and fsdp over the whole world); "
+                        f"HSDP layouts are not planned yet. Plan without the layout flags "
+                        f"(its fsdp rows are HSDP's memory with --dp-shard ranks).")
     if ns.model_states and (ns.measure or ns.simulate):
         raise UserError("`--model-states` prints the model states' arithmetic only; "
                         "`--measure` and `--simulate` check the full plan: leave out "

@@ -13,8 +13,16 @@ from phalanx.config.fields import (
     _positive,
     opt,
 )
+from phalanx.config.layout import check_request, requested
 from phalanx.config.nccl import PRESET_NAMES
-from phalanx.config.strategy import GRAD_SYNC, SPECS, default_name, refuse_foreign
+from phalanx.config.strategy import (
+    GRAD_SYNC,
+    SPECS,
+    check_layout,
+    default_name,
+    refuse_foreign,
+    spec,
+)
 from phalanx.errors import UserError
 
 STRATEGIES = tuple(SPECS)
@@ -30,6 +38,16 @@ class DistConfig:
     strategy: str | None = opt(None, "Parallelism: " + "; ".join(
         f"{s.name}: {s.summary}" for s in SPECS.values()) + ". Default: ddp when more than "
         "one rank, else single. See docs/strategies.md.", choices=STRATEGIES)
+    dp_replicate: int | None = opt(None, "Layout: replica groups (DDP's replicas, or HSDP's "
+                                         "replicate dimension with --dp-shard); -1: the rest "
+                                         "of the world. See docs/parallelism.md.", metavar="R")
+    dp_shard: int | None = opt(None, "Layout: ranks FSDP2 shards over (inside a replica group "
+                                     "with --dp-replicate: HSDP); -1: the rest of the world. "
+                                     "Without --strategy it means fsdp.", metavar="S")
+    tp: int | None = opt(None, "Layout: tensor-parallel ranks (reserved: not built in this "
+                               "version).", metavar="T")
+    pp: int | None = opt(None, "Layout: pipeline stages (reserved: not built in this "
+                               "version).", metavar="P")
     backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
                        choices=BACKENDS)
     threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "
@@ -139,8 +157,13 @@ class DistConfig:
             endpoint(self.rdzv_endpoint)
         # before launch the world is known only from --nproc-per-node (auto: likely several
         # ranks, so ddp — at 1 rank a ddp option is harmless); the name only, by the
-        # registry's default rule: the strategy itself is decided by `choose`, once per process
-        refuse_foreign(self, self.strategy or default_name(self.nproc_per_node or 2))
+        # registry's default rule: the strategy itself is decided by `choose`, once per
+        # process (which refuses another strategy's options when layout flags chose it)
+        check_request(requested(self))
+        if self.strategy:
+            check_layout(spec(self.strategy), requested(self))
+        if self.strategy or not any(v is not None for v in requested(self).values()):
+            refuse_foreign(self, self.strategy or default_name(self.nproc_per_node or 2))
         if self.hang_timeout_s >= self.timeout_s:
             raise UserError(f"`--hang-timeout-s` {self.hang_timeout_s:g} must be shorter than "
                             f"`--timeout-s` {self.timeout_s:g}: the collective timeout would "

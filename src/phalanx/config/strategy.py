@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.config.fields import flag_of
+from phalanx.config.layout import DIMS, Layout, fill, given, requested, said
 from phalanx.errors import UserError
 
 
@@ -65,6 +66,10 @@ class StrategySpec:
     checks: tuple[Callable[[Any, int, bool], None], ...] = field(default=())
     # the options as a training run uses them, given its accumulation (None: as given)
     settle: Callable[[Any, int], Any] | None = None
+    # the layout dimensions it spans (config.layout), its own first: it takes the rest of
+    # the world unless a size is -1; any other dimension above 1 is refused with `hint`
+    dims: tuple[str, ...] = ()
+    hint: str = ""
 
     @property
     def sharded(self) -> bool:
@@ -139,18 +144,25 @@ ALL_STATE = frozenset({"parameters", "gradients", "optimizer"})
 
 SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
     StrategySpec("single", "one process, nothing to synchronise",
-                 "phalanx.strategies.single:SingleStrategy", NoOptions, checks=(_one_rank,)),
+                 "phalanx.strategies.single:SingleStrategy", NoOptions, checks=(_one_rank,),
+                 hint="one process splits nothing. Drop the layout flags, or choose ddp/fsdp."),
     StrategySpec("ddp", "DistributedDataParallel: a full replica per rank, gradients "
                         "all-reduced", "phalanx.strategies.ddp:DDPStrategy", DDPOptions,
-                 checks=(_sync_bn_on_cuda,), settle=_static_graph_without_accumulation),
+                 checks=(_sync_bn_on_cuda,), settle=_static_graph_without_accumulation,
+                 dims=("dp_replicate",), hint="DDP replicates, it does not shard. Use "
+                 "`--strategy fsdp` (HSDP with `--dp-replicate`), or drop the flag."),
     StrategySpec("zero", "ZeRO-1: DDP + ZeroRedundancyOptimizer, each rank keeps 1/N of the "
                          "optimizer state", "phalanx.strategies.zero:ZeroStrategy", ZeroOptions,
                  shards=frozenset({"optimizer"}), checks=(_sync_bn_on_cuda, _zero_needs_ranks),
-                 settle=_static_graph_without_accumulation),
+                 settle=_static_graph_without_accumulation,
+                 hint="ZeRO-1 shards only the optimizer state, over the whole world, and "
+                 "takes no mesh. Drop the layout flags, or use `--strategy fsdp` with them."),
     StrategySpec("fsdp", "FSDP2 (fully_shard): parameters, gradients and optimizer state "
                          "sharded (ZeRO-3)", "phalanx.strategies.fsdp:FSDPStrategy", FSDPOptions,
                  shards=ALL_STATE, flag_prefix="fsdp_",
-                 checks=(_offload_on_cuda, _grad_sync_known)),
+                 checks=(_offload_on_cuda, _grad_sync_known), dims=("dp_shard", "dp_replicate"),
+                 hint="FSDP2 shards over --dp-shard, and replicates its groups over "
+                 "--dp-replicate (HSDP)."),
 )}
 
 
@@ -168,12 +180,14 @@ def default_name(world: int) -> str:
 
 @dataclass(frozen=True)
 class StrategyChoice:
-    """The strategy a job uses, decided once: its spec, the options it is built with, and
-    the world size it was decided for (`phalanx.init` refuses it in another world)."""
+    """The strategy a job uses, decided once: its spec, the options it is built with, the
+    world size it was decided for (`phalanx.init` refuses it in another world) and the
+    mesh's layout in that world (`config.layout`)."""
 
     spec: StrategySpec
     options: Any
     world: int
+    layout: Layout
 
     @property
     def name(self) -> str:
@@ -193,18 +207,49 @@ def choose(dist_cfg: Any, world: int, grad_accum: int) -> StrategyChoice:
     """The one place a run's strategy is decided: `--strategy`, or the default for `world`
     ranks; its options from the `[dist]` fields, settled for `grad_accum` micro-steps per
     optimizer step (the spec's rule, e.g. DDP's static graph only without accumulation)."""
-    found = spec(dist_cfg.strategy or default_name(world))
+    request = requested(dist_cfg)
+    found, layout = laid_out(dist_cfg.strategy, request, world)
+    if not dist_cfg.strategy and given(request):
+        refuse_foreign(dist_cfg, found.name)  # the layout chose it (DistConfig: the rest)
     options = found.options_from(dist_cfg)
     if found.settle is not None:
         options = found.settle(options, grad_accum)
-    return StrategyChoice(found, options, world)
+    return StrategyChoice(found, options, world, layout)
 
 
 def choose_for_script(name: str | None, world: int, **options: Any) -> StrategyChoice:
     """A script's `phalanx.init(strategy=name, **options)`: the named strategy (None: the
-    default for `world` ranks) with exactly the options given, checked against its spec."""
+    default for `world` ranks, or the one the layout keywords `dp_replicate`/`dp_shard`
+    mean) with exactly the options given, checked against its spec."""
+    request = {d: options.pop(d, None) for d in DIMS}
+    found, layout = laid_out(name, request, world)
+    return StrategyChoice(found, found.make_options(**options), world, layout)
+
+
+def check_layout(found: StrategySpec, request: dict[str, int | None]) -> None:
+    """A layout dimension the strategy does not span, set above 1, in one line."""
+    for d, v in given(request).items():
+        if v != 1 and d not in found.dims:
+            raise UserError(f"`--strategy {found.name}` with `{said(request)}`: {found.hint}")
+
+
+def laid_out(name: str | None, request: dict[str, int | None], world: int
+             ) -> tuple[StrategySpec, Layout]:
+    """The strategy and the mesh layout for `world` ranks. Without a name, the layout
+    chooses: a sharded dimension means fsdp (HSDP when replicated too), replicas alone
+    ddp, nothing given the world's default."""
+    if name is None and given(request):
+        probe = fill(request, world, "dp_shard")
+        name = "fsdp" if probe.dp_shard > 1 else "ddp" if probe.dp_replicate > 1 \
+            else default_name(world)
     found = spec(name or default_name(world))
-    return StrategyChoice(found, found.make_options(**options), world)
+    check_layout(found, request)
+    layout = fill(request, world, found.dims[0] if found.dims else "dp_replicate")
+    if found.sharded and world > 1 and layout.dp_shard == 1:
+        raise UserError(f"`--strategy {found.name}` with `{said(request)}` shards nothing "
+                        f"(--dp-shard 1). Use `--strategy ddp` to replicate, or give "
+                        f"`--dp-shard` a size above 1.")
+    return found, layout
 
 
 def refuse_foreign(dist_cfg: Any, chosen: str) -> None:

@@ -11,7 +11,6 @@ launcher, parses once and writes no job file."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -19,37 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cluster import protocol
+from phalanx.config.layout import requested
 from phalanx.config.sections import Config, from_dict
 from phalanx.errors import UserError
 from phalanx.paths import RunDir, atomic_write, parse_json, read_regular, shown
 from phalanx.version import __version__
 
-FORMAT = 1  # the job file's layout; a change that old readers would misread bumps it
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The parallel layout requested, as mesh dimensions (torchtitan's names): pipeline
-    stages, replicated and sharded data-parallel groups, tensor-parallel ranks. Today
-    every run is one data-parallel dimension over the whole world (its strategy says
-    whether it replicates or shards), so each is 1: `check` refuses anything else."""
-
-    pp: int = 1
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-
-    def check(self) -> None:
-        """Every term said in one place: whole numbers >= 1, and (today) all 1."""
-        for name, value in dataclasses.asdict(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"the job's layout `{name}` must be a whole number >= 1, got "
-                                f"{value!r}.")
-        above = [f"{k}={v}" for k, v in dataclasses.asdict(self).items() if v != 1]
-        if above:
-            raise UserError(f"the job asks for a parallel layout ({', '.join(above)}) that "
-                            f"this version of Phalanx does not build: every run is data "
-                            f"parallel over its whole world (--strategy). Leave each at 1.")
+FORMAT = 2  # the job file's layout; a change that old readers would misread bumps it
 
 
 @dataclass(frozen=True)
@@ -62,20 +37,23 @@ class Job:
     argv: tuple[str, ...]  # the command line as given (said back in "Resume with: …")
     verified: str | None = None  # the checkpoint verified in full (resume.verified_token)
     ft_group: str | None = None  # the torchft replica group this launcher runs, if any
-    layout: Layout = Layout()
+
+    @property
+    def layout(self) -> dict[str, int | None]:
+        """The mesh layout requested (`config.layout`: per dimension None, a size or -1
+        for the rest), checked with the config; each attempt resolves it for its world."""
+        return requested(self.config.dist)
 
     def to_json(self) -> str:
         return json.dumps({
             "format": FORMAT, "phalanx": __version__, "verb": self.verb,
             "config": self.config.to_dict(), "out": str(self.out), "argv": list(self.argv),
-            "verified": self.verified, "ft_group": self.ft_group,
-            "layout": dataclasses.asdict(self.layout)}, indent=1, sort_keys=True)
+            "verified": self.verified, "ft_group": self.ft_group}, indent=1, sort_keys=True)
 
 
 def write(job: Job, path: Path | None = None) -> Path:
     """`OUT/job.json` (or `path`), replaced atomically and without following a link (the
     caller holds the lock of the run directory it is in)."""
-    job.layout.check()
     return atomic_write(path or RunDir(job.out).job, job.to_json() + "\n")
 
 
@@ -95,15 +73,13 @@ def from_json(text: str | bytes, where: str) -> Job:
                         f"only from its own launcher's job. Start the run again with one "
                         f"Phalanx version on every machine.")
     try:
-        layout = Layout(**data["layout"])
         job = Job(verb=str(data["verb"]), config=from_dict(data["config"], f"the job file "
                                                            f"{where}"),
                   out=Path(data["out"]), argv=tuple(str(a) for a in data["argv"]),
                   verified=_text_or_none(data["verified"], "verified"),
-                  ft_group=data["ft_group"], layout=layout)
+                  ft_group=data["ft_group"])
     except (KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"the job file {where} is incomplete or malformed ({exc!r}).") from None
-    layout.check()
     return job
 
 

@@ -108,7 +108,8 @@ def init(seed: int = 0, *, backend: str = "auto",
     mark("phalanx.init: process group made")
 
     topology = data_parallel(env.rank, env.local_rank, env.world_size, env.local_world_size,
-                             device, backend, env.launcher, with_mesh=choice.spec.sharded,
+                             device, backend, env.launcher,
+                             layout=choice.layout if choice.spec.sharded else None,
                              peers=gather_peers(env.world_size))
     chosen = _checked(build(choice, topology), created)
     run_dir = os.environ.get(protocol.RUN_DIR) or out

@@ -152,10 +152,11 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
 
     def check_consistency(self, model: nn.Module) -> None:
         """Sharded parameters have one copy: each rank must hold the shard its placement
-        says, and every rank the same layout; unsharded tensors (buffers) must agree."""
+        says, and every rank the same layout; unsharded tensors (buffers) must agree, and
+        under HSDP the replicas of each shard too."""
 
         t = self.topology
-        check_sharded(model, t.device, t.world_size, t.rank)
+        check_sharded(model, t.device, t.world_size, t.rank, t.mesh)
 
 
 @contextmanager

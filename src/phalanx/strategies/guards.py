@@ -64,9 +64,10 @@ def check_consistency(model: nn.Module, device: torch.device, world_size: int) -
 
 
 def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, world_size: int,
-               what: str) -> None:
+               what: str, groups: list[list[int]] | None = None) -> None:
     """Raise `DistributedError` (on every rank) naming the first tensor of `state` that
-    differs between ranks, and the ranks that disagree."""
+    differs between ranks, and the ranks that disagree. `groups`: the sets of ranks that
+    must agree (default: all of them); every rank takes part in the one all_gather."""
     names, local = fingerprints(state, device)
     gathered = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(gathered, local)
@@ -74,9 +75,13 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
         raise DistributedError("the models differ in their number of tensors across ranks "
                                "(different architectures?).", [])
     table = torch.stack(gathered).cpu()  # one copy from the device, not one per rank·tensor
-    if bool((table == table[0]).all()):
-        return
-    rows, ranks = table.tolist(), list(range(world_size))
+    for ranks in groups or [list(range(world_size))]:
+        rows = table[ranks]
+        if not bool((rows == rows[0]).all()):
+            _name_difference(rows.tolist(), ranks, names, what)
+
+
+def _name_difference(rows: list, ranks: list[int], names: list[str], what: str) -> None:
     agree, disagree = _majority([tuple(r[0]) for r in rows], ranks)
     if disagree:
         raise DistributedError(
@@ -94,10 +99,20 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
                 f"on one rank, or a non-deterministic kernel.", disagree)
 
 
-def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank: int) -> None:
+def replica_sets(mesh: Any) -> list[list[int]]:
+    """The sets of ranks that hold the same shards: the columns of HSDP's (dp_replicate,
+    dp_shard) mesh; with one dimension, each rank alone (its shard is its own)."""
+    if mesh is None or mesh.ndim < 2:
+        return []
+    return [list(column) for column in mesh.mesh.t().tolist()]
+
+
+def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank: int,
+                  mesh: Any = None) -> None:
     """For sharded models: this rank's shard of every DTensor has the shape its placement
     gives this rank, every rank has the same layout (names, global shapes, placements),
-    and every unsharded tensor (buffers, plain parameters) is identical on all ranks."""
+    every unsharded tensor (buffers, plain parameters) is identical on all ranks, and
+    (HSDP, `mesh` 2-D) the ranks of one replica set hold bit-identical shards."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -121,6 +136,11 @@ def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank:
                                f"{problems[bad[0]]}. Something replaced the sharded "
                                f"parameters after run.setup().", bad)
     check_same(state, device, world_size, "unsharded tensors and shard layouts")
+    sets = replica_sets(mesh)
+    if sets:
+        shards = [(f"{name} (shard)", t.to_local()) for name, t in named_state(model)
+                  if isinstance(t, DTensor)]
+        check_same(shards, device, world_size, "parameter shards (HSDP replicas)", sets)
 
 
 def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None) -> list[str]:

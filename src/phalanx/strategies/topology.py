@@ -1,9 +1,10 @@
 """The job's shape as one value, built before any strategy: who this process is, where
 its tensors live, and how data is split (the data-parallel rank and size).
 
-Every strategy Phalanx has today is pure data parallelism, so the data-parallel group is
-the whole world; the fields are separate so that data loading never asks the global
-rank by accident (a tensor-parallel group would share one data shard).
+Every layout Phalanx builds today is data parallel (replicated, sharded, or both: HSDP),
+so the data-parallel group is the whole world; the fields are separate so that data
+loading never asks the global rank by accident (a tensor-parallel group would share one
+data shard).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from phalanx.config.layout import Layout
 from phalanx.errors import UserError
 
 
@@ -27,7 +29,9 @@ class Topology:
     launcher: str
     dp_rank: int
     dp_size: int
-    mesh: Any = None  # a 1-D DeviceMesh named "dp" over the world, when a strategy needs one
+    # the sharded strategy's DeviceMesh: 1-D "dp" over the world, or 2-D (dp_replicate,
+    # dp_shard) for HSDP (config.layout.Layout.mesh_dims); None for the others
+    mesh: Any = None
     peers: Any = None  # a phalanx.cluster.peers.Peers: each rank's host, for errors that name it
 
     def __post_init__(self) -> None:
@@ -49,14 +53,19 @@ class Topology:
 
 def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size: int,
                   device: torch.device, backend: str, launcher: str,
-                  with_mesh: bool = False, peers: Any = None) -> Topology:
-    """Pure data parallelism over the whole world; `with_mesh` builds the "dp" DeviceMesh
-    (a collective-free call over the default group)."""
+                  layout: Layout | None = None, peers: Any = None) -> Topology:
+    """Data parallelism over the whole world; `layout` (a sharded strategy's) builds its
+    DeviceMesh (`layout.mesh_dims()`; HSDP's dimensions make subgroups: every rank joins
+    each one's creation)."""
     mesh = None
-    if with_mesh:
+    if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+        if layout.world != world_size:
+            raise UserError(f"the layout {layout.describe()} spans {layout.world} ranks, and "
+                            f"this job has {world_size}.")
+        names, sizes = layout.mesh_dims()
+        mesh = init_device_mesh(device.type, sizes, mesh_dim_names=names)
     return Topology(rank=rank, local_rank=local_rank, world_size=world_size,
                     local_world_size=local_world_size, device=device, backend=backend,
                     launcher=launcher, dp_rank=rank, dp_size=world_size, mesh=mesh,

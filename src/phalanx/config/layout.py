@@ -1,0 +1,119 @@
+"""The parallel layout: the device mesh's dimensions, with torchtitan's names, and what
+they mean for the strategy. Torch-free: the launcher checks a request before any worker
+starts, and each attempt resolves it for the world it joined (`resolve`, called by
+`config.strategy.choose`).
+
+- `dp_replicate`: groups of ranks that hold the same weights (DDP's replicas, or HSDP's
+  replicate dimension).
+- `dp_shard`: ranks among which FSDP2 splits parameters, gradients and optimizer state.
+- `tp`, `pp`: tensor and pipeline parallelism — reserved: this version refuses them.
+
+A request holds, per dimension, None (not given), a size >= 1, or -1: "the rest of the
+world" (at most one). `--strategy fsdp` is `--dp-shard -1`, `--strategy ddp` is
+`--dp-replicate -1`; layout flags without `--strategy` choose it: any sharded dimension
+means fsdp (HSDP when replicated too), replication alone means ddp (the registry,
+`config.strategy.choose`, says which strategy takes which dimension).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.errors import UserError
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first
+REST = -1
+BUILT = ("dp_replicate", "dp_shard")  # the dimensions this version builds
+
+
+def flag(dim: str) -> str:
+    return "--" + dim.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A resolved mesh: each dimension's size; their product is the world size."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def world(self) -> int:
+        return math.prod(dataclasses.astuple(self))
+
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: sharded inside groups, the groups replicas of each other."""
+        return self.dp_replicate > 1 and self.dp_shard > 1
+
+    def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The sharded strategy's mesh: ("dp",) over the world, or (dp_replicate,
+        dp_shard) for HSDP (FSDP2 shards on the last dimension, replicates on the first)."""
+        if self.hybrid:
+            return ("dp_replicate", "dp_shard"), (self.dp_replicate, self.dp_shard)
+        return ("dp",), (self.world,)
+
+    def describe(self) -> str:
+        """E.g. "dp_replicate 2 × dp_shard 2" (the dimensions above 1; "1 rank" if none)."""
+        dims = [f"{d} {getattr(self, d)}" for d in DIMS if getattr(self, d) > 1]
+        return " × ".join(dims) or "1 rank"
+
+
+def requested(dist_cfg: Any) -> dict[str, int | None]:
+    """{dimension: None, a size, or -1} from the `[dist]` fields of the same names."""
+    return {d: getattr(dist_cfg, d, None) for d in DIMS}
+
+
+def check_request(request: dict[str, int | None]) -> None:
+    """What can be refused before the world is known, each in one line naming the flag:
+    sizes are -1 or >= 1, one -1 at most, and tp and pp are not built. (Whether the
+    strategy takes these dimensions is its spec's: `config.strategy.check_layout`.)"""
+    given = {d: v for d, v in request.items() if v is not None}
+    for d, v in given.items():
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 1 and v != REST):
+            raise UserError(f"`{flag(d)}` must be a whole number >= 1, or -1 for the rest of "
+                            f"the world; got {v!r}.")
+    rest = [d for d, v in given.items() if v == REST]
+    if len(rest) > 1:
+        raise UserError(f"`{flag(rest[0])} -1` and `{flag(rest[1])} -1`: only one dimension "
+                        f"can take the rest of the world. Give the other a size.")
+    above = [f"{flag(d)} {v}" for d, v in given.items() if d not in BUILT and v != 1]
+    if above:
+        raise UserError(f"`{above[0]}`: tensor and pipeline parallelism are not built in this "
+                        f"version of Phalanx (docs/parallelism.md says what is). Leave it "
+                        f"out; `--dp-replicate` and `--dp-shard` are.")
+
+
+def given(request: dict[str, int | None]) -> dict[str, int]:
+    return {d: v for d, v in request.items() if v is not None}
+
+
+def said(request: dict[str, int | None]) -> str:
+    """The layout flags given, as typed: "--dp-replicate 2 --dp-shard -1"."""
+    return " ".join(f"{flag(d)} {v}" for d, v in given(request).items())
+
+
+def fill(request: dict[str, int | None], world: int, open_dim: str) -> Layout:
+    """The layout for `world` ranks: dimensions not given are 1, except `open_dim` (the
+    strategy's own), which takes the rest when no dimension is -1; the product checked."""
+    check_request(request)
+    sizes = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1, **given(request)}
+    if REST not in sizes.values() and open_dim not in given(request):
+        sizes[open_dim] = REST
+    known = math.prod(v for v in sizes.values() if v != REST)
+    shown = said(request) or f"{flag(open_dim)} -1"
+    if world % known:
+        raise UserError(f"the layout `{shown}` needs a multiple of {known} ranks, and this "
+                        f"job has {world}: {known} does not divide {world}. Change the "
+                        f"sizes or the number of processes.")
+    filled = {d: (world // known if v == REST else v) for d, v in sizes.items()}
+    if math.prod(filled.values()) != world:
+        raise UserError(f"the layout `{shown}` spans {known} ranks, and this job has {world}: "
+                        f"the sizes must multiply to the world size (or give one of them "
+                        f"-1 for the rest).")
+    return Layout(**filled)

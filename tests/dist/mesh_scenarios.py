@@ -1,0 +1,161 @@
+"""Worker for tests/dist/test_mesh.py: the layouts of a device mesh on 4 gloo ranks (and
+the one-rank reference at 1), every case on one process group, each layout's mesh built
+for its case.
+
+- start: the weights right after setup, each rank's generator drawing differently first,
+  for every layout and model kind (rank 0 saves OUT/start-<layout>-<kind>.pt);
+- train: 3 AdamW steps of the same global batch (8 sequences) under each layout (OUT/
+  eq-<layout>.pt: full weights, losses, gradient norms), the consistency check every step;
+- chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
+  changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
+  it on one rank);
+- guard: one HSDP replica's shard changed on one rank: the consistency check names it.
+Usage: python mesh_scenarios.py OUT CORPUS CACHE
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from sharded_scenarios import CLIP, TINY  # noqa: F401  (the same tiny model and clip)
+from start_scenarios import KINDS
+
+import phalanx
+from phalanx.config.sections import build_config
+from phalanx.data.corpus import prepare
+from phalanx.strategies import build, choose_for_script
+from phalanx.train.loop import train
+
+# label: (strategy, layout keywords) on 4 ranks
+LAYOUTS = {
+    "ddp": ("ddp", {}),
+    "fsdp": ("fsdp", {}),
+    "hsdp": (None, {"dp_replicate": 2, "dp_shard": 2}),
+}
+CHAIN = ("fsdp", "hsdp", "ddp")  # the layout of each hop: steps 0-2, 2-4, 4-6
+GLOBAL = 8
+
+
+def config(steps: int, out: Path | None = None, resume: str = "never", micro: int = 2):
+    return build_config({
+        "model": {**TINY, "dropout": 0.0},
+        "train": {"micro_batch_size": micro, "grad_accum": 1, "max_steps": steps,
+                  "lr_decay_steps": 8, "warmup_steps": 1, "eval_every": 1000,
+                  "eval_batches": 1, "lr": 3e-3, "min_lr": 3e-4, "seed": 7,
+                  "grad_clip": CLIP, "log_every": 1, "checkpoint_every": 2,
+                  "keep_checkpoints": 4, "resume": resume, "out": str(out or "unused"),
+                  "sample_tokens": 0, "optimizer": "adamw"},
+        "dist": {"check_consistency_every": 1}})
+
+
+@contextlib.contextmanager
+def laid_out(run, label: str):
+    """The run with layout `label`'s strategy, on a mesh built for it."""
+    name, dims = LAYOUTS[label]
+    choice = choose_for_script(name, run.world_size, **dims)
+    topology = run.topology
+    if choice.spec.sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names, sizes = choice.layout.mesh_dims()
+        topology = replace(topology, mesh=init_device_mesh("cpu", sizes, mesh_dim_names=names))
+    saved, run.strategy = run.strategy, build(choice, topology)
+    try:
+        yield run.strategy
+    finally:
+        run.strategy = saved
+
+
+def dump(run, result, path: Path) -> None:
+    weights = run.full_state_dict(result.model)
+    if run.is_main:
+        torch.save({"state": {k: v.detach().clone() for k, v in weights.items()},
+                    "losses": result.losses, "step": result.state.step,
+                    "position": result.state.position,
+                    "norms": [float(n) for n in result.grad_norms]}, path)
+    run.barrier()
+
+
+def start(run, out: Path) -> None:
+    labels = ["single"] if run.world_size == 1 else list(LAYOUTS)
+    for label in labels:
+        for kind, make in KINDS.items():
+            torch.manual_seed(1000 + run.rank)  # every rank draws differently
+            with (laid_out(run, label) if label != "single" else
+                  contextlib.nullcontext(run.strategy)) as strategy:
+                wrapped = strategy.setup_module(make(), strategy.precision("fp32"))
+                full = strategy.full_state_dict(wrapped)
+            if run.is_main:
+                torch.save({k: v.detach().clone().cpu() for k, v in full.items()},
+                           out / f"start-{label}-{kind}.pt")
+
+
+def equivalence(run, splits, out: Path) -> None:
+    for label in LAYOUTS:
+        with laid_out(run, label):
+            dump(run, train(config(3, micro=GLOBAL // 4), run, splits),
+                 out / f"eq-{label}.pt")
+
+
+def chain(run, splits, out: Path) -> None:
+    with laid_out(run, "hsdp"):
+        where = out / "straight"
+        dump(run, train(config(8, where, micro=GLOBAL // 4), run, splits, where),
+             out / "straight.pt")
+        for step in (2, 4, 6):  # the straight run's weights there: loaded, no step taken
+            checkpoint = str(where / "checkpoints" / f"step-{step:08d}")
+            again = out / f"straight-at-{step}"
+            dump(run, train(config(step, again, checkpoint, micro=GLOBAL // 4), run, splits,
+                            again), out / f"straight-{step}.pt")
+    resume = "never"
+    for hop, label in enumerate(CHAIN):
+        where = out / f"hop{hop}-{label}"
+        with laid_out(run, label):
+            result = train(config(2 * hop + 2, where, resume, micro=GLOBAL // 4), run, splits,
+                           where)
+            dump(run, result, out / f"hop{hop}.pt")
+        resume = str(where / "checkpoints" / f"step-{2 * hop + 2:08d}")
+
+
+def guard(run, out: Path) -> None:
+    """Rank 2 (replica set {0, 2} under dp_replicate 2 × dp_shard 2) changes its shard."""
+    from torch.distributed.tensor import DTensor
+
+    from phalanx.errors import DistributedError
+
+    with laid_out(run, "hsdp") as strategy:
+        torch.manual_seed(5)
+        model = strategy.setup_module(KINDS["own_init"](), strategy.precision("fp32"))
+        strategy.check_consistency(model)  # as set up: replicas equal
+        weight = model.blocks[1].weight
+        assert isinstance(weight, DTensor)
+        if run.rank == 2:
+            with torch.no_grad():
+                weight.to_local().add_(1.0)
+        try:
+            strategy.check_consistency(model)
+            message = "no error"
+        except DistributedError as exc:
+            message = str(exc)
+    (out / f"guard-rank{run.rank}.txt").write_text(message)
+
+
+def main(out: Path, corpus: str, cache: str) -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    splits = prepare(corpus, cache, 0.1)
+    with phalanx.init(seed=7, threads=1) as run:
+        start(run, out)
+        if run.world_size > 1:
+            equivalence(run, splits, out)
+            chain(run, splits, out)
+            guard(run, out)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
