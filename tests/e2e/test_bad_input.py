@@ -20,6 +20,7 @@ import pytest
 
 from bad_input_more import data_files, data_rows, round_three, round_three_files
 from phalanx import cli
+from phalanx.config.layout import DIMS
 from phalanx.config.sections import SECTIONS, flag_of
 
 FLOAT_FIELDS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)
@@ -42,7 +43,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
     for f in INT_FIELDS:  # 20 fields x 2
         add(f"train{flag_of(f)}=2**64", ["train", flag_of(f), str(2 ** 64)],
             f"`{flag_of(f)}` {2 ** 64} does not fit in 64 bits")
-        add(f"train{flag_of(f)}=-1", ["train", f"{flag_of(f)}=-1"], f"`{flag_of(f)}`")
+        low = -2 if f.name in DIMS else -1  # a layout dimension's -1 is "the rest"
+        add(f"train{flag_of(f)}={low}", ["train", f"{flag_of(f)}={low}"], f"`{flag_of(f)}`")
     for flag in ("--n-layer", "--max-steps", "--seed", "--nproc-per-node"):
         add(f"train{flag}=abc", ["train", flag, "abc"], "invalid int value: 'abc'")
     for flag in ("--out", "--data", "--cache-dir", "--resume"):
@@ -90,6 +92,19 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("ddp-flag-with-fsdp", ["--strategy", "fsdp", "--bucket-cap-mb", "50"],
          "`--bucket-cap-mb` is an option of `--strategy ddp/zero`"),
         ("fsdp-grad-sync", ["--fsdp-grad-sync", "sometimes"], "invalid choice: 'sometimes'"),
+        ("layout-ddp-shards", ["--strategy", "ddp", "--dp-shard", "2"],
+         "`--strategy ddp` with `--dp-shard 2`: DDP replicates, it does not shard"),
+        ("layout-zero", ["--strategy", "zero", "--dp-replicate", "2"],
+         "ZeRO-1 shards only the optimizer state"),
+        ("layout-tp", ["--tp", "2"], "`--tp 2`: tensor and pipeline parallelism are not built"),
+        ("layout-two-rests", ["--dp-replicate", "-1", "--dp-shard", "-1"],
+         "only one dimension can take the rest"),
+        ("layout-does-not-divide", ["--dp-replicate", "3", "--nproc-per-node", "2"],
+         "3 does not divide 2"),
+        ("layout-product", ["--dp-replicate", "2", "--dp-shard", "2", "--nproc-per-node", "2"],
+         "4 does not divide 2"),
+        ("layout-fsdp-shards-nothing", ["--strategy", "fsdp", "--dp-replicate", "-1",
+                                        "--nproc-per-node", "2"], "shards nothing"),
         ("nnodes-no-endpoint", ["--nnodes", "2"], "`--nnodes 2` needs `--rdzv-endpoint"),
         ("node-rank-too-big", ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400",
                                "--node-rank", "2"], "`--node-rank` 2 must be in 0 .. 1"),

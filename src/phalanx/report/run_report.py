@@ -123,7 +123,7 @@ def write_environment(run, cfg, out_dir: Path) -> None:
     env = {"phalanx": __version__, "torch": torch.__version__,
            "python": sys.version.split()[0], "platform": platform.platform(),
            "hosts": ", ".join(sorted(set(peers.hosts))) if peers is not None else "",
-           "world_size": run.world_size, "strategy": run.strategy.name,
+           "world_size": run.world_size, "strategy": run.strategy.label,
            "backend": run.backend, "launcher": run.launcher,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "threads_per_rank": run.threads}

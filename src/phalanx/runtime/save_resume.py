@@ -111,7 +111,7 @@ class CheckpointMethods:
             meta[LOADER_KEY].get("global_batch", 0), loader.sampler.batch_size)
         t = self.topology
         self.print(f"phalanx: resumed from {path} (step {step})" + script_resume(
-            meta, t.world_size, t.dp_size, self.strategy.name, batches))
+            meta, t.world_size, t.dp_size, self.strategy.label, batches))
         return step
 
     def load(self, path: str | Path, model: nn.Module,
@@ -169,7 +169,7 @@ class CheckpointMethods:
     def _extras(self, loader: Any) -> dict[str, Any]:
         t = self.topology
         extras: dict[str, Any] = {SEEDING_KEY: SEEDING, WORLD_KEY: world_record(
-            t.world_size, t.dp_size, self.strategy.name)}
+            t.world_size, t.dp_size, self.strategy.label)}
         if loader is not None:
             if not hasattr(loader, "state_dict") or not hasattr(loader, "position"):
                 raise UserError(f"run.save(loader=...) takes the loader `run.loader(...)` "

@@ -63,6 +63,16 @@ class Strategy(ABC):
         return spec(self.name)
 
     @property
+    def label(self) -> str:
+        """The name, with the mesh's dimensions when it has several: "fsdp" or "fsdp
+        (dp_replicate 2 × dp_shard 2)" (HSDP) — what banners, reports and checkpoints say."""
+        mesh = self.topology.mesh
+        if mesh is None or mesh.ndim < 2:
+            return self.name
+        names = mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)]
+        return f"{self.name} ({' × '.join(f'{n} {s}' for n, s in zip(names, mesh.shape))})"
+
+    @property
     def sharded(self) -> bool:
         """Whether parameters are split across ranks (no rank holds the whole model)."""
         return self.spec.sharded

@@ -58,7 +58,7 @@ def save(run: Run, cfg: Config, out_dir: RunDir | Path, state: TrainState, model
                         f"committed one is kept); {advice(cfg.train.precision)}.")
     meta = {"train_state": dataclasses.asdict(state), "config": cfg.to_dict(),
             "scaler": precision.scaler.state_dict() if precision.scaler else None,
-            "world_size": run.world_size, "strategy": run.strategy.name,
+            "world_size": run.world_size, "strategy": run.strategy.label,
             "vocab_size": _vocab_size(run, model), "tokenizer": tokenizer}
     run.save(checkpoints_dir(out_dir), state.step, model, opt, meta,
              keep=cfg.train.keep_checkpoints, config_hash=config_hash(cfg),
@@ -147,7 +147,7 @@ def restore(run: Run, cfg: Config, out_dir: RunDir | Path | None, model, opt,
     changes = check_compatible(cfg, meta, path, run.topology.dp_size, corpus=corpus)
     state = _load(run, path, meta, model, opt, precision)
     wrote = written_by(meta.get("world_size"), meta.get("strategy", "ddp/single"),
-                       run.world_size, run.strategy.name)
+                       run.world_size, run.strategy.label)
     line = (f"resumed from {path} at step {state.step} ({wrote})"
             + (f"; changed: {', '.join(changes)}" if changes else ""))
     run.print(f"phalanx: {restart}; every rank {line}" if restart else line)

@@ -35,7 +35,7 @@ def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
     t, m = cfg.train, cfg.model
     gb = t.micro_batch_size * t.grad_accum * run.topology.dp_size
     return (f"phalanx: {run.world_size} rank(s) · {run.backend} on {run.device.type} · "
-            f"strategy {run.strategy.name} · {run.threads} thread(s)/rank\n"
+            f"strategy {run.strategy.label} · {run.threads} thread(s)/rank\n"
             f"model:   {model_name(cfg)}, block {m.block_size}, "
             f"precision {t.precision}, {OPTIMIZERS[t.optimizer]}\n"
             f"data:    {splits.description} ({splits.n_train:,} train / {splits.n_val:,} val "

@@ -1,0 +1,36 @@
+"""`phalanx train` with layout flags on the embedded default (tiny settings), 4 gloo ranks:
+HSDP (--dp-replicate 2: the shards take the rest), then resumed under --dp-shard 4."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
+        "--micro-batch-size", "2", "--eval-every", "4", "--log-every", "1",
+        "--sample-tokens", "0", "--checkpoint-every", "2", "--nproc-per-node", "4"]
+
+
+def train(out, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phalanx", "train", *TINY, "--out", str(out),
+                           *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path):
+    out = tmp_path / "run"
+    first = train(out, "--max-steps", "4", "--dp-replicate", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "strategy fsdp (dp_replicate 2 × dp_shard 2)" in first.stdout.splitlines()[0]
+    job = json.loads((out / "job.json").read_text())
+    assert job["config"]["dist"]["dp_replicate"] == 2  # the request, as given
+    env = json.loads((out / "environment.json").read_text())
+    assert env["strategy"] == "fsdp (dp_replicate 2 × dp_shard 2)"
+
+    again = train(out, "--max-steps", "6", "--dp-shard", "4")
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = next(line for line in again.stdout.splitlines() if line.startswith("resumed"))
+    assert "at step 4 (written by 4 rank(s) with fsdp (dp_replicate 2 × dp_shard 2), now 4 " \
+           "with fsdp)" in resumed, resumed
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,75 @@
+"""The layout flags (config.layout + the registry): what each combination resolves to on
+a given world, and what is refused (the one-line texts are in tests/e2e/test_bad_input.py
+through the CLI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx import cli
+from phalanx.config.layout import Layout
+from phalanx.config.sections import build_config
+from phalanx.config.strategy import choose, choose_for_script
+from phalanx.errors import UserError
+
+R, S = "dp_replicate", "dp_shard"
+
+
+@pytest.mark.parametrize("dist, world, name, layout", [
+    ({}, 4, "ddp", Layout(dp_replicate=4)),
+    ({}, 1, "single", Layout()),
+    ({"strategy": "fsdp"}, 4, "fsdp", Layout(dp_shard=4)),  # fsdp ≡ --dp-shard -1
+    ({"strategy": "zero"}, 4, "zero", Layout(dp_replicate=4)),
+    ({R: 2, S: 2}, 4, "fsdp", Layout(dp_replicate=2, dp_shard=2)),  # HSDP
+    ({R: 2}, 4, "fsdp", Layout(dp_replicate=2, dp_shard=2)),  # the shards take the rest
+    ({R: 4}, 4, "ddp", Layout(dp_replicate=4)),  # replicas alone: ddp
+    ({R: -1}, 4, "ddp", Layout(dp_replicate=4)),
+    ({S: -1}, 4, "fsdp", Layout(dp_shard=4)),
+    ({S: 2, R: -1}, 8, "fsdp", Layout(dp_replicate=4, dp_shard=2)),
+    ({"strategy": "fsdp", R: 2}, 4, "fsdp", Layout(dp_replicate=2, dp_shard=2)),
+    ({"strategy": "ddp", R: -1}, 4, "ddp", Layout(dp_replicate=4)),
+    ({R: 1, S: 1}, 1, "single", Layout()),
+])
+def test_a_layout_resolves_to_one_strategy_and_mesh(dist, world, name, layout):
+    choice = choose(build_config({"dist": dist}).dist, world, 1)
+    assert (choice.name, choice.layout) == (name, layout)
+    assert choice.layout.world == world
+
+
+@pytest.mark.parametrize("dist, world, needle", [
+    ({R: 2}, 3, "2 does not divide 3"),
+    ({"strategy": "ddp", R: 2}, 4, "spans 2 ranks, and this job has 4"),
+    ({S: 2}, 4, "spans 2 ranks, and this job has 4"),
+    ({"strategy": "fsdp", R: 4}, 4, "shards nothing"),
+    ({R: 4, "fsdp_grad_sync": "last"}, 4, "`--fsdp-grad-sync` is an option of `--strategy "
+                                          "fsdp`, and this run uses `ddp`"),
+    ({R: 2, "bucket_cap_mb": 50.0}, 4, "`--bucket-cap-mb` is an option of `--strategy ddp/zero`, "
+                                      "and this run uses `fsdp`"),
+])
+def test_a_layout_the_world_cannot_take_is_refused_in_one_line(dist, world, needle):
+    cfg = build_config({"dist": dist})
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")) as e:
+        choose(cfg.dist, world, 1)
+    assert "\n" not in str(e.value)
+
+
+def test_a_script_gives_the_layout_to_phalanx_init_as_keywords():
+    choice = choose_for_script("fsdp", 4, dp_replicate=2, reshard_after_forward=False)
+    assert choice.layout == Layout(dp_replicate=2, dp_shard=2)
+    assert choice.options.reshard_after_forward is False
+    assert choose_for_script(None, 4, dp_shard=4).name == "fsdp"
+    with pytest.raises(UserError, match="`--strategy ddp` with `--dp-shard 2`"):
+        choose_for_script("ddp", 4, dp_shard=2)
+
+
+def test_mesh_dimensions_and_their_text():
+    hsdp = Layout(dp_replicate=2, dp_shard=4)
+    assert hsdp.mesh_dims() == ((R, S), (2, 4)) and hsdp.hybrid
+    assert Layout(dp_shard=8).mesh_dims() == (("dp",), (8,))
+    assert hsdp.describe() == "dp_replicate 2 × dp_shard 4" and Layout().describe() == "1 rank"
+
+
+def test_plan_refuses_layout_flags_it_does_not_model(capsys):
+    assert cli.main(["plan", "--dp-replicate", "2", "--world-size", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "HSDP layouts are not planned yet" in err[0], err
