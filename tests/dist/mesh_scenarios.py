@@ -6,6 +6,7 @@ for its case.
   for every layout and model kind (rank 0 saves OUT/start-<layout>-<kind>.pt);
 - train: 3 AdamW steps of the same global batch (8 sequences) under each layout (OUT/
   eq-<layout>.pt: full weights, losses, gradient norms), the consistency check every step;
+  and 3 Muon steps under ddp and HSDP (OUT/muon-<layout>.pt);
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
   changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
   it on one rank);
@@ -40,7 +41,8 @@ CHAIN = ("fsdp", "hsdp", "ddp")  # the layout of each hop: steps 0-2, 2-4, 4-6
 GLOBAL = 8
 
 
-def config(steps: int, out: Path | None = None, resume: str = "never", micro: int = 2):
+def config(steps: int, out: Path | None = None, resume: str = "never", micro: int = 2,
+           optimizer: str = "adamw"):
     return build_config({
         "model": {**TINY, "dropout": 0.0},
         "train": {"micro_batch_size": micro, "grad_accum": 1, "max_steps": steps,
@@ -48,7 +50,7 @@ def config(steps: int, out: Path | None = None, resume: str = "never", micro: in
                   "eval_batches": 1, "lr": 3e-3, "min_lr": 3e-4, "seed": 7,
                   "grad_clip": CLIP, "log_every": 1, "checkpoint_every": 2,
                   "keep_checkpoints": 4, "resume": resume, "out": str(out or "unused"),
-                  "sample_tokens": 0, "optimizer": "adamw"},
+                  "sample_tokens": 0, "optimizer": optimizer, "muon_lr": 0.05},
         "dist": {"check_consistency_every": 1}})
 
 
@@ -99,6 +101,10 @@ def equivalence(run, splits, out: Path) -> None:
         with laid_out(run, label):
             dump(run, train(config(3, micro=GLOBAL // 4), run, splits),
                  out / f"eq-{label}.pt")
+    for label in ("ddp", "hsdp"):  # Muon gathers each matrix over both HSDP dimensions
+        with laid_out(run, label):
+            dump(run, train(config(3, micro=GLOBAL // 4, optimizer="muon"), run, splits),
+                 out / f"muon-{label}.pt")
 
 
 def chain(run, splits, out: Path) -> None:

@@ -48,12 +48,14 @@ def one_rank(mesh, corpus_file, cache_dir, tmp_path_factory):
         start(run, out)
         result = train(config(3, micro=GLOBAL), run, splits)
         eq = {"state": run.full_state_dict(result.model), "losses": result.losses}
+        result = train(config(3, micro=GLOBAL, optimizer="muon"), run, splits)
+        muon = {"state": run.full_state_dict(result.model), "losses": result.losses}
         where = out / "last-hop"
         checkpoint = mesh / "hop2-ddp" / "checkpoints" / "step-00000006"
         result = train(config(8, where, str(checkpoint), micro=GLOBAL), run, splits, where)
         hop = {"state": run.full_state_dict(result.model), "losses": result.losses,
                "step": result.state.step, "position": result.state.position}
-    return {"out": out, "eq": eq, "hop": hop}
+    return {"out": out, "eq": eq, "muon": muon, "hop": hop}
 
 
 def load(path: Path) -> dict:
@@ -89,6 +91,18 @@ def test_each_layout_equals_one_process_on_the_same_global_batch(mesh, one_rank,
     print(f"{label}: {difference:.3g} from one process (ddp: {ddp:.3g}, bound {bound:.3g})")
     assert difference <= bound, (label, difference, ddp)
     assert found["losses"] == pytest.approx(one_rank["eq"]["losses"], rel=1e-5), label
+
+
+def test_muon_under_hsdp_equals_one_process(mesh, one_rank):
+    """Muon orthogonalises whole matrices: under HSDP each update is gathered over both
+    mesh dimensions, and the result is one process's (the bound derived from ddp's)."""
+    ddp = max_difference(load(mesh / "muon-ddp.pt")["state"], one_rank["muon"]["state"])
+    hsdp = load(mesh / "muon-hsdp.pt")
+    difference = max_difference(hsdp["state"], one_rank["muon"]["state"])
+    print(f"muon hsdp: {difference:.3g} from one process (ddp: {ddp:.3g})")
+    assert difference <= max(10 * ddp, FLOOR), (difference, ddp)
+    assert hsdp["losses"] == pytest.approx(one_rank["muon"]["losses"], rel=1e-5)
+    assert max_difference(hsdp["state"], one_rank["eq"]["state"]) > 1e-3  # not AdamW's
 
 
 def test_resume_across_layouts_lands_where_the_arithmetic_says(mesh, one_rank):

@@ -73,3 +73,12 @@ def test_plan_refuses_layout_flags_it_does_not_model(capsys):
     assert cli.main(["plan", "--dp-replicate", "2", "--world-size", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "HSDP layouts are not planned yet" in err[0], err
+
+
+def test_a_shard_group_across_machines_is_said_with_the_layout_that_keeps_it_inside():
+    note = Layout(dp_shard=8).across_machines(per_machine=4, machines=2)
+    assert note is not None and "dp_shard 8 spans machines (4 ranks per machine)" in note
+    assert "`--dp-shard 4` (HSDP" in note
+    assert Layout(dp_replicate=2, dp_shard=4).across_machines(4, 2) is None  # inside each
+    assert Layout(dp_shard=4).across_machines(4, 1) is None  # one machine
+    assert "divides 3" in Layout(dp_replicate=3, dp_shard=2).across_machines(3, 2)

@@ -58,6 +58,21 @@ class Layout:
             return ("dp_replicate", "dp_shard"), (self.dp_replicate, self.dp_shard)
         return ("dp",), (self.world,)
 
+    def across_machines(self, per_machine: int, machines: int) -> str | None:
+        """A note when a sharded group of ranks spans machines (FSDP all-gathers and
+        reduce-scatters every layer: on the slow network then), with the HSDP layout that
+        keeps it inside one; None when each group stays on one machine. Ranks are numbered
+        machine by machine, and a dp_shard group is `dp_shard` consecutive ranks."""
+        S = self.dp_shard
+        if machines < 2 or S < 2 or per_machine % S == 0:
+            return None
+        keep = math.gcd(per_machine, S)
+        fix = (f"`--dp-shard {per_machine}` (HSDP: --dp-replicate takes the rest) keeps them "
+               f"inside one" if keep == per_machine and self.world % per_machine == 0
+               else f"a --dp-shard that divides {per_machine} keeps them inside one")
+        return (f"dp_shard {S} spans machines ({per_machine} ranks per machine): FSDP's "
+                f"all-gathers and reduce-scatters cross the network every layer; {fix}.")
+
     def describe(self) -> str:
         """E.g. "dp_replicate 2 × dp_shard 2" (the dimensions above 1; "1 rank" if none)."""
         dims = [f"{d} {getattr(self, d)}" for d in DIMS if getattr(self, d) > 1]

@@ -120,6 +120,10 @@ def init(seed: int = 0, *, backend: str = "auto",
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir)
     fail_fast(run)
+    spread = choice.layout.across_machines(env.local_world_size, topology.nodes) \
+        if choice.spec.sharded else None
+    if spread:  # on stderr, as the strategy's note: not the program's output
+        run.print(f"phalanx: note: {spread}", file=sys.stderr)
     where = run_dir or log  # the report's: its strategy, ranks, versions
     if run.is_main and where is not None:
         where.mkdir(parents=True, exist_ok=True)
