@@ -10,6 +10,8 @@ for its case.
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
   changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
   it on one rank);
+- llama: a transformers Llama in a script's own loop under HSDP, exported with
+  save_pretrained (OUT/llama-hsdp.pt, OUT/llama-export/);
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
 """
@@ -127,6 +129,37 @@ def chain(run, splits, out: Path) -> None:
         resume = str(where / "checkpoints" / f"step-{2 * hop + 2:08d}")
 
 
+def llama_batch(step: int) -> torch.Tensor:
+    """Step `step`'s global batch for the Llama case: 8 sequences of 16 random tokens."""
+    from transformers_scenarios import VOCAB
+
+    return torch.randint(0, VOCAB, (GLOBAL, 16), generator=torch.Generator().manual_seed(step))
+
+
+def llama(run, out: Path) -> None:
+    """A transformers Llama in a script's own loop under HSDP (phalanx.init's keywords
+    through `laid_out`): 3 clipped AdamW steps, then `run.export` (save_pretrained)."""
+    from transformers_scenarios import LR, build
+
+    with laid_out(run, "hsdp"):
+        model, opt = run.setup(build("llama"), lambda p: torch.optim.AdamW(p, lr=LR))
+        per = GLOBAL // run.world_size
+        losses = []
+        for step in range(3):
+            x = llama_batch(step)[run.rank * per:(run.rank + 1) * per]
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            run.clip_grad_norm_(model, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(run.all_reduce_mean(loss.item()))
+        state = run.full_state_dict(model)
+        run.export(model, out / "llama-export")
+    if run.is_main:
+        torch.save({"state": {k: v.clone() for k, v in state.items()}, "losses": losses},
+                   out / "llama-hsdp.pt")
+
+
 def guard(run, out: Path) -> None:
     """Rank 2 (replica set {0, 2} under dp_replicate 2 × dp_shard 2) changes its shard."""
     from torch.distributed.tensor import DTensor
@@ -160,6 +193,7 @@ def main(out: Path, corpus: str, cache: str) -> None:
         if run.world_size > 1:
             equivalence(run, splits, out)
             chain(run, splits, out)
+            llama(run, out)
             guard(run, out)
 
 

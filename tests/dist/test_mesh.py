@@ -122,6 +122,33 @@ def test_resume_across_layouts_lands_where_the_arithmetic_says(mesh, one_rank):
     assert max_difference(straight["state"], load(mesh / "straight-6.pt")["state"]) > 1e-3
 
 
+def test_a_transformers_llama_in_a_script_under_hsdp_equals_one_process(mesh):
+    """Plain torch in one process on the whole batch against the script's own loop under
+    HSDP on 4 ranks; its save_pretrained export loads with from_pretrained, bit for bit."""
+    from mesh_scenarios import llama_batch
+    from transformers import LlamaForCausalLM
+    from transformers_scenarios import LR, build
+
+    model = build("llama")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for step in range(3):
+        x = llama_batch(step)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    found = load(mesh / "llama-hsdp.pt")
+    one = {k: v for k, v in model.state_dict().items() if k in found["state"]}
+    difference = max_difference(found["state"], one)
+    print(f"llama hsdp: {difference:.3g} from one process")
+    assert difference < 1e-5 and found["losses"] == pytest.approx(losses, rel=1e-5)
+    loaded = LlamaForCausalLM.from_pretrained(mesh / "llama-export").state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in found["state"].items())
+
+
 def test_an_hsdp_replica_changed_on_one_rank_is_named(mesh):
     messages = {(mesh / f"guard-rank{r}.txt").read_text() for r in range(4)}
     assert len(messages) == 1, messages

@@ -1,11 +1,15 @@
 """`phalanx train` with layout flags on the embedded default (tiny settings), 4 gloo ranks:
-HSDP (--dp-replicate 2: the shards take the rest), then resumed under --dp-shard 4."""
+HSDP (--dp-replicate 2: the shards take the rest), then resumed under --dp-shard 4, and
+the HSDP-written checkpoint exported to plain safetensors."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import torch
+from safetensors.torch import load_file
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "4", "--log-every", "1",
@@ -26,6 +30,7 @@ def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path
     assert job["config"]["dist"]["dp_replicate"] == 2  # the request, as given
     env = json.loads((out / "environment.json").read_text())
     assert env["strategy"] == "fsdp (dp_replicate 2 × dp_shard 2)"
+    written = load_file(str(out / "model.safetensors"))  # step 4's, gathered at the end
 
     again = train(out, "--max-steps", "6", "--dp-shard", "4")
     assert again.returncode == 0, again.stdout + again.stderr
@@ -34,3 +39,13 @@ def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path
            "with fsdp)" in resumed, resumed
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+    # the HSDP-written checkpoint exported to plain safetensors: the run's own weights
+    exported = tmp_path / "export" / "w.safetensors"
+    done = subprocess.run([sys.executable, "-m", "phalanx", "export",
+                           str(out / "checkpoints" / "step-00000004"), "--out", str(exported)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    weights = load_file(str(exported))
+    assert sorted(weights) == sorted(written)
+    assert all(torch.equal(weights[k], written[k]) for k in written)
