@@ -74,7 +74,7 @@ class RunDir:
     # a run's results: moved with its checkpoints when a new run starts fresh in the directory
     RESULTS: ClassVar[tuple[str, ...]] = (
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
-        "run_config.json", HANG_REPORT, "ft-steps.jsonl",  # (a torchft group's membership)
+        "run_config.json", HANG_REPORT, "profile", "ft-steps.jsonl",  # (a torchft group's)
         "ft-samples.jsonl")  # (PHALANX_FT_SAMPLES: its step attempts' samples)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
@@ -106,6 +106,7 @@ class RunDir:
     loss_plot = property(lambda self: self.root / "loss.png")
     sample = property(lambda self: self.root / "sample.txt")
     report = property(lambda self: self.root / "report.html")
+    profile = property(lambda self: self.root / "profile")  # --profile-steps' traces
     lock = property(lambda self: self.root / ".phalanx.lock")
     superseded = property(lambda self: self.root / "superseded")
 

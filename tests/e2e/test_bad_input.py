@@ -77,6 +77,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
          "above 1, got 0.5."),
         ("straggler-every", ["--straggler-every", "-1"], "`--straggler-every` must be >= 0"),
         ("nan-patience", ["--nan-patience", "0"], "`--nan-patience` must be a positive"),
+        ("profile-steps", ["--profile-steps", "7-5"], "`--profile-steps 7-5` must be A-B"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
         ("unknown-flag", ["--max-step", "3"], "phalanx train: error: unrecognized arguments: "

@@ -61,3 +61,16 @@ def _positive(section: Any, *names: str) -> None:
         if value is not None and value <= 0:
             f = _field(section, name)
             raise UserError(f"`{flag_of(f)}` must be a positive number, got {value}.")
+
+
+def step_range(text: str, flag: str) -> tuple[int, int]:
+    """`A-B` (or `A`) → (A, B): 1-based optimizer steps, A <= B; a UserError naming `flag`."""
+    first, sep, last = text.partition("-")
+    try:
+        a, b = int(first), int(last if sep else first)
+    except ValueError:
+        a = b = 0
+    if not 1 <= a <= b:
+        raise UserError(f"`{flag} {text}` must be A-B with 1 <= A <= B (optimizer steps, as "
+                        f"the progress line counts them), e.g. `{flag} 5-7`.")
+    return a, b

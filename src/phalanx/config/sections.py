@@ -22,6 +22,7 @@ from phalanx.config.fields import (
     _positive,
     flag_of,
     opt,
+    step_range,
 )
 from phalanx.errors import UserError
 
@@ -196,6 +197,10 @@ class TrainConfig:
     resume: str = opt("auto", "auto: continue from the newest valid checkpoint in --out; "
                               "never: start fresh; or a checkpoint / run directory.",
                       metavar="{auto,never,PATH}")
+    profile_steps: str | None = opt(None, "Profile optimizer steps A to B (torch.profiler): "
+                                          "each rank's trace in OUT/profile/rank-R.json.gz, "
+                                          "a per-rank summary in the run report. E.g. 5-7.",
+                                    metavar="A-B")
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -228,6 +233,8 @@ class TrainConfig:
                                 f"{getattr(self, name)}.")
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
+        if self.profile_steps is not None:
+            step_range(self.profile_steps, "--profile-steps")
 
 
 

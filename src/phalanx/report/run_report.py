@@ -31,6 +31,7 @@ from phalanx.report.charts import charts_svg
 from phalanx.report.events import read_events, record_event
 from phalanx.report.listing import list_checkpoints, recorded_world_size
 from phalanx.report.outfile import PageFile
+from phalanx.report.profile_table import profile_section
 from phalanx.report.records import Warn, check_metric, finite, read_object, read_records, whole_step
 from phalanx.version import __version__
 
@@ -83,11 +84,11 @@ def build_report(run_dir: Path, out_path: Path | None = None, warn: Warn | None 
         name = run_dir.resolve().name
         return page.commit(f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
                            f"<title>Phalanx run {_e(name)}</title><style>{STYLE}</style>"
-                           "</head><body><main>" + "\n".join(_body(run_dir, files))
+                           "</head><body><main>" + "\n".join(_body(run_dir, files, warn))
                            + "</main></body></html>\n")
 
 
-def _body(run_dir: Path, files: RunFiles) -> list[str]:
+def _body(run_dir: Path, files: RunFiles, warn: Warn) -> list[str]:
     checkpoints, latest, note = list_checkpoints(run_dir)
     config, env = files.config, files.env
     facts = {"status": used.status(run_dir, config, files.events), "strategy": used.strategy(env),
@@ -102,9 +103,7 @@ def _body(run_dir: Path, files: RunFiles) -> list[str]:
             "<h2>Configuration and environment</h2>",
             _config({"environment": used.shown_environment(env),
                      **used.shown_config(config, env)}),
-            "<h2>Step-time breakdown</h2>",
-            '<p class="none">Not profiled in training; <code>phalanx bench --profile</code> '
-            "splits a step into compute, communication and the rest.</p>"]
+            "<h2>Step-time breakdown</h2>", profile_section(RunDir(run_dir).profile, warn)]
 
 
 def write_environment(run, cfg, out_dir: Path) -> None:

@@ -230,6 +230,15 @@ class Run(StepMethods, CheckpointMethods):
 
         return diagnose_devices(self.unwrap(model), self.device, batch)
 
+    def profile(self, out_dir: str | Path | None = None):
+        """`with run.profile():` torch's profiler over the block on every rank; then each
+        rank's Chrome trace in `out_dir` (default: the run directory's `profile/`) as
+        `rank-R.json.gz` and rank 0's `summary.json` (runtime.profiling). Enter it on every
+        rank: writing gathers the ranks' figures."""
+        from phalanx.runtime.profiling import profiling
+
+        return profiling(self, out_dir)
+
     def watch(self, timeout_s: float, report_dir: str | Path | None = None) -> None:
         """Start the hang watchdog (see phalanx.hang.watchdog): when no rank progresses
         for `timeout_s`, one report names where each rank waits, and the job exits (3)."""

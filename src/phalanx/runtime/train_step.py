@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+from torch.profiler import record_function
 
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.strategies.precision import Precision
@@ -35,9 +36,12 @@ def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision
     for _ in range(acc.steps):
         with acc.micro_step():  # under the run's precision (autocast)
             with timing() if timing is not None else contextlib.nullcontext():
-                x, y = next(batches)
-                _, loss = model(x, y)
-            acc.backward(loss, precision.scaler)
+                with record_function("phalanx::data"):
+                    x, y = next(batches)
+                with record_function("phalanx::forward"):
+                    _, loss = model(x, y)
+            with record_function("phalanx::backward"):
+                acc.backward(loss, precision.scaler)
         total += loss.detach().float()
     return total / acc.steps
 
@@ -54,9 +58,10 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_
     the scaler skips such steps itself (`stepped` False, not `dropped`)."""
     assert run.precision is not None  # set by run.setup
     scaler = run.precision.scaler
-    norm = run.clip_grad_norm_(model, grad_clip, opt) if grad_clip > 0 else None
-    if check is not None and scaler is None and check(norm):
-        run.optimizer_steps += 1  # counted as `run.step` counts it
-        opt.zero_grad(set_to_none=True)
-        return StepOutcome(norm, stepped=False, dropped=True)
-    return StepOutcome(norm, stepped=run.step(opt))
+    with record_function("phalanx::optimizer"):  # (the profiler's label: runtime.profiling)
+        norm = run.clip_grad_norm_(model, grad_clip, opt) if grad_clip > 0 else None
+        if check is not None and scaler is None and check(norm):
+            run.optimizer_steps += 1  # counted as `run.step` counts it
+            opt.zero_grad(set_to_none=True)
+            return StepOutcome(norm, stepped=False, dropped=True)
+        return StepOutcome(norm, stepped=run.step(opt))

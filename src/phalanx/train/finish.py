@@ -138,7 +138,7 @@ def finish(cfg: Config, run: Run, result: TrainResult, out: RunDir,
         wrote.append(build_report(out.root))
     except UserError as exc:  # e.g. `report.html` is a directory: the model is written
         run.print(f"phalanx: warning: no report page: {exc}")
-    wrote += [path for path in (out.tb, out.logs) if path.is_dir()]
+    wrote += [path for path in (out.tb, out.profile, out.logs) if path.is_dir()]
     if says:
         run.print(f"done: {result.state.step} steps, {result.state.tokens_seen:,} tokens, "
                   f"{final_losses(cfg, result, out, splits)}\n"

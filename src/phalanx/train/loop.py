@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from phalanx.cluster.faults import fault_point
 from phalanx.cluster.startup_trace import mark
+from phalanx.config.fields import step_range
 from phalanx.config.sections import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
@@ -30,6 +31,7 @@ from phalanx.paths import RunDir, atomic_write
 from phalanx.report.events import warn
 from phalanx.report.run_report import write_environment
 from phalanx.runtime.optim import make_optimizer
+from phalanx.runtime.profiling import StepProfiler
 from phalanx.runtime.run import Run
 from phalanx.runtime.train_step import micro_steps, optimizer_step
 from phalanx.strategies.precision import Precision
@@ -118,6 +120,9 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
     stragglers = StragglerWatch(run, cfg.dist.straggler_every)
     after_step = _after_step_checks(cfg, run, log, stragglers, model, inner, out_dir)
+    if t.profile_steps and out_dir is not None:  # last: the checks' time is the step's
+        after_step.append(StepProfiler(run, step_range(t.profile_steps, "--profile-steps"),
+                                       out_dir.profile, result.state.step, t.max_steps).after)
     while result.state.step < t.max_steps:
         gate.begin_step(batches)  # torchft: the quorum (a returning group is healed here)
         step = result.state.step
