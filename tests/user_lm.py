@@ -148,3 +148,13 @@ def with_thread(vocab_size: int):
 
     threading.Thread(target=threading.Event().wait, name="users-own-thread").start()
     return ConvLM(vocab_size)
+
+
+def tiny_llama(vocab_size: int, block_size: int):
+    """A transformers Llama (built from a config: no download), for `--init-from`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=vocab_size, max_position_embeddings=block_size,
+        bos_token_id=0, eos_token_id=0))

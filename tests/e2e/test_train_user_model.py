@@ -163,3 +163,28 @@ def test_a_thread_the_factory_leaves_running_ends_with_the_job(work):
     for rank in (0, 1):  # and each rank's, in its log
         assert "ending the process although thread(s) `users-own-thread`" in \
             (work / "thread" / "logs" / f"rank-{rank}.log").read_text()
+
+
+def test_init_from_a_save_pretrained_directory_under_fsdp(work, tmp_path):
+    """`--init-from DIR`: the run starts from the directory's weights (a step at lr 1e-30
+    moves no fp32 weight: the exported model equals the files bit for bit), and a resumed
+    run continues from its checkpoint instead."""
+    pytest.importorskip("transformers", reason="transformers is not installed (the `test` "
+                        "extra has it)")
+    from safetensors.torch import load_file
+
+    from user_lm import tiny_llama
+
+    torch.manual_seed(5)
+    tiny_llama(256, 16).save_pretrained(work / "hf")
+    args = ("--init-from", "hf", "--strategy", "fsdp", "--tokenizer", "bytes", "--optimizer",
+            "adamw", "--lr", "1e-30", "--min-lr", "0", "--max-steps", "1")
+    said = ok(train(work, str(tmp_path / "run"), *args, model="mylm.model:tiny_llama"))
+    assert "started from the weights of hf" in said
+    files = load_file(str(work / "hf" / "model.safetensors"))
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert sorted(weights) == sorted(files)
+    assert all(torch.equal(weights[k], v) for k, v in files.items())
+    again = ok(train(work, str(tmp_path / "run"), *args[:-1], "2",
+                     model="mylm.model:tiny_llama"))
+    assert "started from" not in again and "resumed from" in again

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from phalanx.config.data_spec import BIN_DTYPES, parse_spec
@@ -76,10 +77,17 @@ class ModelConfig:
                                     "(B, T, vocab); see docs/own-script.md (default: MiniGPT, "
                                     "shaped by the flags above).",
                               flag="--model", metavar="PKG.MODULE:FACTORY")
+    init_from: str | None = opt(None, "With --model: start from the weights of a local "
+                                      "Hugging Face save_pretrained directory, each rank "
+                                      "reading only what it holds (a fresh start only: a "
+                                      "resumed run continues from its checkpoint).",
+                                metavar="DIR")
 
     def __post_init__(self) -> None:
         _check_values(self)
         _positive(self, "n_layer", "n_head", "n_embd", "block_size")
+        if self.init_from is not None:
+            _check_init_from(self.init_from, self.factory)
         if self.factory is not None:
             module, _, name = self.factory.partition(":")
             if not all(part.isidentifier() for part in module.split(".")) or \
@@ -104,6 +112,17 @@ class ModelConfig:
                             f"{self.n_embd // self.n_head} (--n-embd / --n-head) must be even.")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"`--dropout` must be in [0, 1), got {self.dropout}.")
+
+
+def _check_init_from(path: str, factory: str | None) -> None:
+    if factory is None:
+        raise UserError(f"`--init-from {path}` loads a Hugging Face model's weights by their "
+                        f"names, and MiniGPT's are not a Hugging Face model's: give the model "
+                        f"class that wrote them with `--model PKG.MODULE:FACTORY`.")
+    where = Path(path)
+    if not where.is_dir() or not any(where.glob("*.safetensors")):
+        raise UserError(f"`--init-from {path}` is not a Hugging Face model directory: no "
+                        f"*.safetensors file in it (save_pretrained(DIR) writes one).")
 
 
 def _divisor_near(n: int, k: int) -> int:

@@ -230,6 +230,13 @@ class Run(StepMethods, CheckpointMethods):
 
         return diagnose_devices(self.unwrap(model), self.device, batch)
 
+    def load_pretrained(self, model: nn.Module, path: str | Path) -> None:
+        """Fill the set-up `model` from a local Hugging Face `save_pretrained` directory,
+        each rank reading only what it holds (checkpoint.pretrained). A collective."""
+        from phalanx.checkpoint.pretrained import load_pretrained
+
+        load_pretrained(model, path)
+
     def profile(self, out_dir: str | Path | None = None):
         """`with run.profile():` torch's profiler over the block on every rank; then each
         rank's Chrome trace in `out_dir` (default: the run directory's `profile/`) as

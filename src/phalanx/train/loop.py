@@ -68,8 +68,11 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     assert precision is not None  # set by run.setup
     mark("model built and wrapped, optimizer made")
     corpus = splits.corpus_record()  # what the data cursor counts in
-    state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus,
-                         verified) or TrainState()
+    state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus, verified)
+    if state is None and cfg.model.init_from:  # a fresh start from a Hugging Face model
+        run.load_pretrained(model, cfg.model.init_from)
+        run.print(f"started from the weights of {cfg.model.init_from}")
+    state = state or TrainState()
     state.corpus = corpus
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
