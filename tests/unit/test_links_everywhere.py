@@ -174,6 +174,7 @@ REVIEWED = {  # (file, function): why it cannot write through a link planted by 
     ("checkpoint/export.py", "_save_plain"): "export's private mkdtemp folder",
     ("checkpoint/export.py", "export_weights"): "into paths.replacing's private folder",
     ("bench/runner.py", "breakdown"): "into paths.replacing's private folder",
+    ("runtime/profiling.py", "write"): "a private TemporaryDirectory (then atomic_write)",
     ("report/plots.py", "_plot"): "into an io.BytesIO (then paths.atomic_write)",
     ("cluster/startup_trace.py", "mark"): "PHALANX_STARTUP_TRACE: a file the user names",
 }

@@ -28,6 +28,8 @@ RUN_COLLECTIVES = {
     "wait_checkpoint": "commits the background save: collectives",
     "clip_grad_norm_": "all-reduces the gradient norm",
     "step": "steps the optimizer: ZeRO broadcasts the updated shards",
+    "load_pretrained": "loads a Hugging Face checkpoint through DCP: collectives",
+    "profile": "gathers every rank's profile figures when the block ends",
 }
 # Its public methods that run no collective (local to the rank).
 RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "at_step", "end_log",
