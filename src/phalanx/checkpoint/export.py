@@ -224,9 +224,19 @@ def _new_directory(out: Path):
     permissions and replaces `out` (a link there is replaced, never followed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    old = tmp.with_name(tmp.name + ".old")
     try:
         yield tmp
+        place_directory(tmp, out)
+    finally:
+        remove_tree(tmp)
+
+
+def place_directory(tmp: Path, out: Path) -> None:
+    """The finished private directory `tmp` given the umask's permissions and renamed over
+    `out` (a link there is replaced, never followed; the previous export stays if the
+    rename fails). `tmp` is gone afterwards either way."""
+    old = tmp.with_name(tmp.name + ".old")
+    try:
         os.chmod(tmp, 0o777 & ~current_umask())
         moved = out.is_symlink() or out.exists()
         if moved:

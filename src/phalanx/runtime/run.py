@@ -107,9 +107,16 @@ class Run(StepMethods, CheckpointMethods):
         """Write the whole model to the directory `out_dir` the way its library loads it
         back (a transformers model: `from_pretrained(out_dir)`; see
         `checkpoint.export.export_pretrained`). A collective: call it on every rank; it
-        returns once rank 0 has written it: `out_dir` on rank 0, None on the others."""
+        returns once rank 0 has written it: `out_dir` on rank 0, None on the others.
+        A sharded transformers model is not gathered: each rank writes its shards in
+        Hugging Face's layout (`checkpoint.export_sharded`; the ranks share the disk)."""
         from phalanx.checkpoint.export import export_pretrained
 
+        if self.strategy.sharded and callable(getattr(self.unwrap(model), "save_pretrained",
+                                                      None)):
+            from phalanx.checkpoint.export_sharded import export_sharded_pretrained
+
+            return export_sharded_pretrained(self, model, out_dir)
         state = self.full_state_dict(model)
         path, failure = None, None
         if self.is_main:
