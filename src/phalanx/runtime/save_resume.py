@@ -32,6 +32,7 @@ from phalanx.checkpoint.store import load_checkpoint, param_groups
 from phalanx.cluster import protocol
 from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.errors import UserError
+from phalanx.runtime import user_loader
 from phalanx.runtime.clip_and_step import SEEDING
 from phalanx.runtime.world_change import WORLD_KEY, script_resume, world_record
 
@@ -107,7 +108,7 @@ class CheckpointMethods:
             return 0
         meta = self._load(path, model, optimizer)
         self._restore_extras(meta, loader, path)
-        batches = None if loader is None else (
+        batches = None if loader is None or user_loader.is_user_loader(loader) else (
             meta[LOADER_KEY].get("global_batch", 0), loader.sampler.batch_size)
         t = self.topology
         self.print(f"phalanx: resumed from {path} (step {step})" + script_resume(
@@ -170,10 +171,13 @@ class CheckpointMethods:
         t = self.topology
         extras: dict[str, Any] = {SEEDING_KEY: SEEDING, WORLD_KEY: world_record(
             t.world_size, t.dp_size, self.strategy.label)}
-        if loader is not None:
+        if loader is not None and user_loader.is_user_loader(loader):
+            extras[user_loader.KEY] = user_loader.record(self, loader)  # every rank's
+        elif loader is not None:
             if not hasattr(loader, "state_dict") or not hasattr(loader, "position"):
-                raise UserError(f"run.save(loader=...) takes the loader `run.loader(...)` "
-                                f"returned; got {type(loader).__name__}.")
+                raise UserError(f"run.save(loader=...) takes `run.loader(...)`'s loader or "
+                                f"one with state_dict() and load_state_dict() (torchdata's "
+                                f"StatefulDataLoader); got {type(loader).__name__}.")
             extras[LOADER_KEY] = loader.state_dict()
         scaler = self.precision.scaler if self.precision is not None else None
         if scaler is not None:
@@ -181,8 +185,11 @@ class CheckpointMethods:
         return extras
 
     def _restore_extras(self, meta: dict, loader: Any, path: Path) -> None:
-        if loader is not None:
-            if LOADER_KEY not in meta:
+        key = user_loader.KEY if user_loader.is_user_loader(loader) else LOADER_KEY
+        if loader is not None and key == user_loader.KEY and key in meta:
+            user_loader.restore(self, loader, meta[key], f"checkpoint `{path}`")
+        elif loader is not None:
+            if key not in meta:
                 raise UserError(
                     f"checkpoint `{path}` holds no data position (it was saved without "
                     f"`loader=`), so the loader would start the data over. Pass the same "
