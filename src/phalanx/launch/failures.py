@@ -166,7 +166,15 @@ def _describe(rank: int, failure, reports: str | None) -> str:
         text = f"rank {rank} exited with code {code}"
         if code is not None and code < 0:
             text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
+        if code == -signal.SIGKILL:
+            text += OOM_HINT
     return f"{text}: {message[:300]}" if message else text
+
+
+# a SIGKILL is never the rank's own doing; when nobody sent it, the kernel did
+OOM_HINT = (" — SIGKILL comes from outside the rank: when nobody sent it, it is the kernel's "
+            "out-of-memory killer (`dmesg -T | grep -i 'killed process'` or `journalctl -k` "
+            "says so; `phalanx plan` with this run's flags predicts each rank's peak memory)")
 
 
 def _message(failure) -> str:
