@@ -80,8 +80,6 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("profile-steps", ["--profile-steps", "7-5"], "`--profile-steps 7-5` must be A-B"),
         ("init-from-minigpt", ["--init-from", "{d}/emptydir"], "MiniGPT's are not a Hugging "
          "Face model's"),
-        ("init-from-no-weights", ["--model", "mylm.model:lm", "--init-from", "{d}/emptydir"],
-         "is not a Hugging Face model directory: no *.safetensors"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
         ("unknown-flag", ["--max-step", "3"], "phalanx train: error: unrecognized arguments: "

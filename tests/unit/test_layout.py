@@ -29,6 +29,10 @@ R, S = "dp_replicate", "dp_shard"
     ({"strategy": "fsdp", R: 2}, 4, "fsdp", Layout(dp_replicate=2, dp_shard=2)),
     ({"strategy": "ddp", R: -1}, 4, "ddp", Layout(dp_replicate=4)),
     ({R: 1, S: 1}, 1, "single", Layout()),
+    ({S: 2}, 4, "fsdp", Layout(dp_replicate=2, dp_shard=2)),  # the replicas take the rest
+    ({S: 4}, 8, "fsdp", Layout(dp_replicate=2, dp_shard=4)),  # the note's advice
+    ({S: -1}, 1, "single", Layout()),  # -1 at one rank: nothing to split
+    ({R: 4, S: -1}, 4, "ddp", Layout(dp_replicate=4)),
 ])
 def test_a_layout_resolves_to_one_strategy_and_mesh(dist, world, name, layout):
     choice = choose(build_config({"dist": dist}).dist, world, 1)
@@ -39,7 +43,8 @@ def test_a_layout_resolves_to_one_strategy_and_mesh(dist, world, name, layout):
 @pytest.mark.parametrize("dist, world, needle", [
     ({R: 2}, 3, "2 does not divide 3"),
     ({"strategy": "ddp", R: 2}, 4, "spans 2 ranks, and this job has 4"),
-    ({S: 2}, 4, "spans 2 ranks, and this job has 4"),
+    ({"strategy": "zero", R: -1}, 4, "ZeRO-1 shards only the optimizer state"),
+    ({"strategy": "ddp", S: -1}, 4, "`--strategy ddp` with `--dp-shard -1`: DDP replicates"),
     ({"strategy": "fsdp", R: 4}, 4, "shards nothing"),
     ({R: 4, "fsdp_grad_sync": "last"}, 4, "`--fsdp-grad-sync` is an option of `--strategy "
                                           "fsdp`, and this run uses `ddp`"),
@@ -47,9 +52,8 @@ def test_a_layout_resolves_to_one_strategy_and_mesh(dist, world, name, layout):
                                       "and this run uses `fsdp`"),
 ])
 def test_a_layout_the_world_cannot_take_is_refused_in_one_line(dist, world, needle):
-    cfg = build_config({"dist": dist})
     with pytest.raises(UserError, match=needle.replace("(", r"\(")) as e:
-        choose(cfg.dist, world, 1)
+        choose(build_config({"dist": dist}).dist, world, 1)  # (or the config refuses it)
     assert "\n" not in str(e.value)
 
 

@@ -67,3 +67,14 @@ def test_a_bad_range_is_refused_naming_the_flag(text):
     with pytest.raises(UserError, match=f"`--profile-steps {text}` must be A-B"):
         step_range(text, "--profile-steps")
     assert step_range("5-7", "--profile-steps") == (5, 7) and step_range("4", "x") == (4, 4)
+
+
+def test_a_run_stopped_inside_the_range_writes_what_it_profiled(tmp_path):
+    with phalanx.init(seed=0, threads=1) as run:
+        prof = StepProfiler(run, (5, 9), tmp_path, done=4, end=100)
+        for done in (5, 6):
+            work()
+            prof.after(done)
+        prof.close(6)  # the loop stopped after step 6 (a stop signal)
+        prof.abandon()  # (train's finally: nothing left to stop)
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == [5, 6]

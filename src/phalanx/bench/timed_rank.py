@@ -63,7 +63,7 @@ def _write_result(spec, cfg, run, times, names, variant_info, prof, sweep,
     device = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU"
     tps = tokens_per_step / statistics.median(times["phalanx"])
     res = {"config": spec["config"], "world_size": run.world_size, "threads": run.threads,
-           "strategy": run.strategy.name, "device_name": device, "versions": peers.versions(),
+           "strategy": run.strategy.label, "device_name": device, "versions": peers.versions(),
            "repeats": len(times["phalanx"]), "repeats_asked": spec["repeats"],
            "steps": spec["steps"],
            "tokens_per_step": tokens_per_step, "matmul_params": n_params,

@@ -7,7 +7,8 @@ once, under its first name, as `save_pretrained` stores it.
 
 Written, as `checkpoint.export.export_pretrained`, into a new private directory beside
 `out_dir` (rank 0 makes it; every rank writes there, so the ranks must share the
-filesystem), then renamed into place; a failure on rank 0 is said on every rank.
+filesystem: when a rank cannot see it, `run.export` gathers the weights on rank 0 as
+before), then renamed into place; a failure on rank 0 is said on every rank.
 """
 
 from __future__ import annotations
@@ -23,13 +24,25 @@ from phalanx.errors import UserError
 from phalanx.paths import remove_tree
 
 
-def export_sharded_pretrained(run: Any, model: nn.Module, out_dir: str | Path) -> Path | None:
-    """`run.export` of a sharded transformers model (a collective); `out_dir` on rank 0."""
+def shared_directory(run: Any, out_dir: str | Path) -> str | None:
+    """Rank 0's new private directory beside `out_dir`, when every rank sees it (the ranks
+    share the disk); else None, the directory removed (a collective)."""
+    tmp = _on_main(run, out_dir, lambda: _private_directory(Path(out_dir)))
+    if all(run.gather_objects(Path(tmp).is_dir())):
+        return tmp
+    if run.is_main:
+        remove_tree(Path(tmp))
+    return None
+
+
+def export_sharded_pretrained(run: Any, model: nn.Module, out_dir: str | Path,
+                              tmp: str) -> Path | None:
+    """`run.export` of a sharded transformers model into `tmp` (`shared_directory`), then
+    renamed to `out_dir` (a collective); `out_dir` on rank 0."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     out, module = Path(out_dir), run.unwrap(model)
-    tmp = _on_main(run, out_dir, lambda: _private_directory(out))
     state = get_model_state_dict(model)
     for alias in _aliases(module):
         state.pop(alias, None)

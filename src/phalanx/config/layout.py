@@ -113,15 +113,17 @@ def said(request: dict[str, int | None]) -> str:
     return " ".join(f"{flag(d)} {v}" for d, v in given(request).items())
 
 
-def fill(request: dict[str, int | None], world: int, open_dim: str) -> Layout:
-    """The layout for `world` ranks: dimensions not given are 1, except `open_dim` (the
-    strategy's own), which takes the rest when no dimension is -1; the product checked."""
+def fill(request: dict[str, int | None], world: int, open_dims: tuple[str, ...]) -> Layout:
+    """The layout for `world` ranks: dimensions not given are 1, except the first of
+    `open_dims` (the strategy's own, in order) not given, which takes the rest when no
+    dimension is -1; the product checked."""
     check_request(request)
     sizes = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1, **given(request)}
-    if REST not in sizes.values() and open_dim not in given(request):
+    open_dim = next((d for d in open_dims if d not in given(request)), None)
+    if REST not in sizes.values() and open_dim is not None:
         sizes[open_dim] = REST
     known = math.prod(v for v in sizes.values() if v != REST)
-    shown = said(request) or f"{flag(open_dim)} -1"
+    shown = said(request) or f"{flag(open_dims[0])} -1"
     if world % known:
         raise UserError(f"the layout `{shown}` needs a multiple of {known} ranks, and this "
                         f"job has {world}: {known} does not divide {world}. Change the "

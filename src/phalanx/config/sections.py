@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from phalanx.config.data_spec import BIN_DTYPES, parse_spec
@@ -115,14 +114,12 @@ class ModelConfig:
 
 
 def _check_init_from(path: str, factory: str | None) -> None:
+    """`--init-from` needs `--model` (the directory itself is read, and checked, at a fresh
+    start only: a resumed run or an export never reads it, and may run elsewhere)."""
     if factory is None:
         raise UserError(f"`--init-from {path}` loads a Hugging Face model's weights by their "
                         f"names, and MiniGPT's are not a Hugging Face model's: give the model "
                         f"class that wrote them with `--model PKG.MODULE:FACTORY`.")
-    where = Path(path)
-    if not where.is_dir() or not any(where.glob("*.safetensors")):
-        raise UserError(f"`--init-from {path}` is not a Hugging Face model directory: no "
-                        f"*.safetensors file in it (save_pretrained(DIR) writes one).")
 
 
 def _divisor_near(n: int, k: int) -> int:

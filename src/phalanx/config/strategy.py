@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from phalanx.config.fields import flag_of
-from phalanx.config.layout import DIMS, Layout, fill, given, requested, said
+from phalanx.config.layout import DIMS, REST, Layout, fill, given, requested, said
 from phalanx.errors import UserError
 
 
@@ -70,6 +70,7 @@ class StrategySpec:
     # the world unless a size is -1; any other dimension above 1 is refused with `hint`
     dims: tuple[str, ...] = ()
     hint: str = ""
+    takes_layout: bool = True  # False: any layout flag is refused (zero: no mesh at all)
 
     @property
     def sharded(self) -> bool:
@@ -154,7 +155,7 @@ SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
     StrategySpec("zero", "ZeRO-1: DDP + ZeroRedundancyOptimizer, each rank keeps 1/N of the "
                          "optimizer state", "phalanx.strategies.zero:ZeroStrategy", ZeroOptions,
                  shards=frozenset({"optimizer"}), checks=(_sync_bn_on_cuda, _zero_needs_ranks),
-                 settle=_static_graph_without_accumulation,
+                 settle=_static_graph_without_accumulation, takes_layout=False,
                  hint="ZeRO-1 shards only the optimizer state, over the whole world, and "
                  "takes no mesh. Drop the layout flags, or use `--strategy fsdp` with them."),
     StrategySpec("fsdp", "FSDP2 (fully_shard): parameters, gradients and optimizer state "
@@ -226,10 +227,17 @@ def choose_for_script(name: str | None, world: int, **options: Any) -> StrategyC
     return StrategyChoice(found, found.make_options(**options), world, layout)
 
 
-def check_layout(found: StrategySpec, request: dict[str, int | None]) -> None:
-    """A layout dimension the strategy does not span, set above 1, in one line."""
-    for d, v in given(request).items():
-        if v != 1 and d not in found.dims:
+def check_layout(found: StrategySpec, request: dict[str, int | None],
+                 layout: Layout | None = None) -> None:
+    """A layout flag the strategy does not take, in one line: any, for a strategy that
+    takes none (zero); else a dimension it does not span above 1 — as given (-1 is decided
+    with the world), or as `layout` resolved it."""
+    flags = given(request)
+    if flags and not found.takes_layout:
+        raise UserError(f"`--strategy {found.name}` with `{said(request)}`: {found.hint}")
+    for d, v in flags.items():
+        size = getattr(layout, d) if layout is not None else v
+        if d not in found.dims and size not in (1, REST):
             raise UserError(f"`--strategy {found.name}` with `{said(request)}`: {found.hint}")
 
 
@@ -237,14 +245,16 @@ def laid_out(name: str | None, request: dict[str, int | None], world: int
              ) -> tuple[StrategySpec, Layout]:
     """The strategy and the mesh layout for `world` ranks. Without a name, the layout
     chooses: a sharded dimension means fsdp (HSDP when replicated too), replicas alone
-    ddp, nothing given the world's default."""
+    ddp, nothing given the world's default. The strategy's dimensions not given take the
+    rest of the world, its own first (fsdp: dp_shard, then dp_replicate)."""
     if name is None and given(request):
-        probe = fill(request, world, "dp_shard")
+        probe = fill(request, world, ("dp_shard", "dp_replicate"))
         name = "fsdp" if probe.dp_shard > 1 else "ddp" if probe.dp_replicate > 1 \
             else default_name(world)
     found = spec(name or default_name(world))
     check_layout(found, request)
-    layout = fill(request, world, found.dims[0] if found.dims else "dp_replicate")
+    layout = fill(request, world, found.dims or ("dp_replicate",))
+    check_layout(found, request, layout)
     if found.sharded and world > 1 and layout.dp_shard == 1:
         raise UserError(f"`--strategy {found.name}` with `{said(request)}` shards nothing "
                         f"(--dp-shard 1). Use `--strategy ddp` to replicate, or give "

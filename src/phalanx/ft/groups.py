@@ -23,6 +23,7 @@ from pathlib import Path
 from phalanx.checkpoint.store import committed_note, latest_committed
 from phalanx.cluster import protocol
 from phalanx.config.dist import lighthouse_url
+from phalanx.config.layout import given, requested, said
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
@@ -45,6 +46,11 @@ def check(cfg: Config) -> None:
     except ImportError:
         raise UserError("`--fault-tolerance torchft` needs torchft, which is not installed: "
                         "pip install 'phalanx[ft]'.") from None
+    if given(requested(d)):
+        raise UserError(f"`--fault-tolerance torchft` with `{said(requested(d))}`: each "
+                        f"replica group is one rank with replicated weights, so a group has "
+                        f"no mesh to lay out (HSDP inside a group is not built yet). Drop "
+                        f"the layout flags.")
     shards = choose(d, group_count(d), cfg.train.grad_accum).spec.shards
     if shards:
         raise UserError(f"`--fault-tolerance torchft` runs one rank per replica group with "

@@ -37,8 +37,8 @@ def profile_section(profile_dir: Path, warn: Warn) -> str:
     rows = [_rank_row(r, found) for r, found in enumerate(ranks)]
     traces = ", ".join(f"<code>profile/rank-{r}.json.gz</code>" for r in range(len(ranks)))
     return (f"<p>torch.profiler over {html.escape(which)}, ms per step. <i>in collectives</i>"
-            " is the main thread's time in collective calls, inside the phases (on gloo a "
-            "DDP all-reduce runs on its own threads: waiting for it shows in backward); "
+            " is the time recorded in collective operations (c10d calls and the backend's "
+            "own work, on any thread: it overlaps the phases); "
             "<i>rest</i> is the wall time outside the phases (logging, evaluation, "
             "checkpoints, waiting for other ranks). Traces (Chrome/Perfetto: "
             f"<code>ui.perfetto.dev</code>): {traces}.</p>"

@@ -105,7 +105,9 @@ def _resolved(config: dict[str, Any], env: dict[str, Any]) -> dict[tuple[str, st
     used = {}
     if world and nodes and world % nodes == 0:
         used[("dist", "nproc_per_node")] = f"{world // nodes} (default)"
-    for key, how in (("strategy", "default"), ("backend", "auto")):
+    layout = any(dist.get(d) is not None for d in ("dp_replicate", "dp_shard"))
+    for key, how in (("strategy", "by the layout flags" if layout else "default"),
+                     ("backend", "auto")):
         if isinstance(env.get(key), str) and env[key]:
             used[("dist", key)] = f"{env[key]} ({how})"
     if threads:

@@ -12,6 +12,7 @@ waiting), and the top operators by self time. The run report shows it.
 from __future__ import annotations
 
 import gzip
+import json
 import tempfile
 import time
 from contextlib import contextmanager
@@ -26,7 +27,9 @@ from phalanx.paths import atomic_write, ensure_dir
 
 PHASES = ("data", "forward", "backward", "optimizer")
 TOP = 10  # operators listed per rank
-COLLECTIVE_MARKS = ("c10d::", "FSDP::", "nccl:", "gloo:")
+# collective operations as torch's profiler names them: the c10d calls, and the backend's
+# own work (gloo's runs on its threads); FSDP's `FSDP::…` hooks and copies are not
+COLLECTIVE_MARKS = ("c10d::", "nccl:", "gloo:")
 
 
 class StepProfiler:
@@ -40,7 +43,7 @@ class StepProfiler:
         self.run, (self.first, self.last), self.out = run, steps, Path(out)
         self.end = min(end, self.last)
         self._prof: Any = None
-        self._mark = 0.0
+        self._mark, self._from = 0.0, 0
         self._walls: list[float] = []
         self._start_if_due(done)
 
@@ -51,36 +54,58 @@ class StepProfiler:
                 activities.append(ProfilerActivity.CUDA)
             self._prof = profile(activities=activities)
             self._prof.start()
-            self._mark = time.perf_counter()
+            self._mark, self._from = time.perf_counter(), done + 1
 
-    def after(self, done: int) -> None:
+    def close(self, done: int) -> None:
+        """The loop ended (every rank at the same step: a stop, or the last step) inside
+        the range: write what was profiled."""
+        if self._prof is not None:
+            self.end = done
+            self.after(done, timed=False)
+
+    def abandon(self) -> None:
+        """An exception left the loop: stop recording, write nothing (no collective)."""
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            prof.stop()
+
+    def after(self, done: int, timed: bool = True) -> None:
         if self._prof is not None:
             now = time.perf_counter()
-            self._walls.append(now - self._mark)
+            if timed:
+                self._walls.append(now - self._mark)
             self._mark = now
             if done >= self.end:
                 prof, self._prof = self._prof, None
                 prof.stop()
-                write(self.run, prof, self._walls, self.out, (done - len(self._walls) + 1,
-                                                              done))
+                write(self.run, prof, self._walls, self.out, (self._from, done))
         self._start_if_due(done)
 
 
 def write(run: Any, prof: Any, walls: list[float], out: Path, steps: tuple[int, int]) -> Path:
     """This rank's trace and figures; rank 0 gathers every rank's into summary.json (a
-    collective: every rank calls it)."""
-    where = ensure_dir(out, "where the profile goes")
-    with tempfile.TemporaryDirectory(dir=where) as tmp:  # the profiler writes by name
-        trace = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        atomic_write(where / f"rank-{run.rank}.json.gz", gzip.compress(trace.read_bytes()))
-    found = figures(prof, walls)
+    collective: every rank calls it). A rank that cannot write is said on every rank."""
+    where = Path(out)
+    try:
+        ensure_dir(where, "where the profile goes")
+        with tempfile.TemporaryDirectory(dir=where) as tmp:  # the profiler writes by name
+            trace = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            atomic_write(where / f"rank-{run.rank}.json.gz", gzip.compress(trace.read_bytes()))
+        found: Any = figures(prof, walls)
+    except (OSError, UserError) as exc:
+        found = f"rank {run.rank} could not write its profile to `{where}`: {exc}"
     everyone = run.gather_objects(found)
-    if run.is_main:
-        import json
-
-        atomic_write(where / "summary.json", json.dumps(
-            {"steps": list(steps), "ranks": everyone}, indent=1) + "\n")
+    failed = [f for f in everyone if isinstance(f, str)]
+    if not failed and run.is_main:
+        try:
+            atomic_write(where / "summary.json", json.dumps(
+                {"steps": list(steps), "ranks": everyone}, indent=1) + "\n")
+        except OSError as exc:
+            failed = [f"rank 0 could not write `{where / 'summary.json'}`: {exc}"]
+    failed = run.broadcast(failed)
+    if failed:
+        raise UserError(failed[0])
     return where
 
 
@@ -93,8 +118,7 @@ def figures(prof: Any, walls: list[float]) -> dict[str, Any]:
     for e in averages:
         if e.key.startswith("phalanx::") and e.key.split("::")[1] in phases:
             phases[e.key.split("::")[1]] += e.cpu_time_total / 1e3 / n
-        elif e.key.startswith(COLLECTIVE_MARKS) or "all_gather" in e.key \
-                or "reduce_scatter" in e.key or "allreduce" in e.key:
+        elif e.key.startswith(COLLECTIVE_MARKS):
             collectives += e.self_cpu_time_total / 1e3 / n
         else:
             ops.append((e.key, e.self_cpu_time_total / 1e3 / n))

@@ -114,9 +114,11 @@ class Run(StepMethods, CheckpointMethods):
 
         if self.strategy.sharded and callable(getattr(self.unwrap(model), "save_pretrained",
                                                       None)):
-            from phalanx.checkpoint.export_sharded import export_sharded_pretrained
+            from phalanx.checkpoint import export_sharded
 
-            return export_sharded_pretrained(self, model, out_dir)
+            tmp = export_sharded.shared_directory(self, out_dir)
+            if tmp is not None:  # (else the ranks do not share a disk: gathered, below)
+                return export_sharded.export_sharded_pretrained(self, model, out_dir, tmp)
         state = self.full_state_dict(model)
         path, failure = None, None
         if self.is_main:

@@ -95,7 +95,7 @@ def _name_difference(rows: list, ranks: list[int], names: list[str], what: str) 
                 f"the replicas' {what} have diverged: `{name}` differs on rank(s) "
                 f"{', '.join(map(str, disagree))} from rank(s) {', '.join(map(str, agree))} "
                 f"(the first that differs). Something changed one replica "
-                f"outside DDP's synchronised step: a rank-dependent update, an in-place edit "
+                f"outside the synchronised step: a rank-dependent update, an in-place edit "
                 f"on one rank, or a non-deterministic kernel.", disagree)
 
 

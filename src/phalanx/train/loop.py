@@ -93,10 +93,17 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
                          tokenizer=splits.tokenizer_record())
     gate.attach(result)
     log = Logger(run, cfg, out_dir, state.step)
+    profiler = StepProfiler(run, step_range(t.profile_steps, "--profile-steps"),
+                            out_dir.profile, state.step, t.max_steps) \
+        if t.profile_steps and out_dir is not None else None
     try:
         with run.catch_stop_signals():
-            _steps(cfg, run, result, batches, precision, log, val_ds, out_dir, gate)
+            _steps(cfg, run, result, batches, precision, log, val_ds, out_dir, gate, profiler)
+        if profiler is not None:  # stopped inside the range (every rank at one step)
+            profiler.close(result.state.step)
     finally:
+        if profiler is not None:
+            profiler.abandon()  # an exception: stop recording, write nothing
         log.close()
         gate.shutdown()
     return result
@@ -110,7 +117,7 @@ def _token_bytes(splits: TokenSplits, device: torch.device) -> torch.Tensor | No
 
 def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
            precision: Precision, log: Logger, val_ds: TokenWindows,
-           out_dir: RunDir | None, gate: Any) -> None:
+           out_dir: RunDir | None, gate: Any, profiler: StepProfiler | None) -> None:
     """The loop: one optimizer step per iteration, until `--max-steps` or a stop signal.
     `gate`: torchft's quorum, gradient average and commit vote around each step (a no-op
     without `--fault-tolerance`)."""
@@ -123,9 +130,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
     stragglers = StragglerWatch(run, cfg.dist.straggler_every)
     after_step = _after_step_checks(cfg, run, log, stragglers, model, inner, out_dir)
-    if t.profile_steps and out_dir is not None:  # last: the checks' time is the step's
-        after_step.append(StepProfiler(run, step_range(t.profile_steps, "--profile-steps"),
-                                       out_dir.profile, result.state.step, t.max_steps).after)
+    if profiler is not None:  # last: the checks' time is the step's
+        after_step.append(profiler.after)
     while result.state.step < t.max_steps:
         gate.begin_step(batches)  # torchft: the quorum (a returning group is healed here)
         step = result.state.step
