@@ -106,6 +106,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
          "3 does not divide 2"),
         ("layout-product", ["--dp-replicate", "2", "--dp-shard", "2", "--nproc-per-node", "2"],
          "4 does not divide 2"),
+        ("layout-torchft", ["--fault-tolerance", "torchft", "--dp-replicate", "2"],
+         "`--fault-tolerance torchft` with `--dp-replicate 2`: each replica group is one rank"),
         ("layout-fsdp-shards-nothing", ["--strategy", "fsdp", "--dp-replicate", "-1",
                                         "--nproc-per-node", "2"], "shards nothing"),
         ("nnodes-no-endpoint", ["--nnodes", "2"], "`--nnodes 2` needs `--rdzv-endpoint"),
