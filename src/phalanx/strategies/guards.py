@@ -76,7 +76,9 @@ def check_same(state: list[tuple[str, torch.Tensor]], device: torch.device, worl
                                "(different architectures?).", [])
     table = torch.stack(gathered).cpu()  # one copy from the device, not one per rank·tensor
     for ranks in groups or [list(range(world_size))]:
-        rows = table[ranks]
+        # (rows by int index: `plan --simulate` runs this on fake tensors, and indexing
+        # with a Python list would lift the list into a real tensor, which its mode refuses)
+        rows = torch.stack([table[r] for r in ranks])
         if not bool((rows == rows[0]).all()):
             _name_difference(rows.tolist(), ranks, names, what)
 
