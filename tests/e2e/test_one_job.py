@@ -40,8 +40,10 @@ def test_a_two_rank_run_parses_once_and_each_process_decides_once(tmp_path, corp
     assert all(c["choose"] == 1 for c in per_pid.values()), dict(per_pid)
 
     job = json.loads((out / "job.json").read_text())
-    assert job["format"] == 1 and job["phalanx"] == __version__ and job["verb"] == "train"
-    assert job["layout"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert job["format"] == 2 and job["phalanx"] == __version__ and job["verb"] == "train"
+    # the layout requested, in the config: nothing given (each attempt resolves it)
+    assert {d: job["config"]["dist"][d] for d in ("pp", "dp_replicate", "dp_shard", "tp")} \
+        == {"pp": None, "dp_replicate": None, "dp_shard": None, "tp": None}
     assert job["out"] == str(out.absolute()) and job["argv"][-2:] == ["--out", str(out)]
     assert job["config"]["train"]["max_steps"] == 2
     assert job["config"]["dist"]["nproc_per_node"] == 2
