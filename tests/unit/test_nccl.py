@@ -34,8 +34,9 @@ def test_apply_keeps_what_the_user_set(monkeypatch):
 
 def test_the_workers_get_the_preset(tmp_path):
     script = tmp_path / "show.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'], 'IB',"
-                      " os.environ.get('NCCL_IB_DISABLE'), flush=True)\n")
+    # one write per line: two ranks share the stdout pipe (print's pieces can interleave)
+    script.write_text("import os, sys\nsys.stdout.write(f\"rank {os.environ['RANK']} IB "
+                      "{os.environ.get('NCCL_IB_DISABLE')}\\n\"); sys.stdout.flush()\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     done = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
                            "--tee-ranks", "--nccl-preset", "ethernet", str(script)],
