@@ -75,7 +75,8 @@ class RunDir:
     RESULTS: ClassVar[tuple[str, ...]] = (
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
         "run_config.json", HANG_REPORT, "profile", "ft-steps.jsonl",  # (a torchft group's)
-        "ft-samples.jsonl")  # (PHALANX_FT_SAMPLES: its step attempts' samples)
+        "ft-samples.jsonl",  # (PHALANX_FT_SAMPLES: its step attempts' samples)
+        "ft-result.json")  # (a torchft run's: which group its published result is from)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
         object.__setattr__(self, "root", Path(root))
@@ -107,6 +108,7 @@ class RunDir:
     sample = property(lambda self: self.root / "sample.txt")
     report = property(lambda self: self.root / "report.html")
     profile = property(lambda self: self.root / "profile")  # --profile-steps' traces
+    ft_result = property(lambda self: self.root / "ft-result.json")  # (ft.publish)
     lock = property(lambda self: self.root / ".phalanx.lock")
     superseded = property(lambda self: self.root / "superseded")
 

@@ -93,6 +93,11 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     out = tmp_path / "ft"
     assert _same(out / "replica-0", tmp_path / "ddp")
     assert _same(out / "replica-1", tmp_path / "ddp")
+    # the job's result where any run leaves it (issue 45), the groups' details below it
+    assert _same(out, tmp_path / "ddp") and (out / "report.html").is_file()
+    assert (out / "sample.txt").read_text() == (out / "replica-0" / "sample.txt").read_text()
+    assert not (out / "ft-steps.jsonl").exists()
+    assert "phalanx: the run's result is in " in ft.stdout
     assert {r["participants"] for r in _steps(out / "replica-0").values()} == {2}
     said = [line for line in ft.stdout.splitlines() if " live (global batch " in line]
     assert said == ["g0| phalanx: step 1: 2 replica groups live (global batch 4 sequences)"]
@@ -107,6 +112,7 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     assert ddp_more.returncode == 0, ddp_more.stdout + ddp_more.stderr
     assert max(_steps(out / "replica-0")) == 26
     assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1", out / "replica-0")
+    assert _same(out, tmp_path / "ddp")  # the result at the top is the extended run's
 
 
 def _group_rank(group: int) -> int | None:

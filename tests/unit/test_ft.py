@@ -99,11 +99,12 @@ def test_any_other_lighthouse_is_refused_before_launch(bad):
 
 def test_the_run_ends_with_the_group_that_finished_it(capsys, tmp_path):
     names, folders = ["0", "1"], [tmp_path / "replica-0", tmp_path / "replica-1"]
-    assert _outcome([0, -15], [], names, folders) == 0
+    assert _outcome([0, -15], [], names, folders) == (0, "0")
     assert "replica group 0 finished the run (stopped behind it: group 1)" in \
         capsys.readouterr().out
-    assert _outcome([2, 2], [], names, folders) == 2  # a user error in every group
-    assert _outcome([1, -9], [], names, folders) == 1
+    assert _outcome([-15, 0], [], names, folders) == (0, "1")
+    assert _outcome([2, 2], [], names, folders) == (2, None)  # a user error in every group
+    assert _outcome([1, -9], [], names, folders) == (1, None)
 
 
 def _committed(folder, name):
@@ -202,9 +203,9 @@ def test_a_group_restarted_after_another_finished_ends_instead_of_training_alone
         group1.begin_step(None)
     groups.procs = [_Ended(0), _Ended(0)]  # group 1 ended with 0 too: group 0 is named
     groups._mark_ended()
-    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], groups.winner) == 0
+    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], groups.winner) == (0, "0")
     assert "replica group 0 finished the run" in capsys.readouterr().out
-    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], "1") == 0
+    assert _outcome([0, 0], [], ["0", "1"], [tmp_path, tmp_path], "1") == (0, "1")
     assert "replica group 1 finished the run" in capsys.readouterr().out
 
 

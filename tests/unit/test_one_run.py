@@ -5,10 +5,13 @@ start, in one line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from phalanx.checkpoint.rundir import one_run, reconcile
 from phalanx.errors import UserError
+from phalanx.ft.publish import publish
 
 
 def _torchft_run(out):
@@ -56,3 +59,46 @@ def test_a_checkpoint_inside_what_a_start_would_move_is_refused_not_moved(tmp_pa
     assert "\n" not in str(info.value) and said == []
     assert f"`--resume {chosen}` lies in `{out / 'replica-0'}`" in str(info.value)
     assert sorted(p.name for p in out.iterdir()) == ["replica-0", "replica-1"]
+
+
+def _finished(out, group="1"):
+    """A torchft run whose group GROUP finished: its outputs in OUT/replica-GROUP."""
+    _torchft_run(out)
+    done = out / f"replica-{group}"
+    for name, text in (("model.safetensors", "weights"), ("config.json", "{}"),
+                       ("metrics.jsonl", '{"step": 10}\n'), ("report.html", "<html>"),
+                       ("ft-steps.jsonl", "{}\n")):
+        (done / name).write_text(f"{name} of {group}: {text}")
+
+
+def test_a_finished_torchft_run_has_its_result_at_the_top_of_out(tmp_path, outside):
+    """Issue 45: the result was only in OUT/replica-G; any script written for a plain run
+    looks for OUT/model.safetensors. The group's details stay where they are."""
+    out = tmp_path / "run"
+    _finished(out)
+    (out / "sample.txt").write_text("an earlier run's sample")  # not this run's: removed
+    (outside / "kept").write_text("outside")
+    (out / "config.json").symlink_to(outside / "kept")  # a planted link: replaced
+    copied = publish(out, "1")
+    assert copied == ["model.safetensors", "config.json", "metrics.jsonl", "report.html"]
+    assert (out / "model.safetensors").read_text() == "model.safetensors of 1: weights"
+    assert not (out / "config.json").is_symlink() and (outside / "kept").read_text() == "outside"
+    assert not (out / "sample.txt").exists() and not (out / "ft-steps.jsonl").exists()
+    assert json.loads((out / "ft-result.json").read_text())["group"] == "1"
+    one_run(out, True, "auto")  # the published result is the torchft run's own
+    with pytest.raises(UserError, match=r"holds a `--fault-tolerance torchft` run"):
+        one_run(out, False, "auto")
+    said: list[str] = []
+    target = reconcile(out, None, said.append)  # a fresh start moves it all, marker too
+    assert target is not None and sorted(p.name for p in out.iterdir()) == [
+        "report.html", "superseded"]  # (the page is rewritten by any run, as a plain run's)
+    assert "4 result file(s) and 2 torchft replica group run(s)" in said[0]
+    assert (target / "ft-result.json").is_file()
+
+
+def test_results_at_the_top_without_a_published_marker_are_another_runs(tmp_path):
+    out = tmp_path / "run"
+    _finished(out)
+    (out / "model.safetensors").write_text("a plain run's")
+    with pytest.raises(UserError, match=r"\(`model.safetensors`\)"):
+        one_run(out, True, "auto")

@@ -220,8 +220,9 @@ def one_run(out: RunDir | Path, torchft: bool, resume: str) -> None:
     run_dir = RunDir(out)
     check_run_dir(run_dir)
     if torchft:
-        found = [p for p in (run_dir.checkpoints,) if p.is_dir() and any(p.iterdir())] \
-            + [run_dir / n for n in RunDir.RESULTS if (run_dir / n).exists()]
+        found = [p for p in (run_dir.checkpoints,) if p.is_dir() and any(p.iterdir())]
+        if not run_dir.ft_result.is_file():  # (else the result a torchft run
+            found += [run_dir / n for n in RunDir.RESULTS if (run_dir / n).exists()]  # left)
         held, here = "a run without `--fault-tolerance`", "uses `--fault-tolerance torchft`"
         fix = "Drop `--fault-tolerance torchft` to continue it"
     else:

@@ -27,6 +27,7 @@ from phalanx.config.layout import given, requested, said
 from phalanx.config.sections import Config
 from phalanx.config.strategy import choose
 from phalanx.errors import Interrupted, UserError
+from phalanx.ft.publish import publish
 from phalanx.paths import RunDir
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
@@ -110,8 +111,9 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
     names = [group_name(g, cfg.dist.lighthouse is not None) for g in range(groups)]
     done = next((n for n in names if complete(replica_dir(out, n))), None)
     if done is not None:
-        print(f"phalanx: the run is complete: replica group {done} finished it "
-              f"({replica_dir(out, done)}); nothing to do.", flush=True)
+        publish(out, done)  # (again: a launcher stopped before it had published it)
+        print(f"phalanx: the run is complete: replica group {done} finished it; its result "
+              f"is in {out}; nothing to do.", flush=True)
         return 0
     server, store, start = None, None, {}
     if cfg.dist.lighthouse is not None:
@@ -133,7 +135,13 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
     try:
         groups_ = Groups(names, store, out)
         groups_.start(argv, address, threads, start, hand)
-        return groups_.wait(cfg.dist.ft_join_timeout_s + 10)
+        code, winner = groups_.wait(cfg.dist.ft_join_timeout_s + 10)
+        if winner is not None:
+            files = publish(out, winner)
+            print(f"phalanx: the run's result is in {out} ({', '.join(files[:3])}, …, from "
+                  f"replica group {winner}); each group's details in {out}/replica-G",
+                  flush=True)
+        return code
     finally:
         if server is not None:
             server.shutdown()
@@ -167,8 +175,9 @@ class Groups:
             self.procs.append(proc)
             self.pumps.append(pump)
 
-    def wait(self, grace_s: float) -> int:
-        """0 once a group has finished the run (the others, behind it, are stopped
+    def wait(self, grace_s: float) -> tuple[int, str | None]:
+        """The exit code and the group that finished the run (None: none did); 0 once
+        a group has finished the run (the others, behind it, are stopped
         `grace_s` later: a group that trained on alone after the others finished would
         hold another run). Each stop signal is forwarded to every group (a second one
         stops them at once, as it does a run without torchft)."""
@@ -254,9 +263,9 @@ def without_access_logs(lines):
 
 
 def _outcome(codes: list[int], got: list[int], names: list[str],
-             folders: list[Path], first: str | None = None) -> int:
-    """The launcher's exit code (or Interrupted) from the groups' exit codes, the stop
-    signals it got and the groups' run directories (`first`: the group seen ending with 0
+             folders: list[Path], first: str | None = None) -> tuple[int, str | None]:
+    """The launcher's exit code (or Interrupted) and the group that finished the run,
+    from the groups' exit codes, the stop signals it got and the groups' run directories (`first`: the group seen ending with 0
     first; a group behind it ends with 0 too, with nothing left to train)."""
     winners = sorted((names[g] for g, code in enumerate(codes) if code == 0),
                      key=lambda name: name != first)
@@ -266,12 +275,11 @@ def _outcome(codes: list[int], got: list[int], names: list[str],
     if winners:
         behind = [names[g] for g, code in enumerate(codes) if code != 0]
         note = f" (stopped behind it: group {', '.join(map(str, behind))})" if behind else ""
-        print(f"phalanx: replica group {winners[0]} finished the run{note}; its outputs are "
-              f"in OUT/replica-{winners[0]}", flush=True)
-        return 0
+        print(f"phalanx: replica group {winners[0]} finished the run{note}", flush=True)
+        return 0, winners[0]
     print("phalanx: " + ", ".join(f"replica group {names[g]} exited with code {c}"
                                   for g, c in enumerate(codes)), file=sys.stderr, flush=True)
-    return 2 if all(c == 2 for c in codes) else 1
+    return (2 if all(c == 2 for c in codes) else 1), None
 
 
 def _kept(codes: list[int], names: list[str], folders: list[Path]) -> str:
