@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from phalanx.lint.libraries import process_decorator
 from phalanx.lint.syntax import dotted, last, whether_distributed
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -152,6 +153,7 @@ def _decorator_guards(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef
         origin = ctx.imported.get(root, "") if "." in name else ctx.imported.get(name, "")
         if test is None and origin and last(name if "." in name else origin) in KNOWN_DECORATORS:
             test = KNOWN_DECORATORS[last(name if "." in name else origin)]
+        test = test or process_decorator(ctx, decorator)  # `@accelerator.on_main_process`
         if test is not None:
             cond = ast.parse(f"if {test}:\n    pass").body[0]
             assert isinstance(cond, ast.If)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 
 RANK_NAMES = {"rank", "local_rank", "global_rank", "is_main", "is_main_process", "is_master",
-              "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process"}
+              "is_rank_zero", "is_global_zero", "master_process", "is_local_main_process",
+              "is_last_process", "process_index", "local_process_index"}  # (Accelerate's)
 RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank"}
 
 

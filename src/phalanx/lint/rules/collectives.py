@@ -21,6 +21,12 @@ from phalanx.lint.callees import DCP_CALLS, dcp_call, opens_for_all, own_group
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.gates import Gate, gate_of
 from phalanx.lint.guards import Guard
+from phalanx.lint.libraries import (
+    ACCELERATOR_COLLECTIVES,
+    FABRIC_COLLECTIVES,
+    library_call,
+    library_receivers,
+)
 from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
 from phalanx.lint.wrapping import holds_wrapper
 
@@ -177,7 +183,8 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
     models = _here(ctx, call, models)
     if models.get(dotted(call)) == "DDP":
         return True
-    if hidden(ctx, call, models) or run_call(call, runs):
+    if hidden(ctx, call, models) or run_call(call, runs) or \
+            library_call(call, library_receivers(ctx)):
         return False
     key = helper_key(ctx, call)
     return key in forward and key not in definite
@@ -193,7 +200,8 @@ def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[st
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
     what = hidden(ctx, call, _here(ctx, call, models)) or run_call(
-        call, runs if runs is not None else run_receivers(ctx))
+        call, runs if runs is not None else run_receivers(ctx)) or library_call(
+        call, library_receivers(ctx))
     key = helper_key(ctx, call)
     if what is None and key in helpers and key != inside:
         if gates and key in gates and gates[key].closed(call):
@@ -255,7 +263,8 @@ def _rank_only(ctx: Context, forward: bool):
     """Calls running a collective under a rank guard: a definite one, or (`forward`) one
     whose only collective is a DDP model's forward."""
     if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
-                         "consolidate_state_dict") or ctx.project):
+                         "consolidate_state_dict", *ACCELERATOR_COLLECTIVES,
+                         *FABRIC_COLLECTIVES) or ctx.project):
         return
     (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
     runs, helpers = run_receivers(ctx), {**forwards, **definite}
