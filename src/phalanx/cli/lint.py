@@ -42,9 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output format (default: text)")
     parser.add_argument("--select", default="", metavar="CODES",
                         help="only these rule codes or prefixes, comma-separated (e.g. "
-                             "PX3,PX101); `ALL`: every rule. Without it every rule runs "
+                             "PX3,PX101); `ALL`: every rule; `seeds`: every rule that "
+                             "finds one of the field guides' pitfalls, opt-in ones included "
+                             "(docs/lint-seeds.md). Without it every rule runs "
                              f"except the opt-in ones ({opt_in}), which run only when "
-                             "selected (by code, prefix or ALL)")
+                             "selected (by code, prefix, profile or ALL)")
     parser.add_argument("--ignore", default="", metavar="CODES",
                         help="skip these rule codes or prefixes, comma-separated")
     parser.add_argument("--explain", metavar="CODE", help="print a rule's documentation")
@@ -67,14 +69,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _codes(raw: str, flag: str) -> list[str]:
+    """The codes or prefixes `raw` names; a profile (`seeds`: lint.profiles) by its codes."""
+    from phalanx.lint.profiles import PROFILES
     from phalanx.lint.rules import ALL
 
-    codes = [c.strip().upper() for c in raw.split(",") if c.strip()]
-    for code in codes:
-        if not (code == "ALL" and flag == "--select" or
-                any(rule.code.startswith(code) for rule in ALL)):
+    codes = []
+    for code in (c.strip().upper() for c in raw.split(",") if c.strip()):
+        if code in PROFILES:
+            codes += sorted(PROFILES[code])
+        elif code == "ALL" and flag == "--select" or \
+                any(rule.code.startswith(code) for rule in ALL):
+            codes.append(code)
+        else:
             raise UserError(f"`{flag}` {code} matches no rule; rules are "
-                            f"{ALL[0].code}…{ALL[-1].code} (see `phalanx lint --explain CODE`).")
+                            f"{ALL[0].code}…{ALL[-1].code}, or a profile: "
+                            f"{', '.join(p.lower() for p in PROFILES)} (see `phalanx lint "
+                            f"--explain CODE`).")
     return codes
 
 

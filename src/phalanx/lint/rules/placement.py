@@ -19,14 +19,17 @@ SHAPE_ATTRS = {"shape", "size", "dim", "ndim", "numel", "dtype", "device", "is_c
 
 
 def _data_parallel(ctx: Context):
-    """nn.DataParallel in a distributed program (the file, or a linted file importing
-    it, sets up several processes) — not on the single-process side of a branch
-    (`if args.distributed: DDP … else: DataParallel`: `single_process_branch`)."""
-    if not distributed_program(ctx):
-        return
+    """nn.DataParallel in any script (the seeds' first rule: torch's docs recommend DDP
+    over it even on one machine) — not on the single-process side of a branch whose other
+    side is distributed (`if args.distributed: DDP … else: DataParallel`:
+    `single_process_branch`: the script offers DDP already)."""
+    several = distributed_program(ctx)
     for call in ctx.calls_named("DataParallel"):
-        if single_process_branch(ctx, call) is None:
-            yield call, ""
+        if last(dotted(call)) != "DataParallel" or (
+                several and single_process_branch(ctx, call) is not None):
+            continue
+        yield call, "" if several else ("(a single-process script: one process per GPU "
+                                        "with DDP is faster even on one machine)")
 
 
 def single_process_branch(ctx: Context, node: ast.AST) -> ast.If | ast.IfExp | None:
