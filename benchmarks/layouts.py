@@ -16,11 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sharded_memory import launched  # (benchmarks/ is on the path: run as a script)
 
 MiB = 2 ** 20
 
@@ -110,12 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label in layouts(args.nproc):
             out = Path(tmp) / "result.json"
-            code = ("from phalanx.launch.agent import launch_workers; launch_workers("
-                    f"[{__file__!r}, '--worker', {label!r}, {args.preset!r}, "
-                    f"'{args.steps}', {str(out)!r}], {args.nproc}, threads=1)")
-            subprocess.run([sys.executable, "-c", code], check=True,
-                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
-            results[label] = json.loads(out.read_text())
+            results[label] = launched(__file__, [label, args.preset, str(args.steps),
+                                                 str(out)], out, args.nproc)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print("\n".join(summarise(results, args.nproc, args.preset)))

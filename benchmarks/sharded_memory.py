@@ -101,6 +101,16 @@ def summarise(results: dict) -> list[str]:
     return lines
 
 
+
+def launched(script: str, worker_args: list[str], out: Path, nproc: int) -> dict:
+    """`script --worker *worker_args` on `nproc` ranks under torch's elastic agent (one
+    thread each), in a fresh interpreter: the JSON its rank 0 wrote to `out`."""
+    code = ("from phalanx.launch.agent import launch_workers; launch_workers("
+            f"[{script!r}, '--worker', *{worker_args!r}], {nproc}, threads=1)")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return json.loads(out.read_text())
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
@@ -111,12 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for s in STRATEGIES:
             out = Path(tmp) / f"{s}.json"
-            code = ("from phalanx.launch.agent import launch_workers; launch_workers("
-                    f"[{__file__!r}, '--worker', {s!r}, {args.preset!r}, {str(out)!r}], "
-                    f"{args.nproc}, threads=1)")
-            subprocess.run([sys.executable, "-c", code], check=True,
-                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
-            results[s] = json.loads(out.read_text())
+            results[s] = launched(__file__, [s, args.preset, str(out)], out, args.nproc)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print("\n".join(summarise(results)))

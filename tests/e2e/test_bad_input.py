@@ -78,6 +78,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("straggler-every", ["--straggler-every", "-1"], "`--straggler-every` must be >= 0"),
         ("nan-patience", ["--nan-patience", "0"], "`--nan-patience` must be a positive"),
         ("profile-steps", ["--profile-steps", "7-5"], "`--profile-steps 7-5` must be A-B"),
+        ("profile-steps-late", ["--profile-steps", "50-60", "--max-steps", "40"],
+         "`--profile-steps 50-60` starts after the run's last step (`--max-steps 40`)"),
         ("init-from-minigpt", ["--init-from", "{d}/emptydir"], "MiniGPT's are not a Hugging "
          "Face model's"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),

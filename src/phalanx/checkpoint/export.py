@@ -115,13 +115,19 @@ def export_pretrained(module: nn.Module, state_dict: dict[str, torch.Tensor],
     return out
 
 
-def _tie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
-    """The names of one tied parameter share one tensor (a sharded model's gathered state
-    holds a copy per name): the library writing it then stores it once."""
+def tied_names(module: nn.Module) -> list[list[str]]:
+    """The names of each tied parameter, first name first (GPT-2's `[transformer.wte.weight,
+    lm_head.weight]`); a parameter with one name is left out."""
     names: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
-    for group in names.values():
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _tie(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+    """The names of one tied parameter share one tensor (a sharded model's gathered state
+    holds a copy per name): the library writing it then stores it once."""
+    for group in tied_names(module):
         present = [n for n in group if n in state]
         for alias in present[1:]:
             if not torch.equal(state[alias], state[present[0]]):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from phalanx.checkpoint.export import _check_replaceable, place_directory
+from phalanx.checkpoint.export import _check_replaceable, place_directory, tied_names
 from phalanx.errors import UserError
 from phalanx.paths import remove_tree
 
@@ -92,11 +92,4 @@ def _finish(module: nn.Module, tmp: Path, out: Path) -> None:
 
 def _aliases(module: nn.Module) -> list[str]:
     """Every name of a tied parameter but its first (GPT-2's `lm_head.weight`)."""
-    first: dict[int, str] = {}
-    aliases = []
-    for name, param in module.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            aliases.append(name)
-        else:
-            first[id(param)] = name
-    return aliases
+    return [name for group in tied_names(module) for name in group[1:]]

@@ -250,7 +250,11 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
         if self.profile_steps is not None:
-            step_range(self.profile_steps, "--profile-steps")
+            first, _ = step_range(self.profile_steps, "--profile-steps")
+            if first > self.max_steps:
+                raise UserError(f"`--profile-steps {self.profile_steps}` starts after the "
+                                f"run's last step (`--max-steps {self.max_steps}`): nothing "
+                                f"would be profiled. Choose steps from 1 to {self.max_steps}.")
 
 
 

@@ -18,7 +18,6 @@ from phalanx.lint.syntax import dotted
 ACCELERATOR_COLLECTIVES = {
     "wait_for_everyone": "a barrier", "reduce": "an all-reduce", "gather": "an all-gather",
     "gather_for_metrics": "an all-gather", "pad_across_processes": "all-gathers the sizes",
-    "save_state": "waits for every process (a barrier); sharded: a collective save",
     "main_process_first": "barriers: the main process first, then the others",
     "local_main_process_first": "barriers: each machine's main process first",
     "check_trigger": "an all-reduce of the trigger",
@@ -28,7 +27,11 @@ ACCELERATOR_COLLECTIVES = {
 }
 # collectives only under FSDP or DeepSpeed (or tensor parallelism): not an error, since
 # the launch configuration, not the script, decides
-ACCELERATOR_SHARDED = {"get_state_dict", "save_model", "load_state", "clip_grad_norm_",
+# (`save_state` waits for every process only with `automatic_checkpoint_naming=True`;
+# otherwise it writes on the main process and each process's RNG state: checked against
+# accelerate 1.15's source on diffusers' scripts, which call it under is_main_process)
+ACCELERATOR_SHARDED = {"save_state", "get_state_dict", "save_model", "load_state",
+                       "clip_grad_norm_",
                        "clip_grad_value_", "prepare_optimizer", "free_memory",
                        "unscale_gradients"}
 ACCELERATOR_LOCAL = {

@@ -120,10 +120,7 @@ def init(seed: int = 0, *, backend: str = "auto",
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir)
     fail_fast(run)
-    spread = choice.layout.across_machines(env.local_world_size, topology.nodes) \
-        if choice.spec.sharded else None
-    if spread:  # on stderr, as the strategy's note: not the program's output
-        run.print(f"phalanx: note: {spread}", file=sys.stderr)
+    _note_spread(run, choice, env.local_world_size)
     where = run_dir or log  # the report's: its strategy, ranks, versions
     if run.is_main and where is not None:
         where.mkdir(parents=True, exist_ok=True)
@@ -134,6 +131,15 @@ def init(seed: int = 0, *, backend: str = "auto",
     if hang > 0 and not os.environ.get(protocol.WATCHED):
         run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR) or run_dir)
     return run
+
+
+def _note_spread(run: Run, choice: StrategyChoice, local_world_size: int) -> None:
+    """A sharded layout whose shard groups span machines: said once, on stderr (the
+    strategy's note, not the program's output)."""
+    spread = choice.layout.across_machines(local_world_size, run.topology.nodes) \
+        if choice.spec.sharded else None
+    if spread:
+        run.print(f"phalanx: note: {spread}", file=sys.stderr)
 
 
 def _process_group(env, backend: str, timeout_s: float) -> bool:

@@ -93,9 +93,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
                          tokenizer=splits.tokenizer_record())
     gate.attach(result)
     log = Logger(run, cfg, out_dir, state.step)
-    profiler = StepProfiler(run, step_range(t.profile_steps, "--profile-steps"),
-                            out_dir.profile, state.step, t.max_steps) \
-        if t.profile_steps and out_dir is not None else None
+    profiler = _profiler(cfg, run, out_dir, state.step)
     try:
         with run.catch_stop_signals():
             _steps(cfg, run, result, batches, precision, log, val_ds, out_dir, gate, profiler)
@@ -107,6 +105,16 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
         log.close()
         gate.shutdown()
     return result
+
+
+def _profiler(cfg: Config, run: Run, out_dir: RunDir | None, step: int
+              ) -> StepProfiler | None:
+    """`--profile-steps A-B`'s profiler, writing to OUT/profile (None: not asked for)."""
+    t = cfg.train
+    if not t.profile_steps or out_dir is None:
+        return None
+    return StepProfiler(run, step_range(t.profile_steps, "--profile-steps"), out_dir.profile,
+                        step, t.max_steps)
 
 
 def _token_bytes(splits: TokenSplits, device: torch.device) -> torch.Tensor | None:
