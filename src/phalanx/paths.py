@@ -76,7 +76,8 @@ class RunDir:
         "metrics.jsonl", "loss.png", "sample.txt", "model.safetensors", "config.json",
         "run_config.json", HANG_REPORT, "profile", "ft-steps.jsonl",  # (a torchft group's)
         "ft-samples.jsonl",  # (PHALANX_FT_SAMPLES: its step attempts' samples)
-        "ft-result.json")  # (a torchft run's: which group its published result is from)
+        "ft-result.json",  # (a torchft run's: which group its published result is from)
+        "goodput.jsonl")  # (report.goodput's ledger)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:  # a str, Path or RunDir
         object.__setattr__(self, "root", Path(root))

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from phalanx.checkpoint.store import verify
+from phalanx.report.goodput import summarise
 
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--grad-accum", "2", "--dropout", "0.1", "--max-steps", "12",
@@ -71,6 +72,18 @@ def test_killed_ranks_recover_bit_identically(straight, tmp_path, small_corpus_f
     assert losses(tmp_path) == losses(straight)  # the lost steps' lines were replaced
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == \
         ["step-00000006", "step-00000009", "step-00000012"]
+    # goodput (issue 45): four segments, from the steps each attempt resumed at; the steps
+    # taken again after each restart are lost; the straight run lost none
+    ledger = [json.loads(line) for line in (tmp_path / "goodput.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ledger if r["kind"] == "start"] == [0, 3, 6, 9]
+    good, plain = summarise(tmp_path), summarise(straight)
+    assert good is not None and plain is not None
+    assert good.segments == 4 and good.recomputed_s > 0 and 0 < good.share < plain.share < 1
+    assert plain.segments == 1 and plain.recomputed_s == 0
+    said = [e for e in map(json.loads, (tmp_path / "events.jsonl").read_text().splitlines())
+            if e["kind"] == "goodput"]
+    assert said and said[-1]["message"].startswith("goodput ") and "(4 segments)" in \
+        said[-1]["message"]
 
 
 def test_a_rank_that_always_fails_exhausts_the_restarts(tmp_path, small_corpus_file, cache_dir):

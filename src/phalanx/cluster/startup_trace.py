@@ -14,10 +14,11 @@ def _role() -> str:
     return "worker" if protocol.phalanx_worker() else "launcher"
 
 
-def process_started() -> float:
-    """When this process started (Linux: its age from /proc, to 10 ms), else now."""
+def process_started(pid: int | str = "self") -> float:
+    """When process `pid` (default: this one) started (Linux: its age from /proc, to
+    10 ms), else now."""
     try:
-        with open("/proc/self/stat") as fh:
+        with open(f"/proc/{pid}/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as fh:
             uptime = float(fh.read().split()[0])

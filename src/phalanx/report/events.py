@@ -25,7 +25,7 @@ FAULT_TOLERANCE = ("membership", "heal")
 
 # PHALANX_FAULT was set: injected faults act on this start (phalanx.cluster.faults)
 KINDS = ("restart", "nan", "rollback", "spike", "straggler", "fault", *LIFECYCLE,
-         *FAULT_TOLERANCE)
+         *FAULT_TOLERANCE, "goodput")  # (goodput: the run's, when a process ends training)
 
 FILE = RunDir("").events.name
 

@@ -29,6 +29,7 @@ from phalanx.paths import RunDir, atomic_write
 from phalanx.report import used
 from phalanx.report.charts import charts_svg
 from phalanx.report.events import read_events, record_event
+from phalanx.report.goodput import summarise
 from phalanx.report.listing import list_checkpoints, recorded_world_size
 from phalanx.report.outfile import PageFile
 from phalanx.report.profile_table import profile_section
@@ -93,6 +94,9 @@ def _body(run_dir: Path, files: RunFiles, warn: Warn) -> list[str]:
     config, env = files.config, files.env
     facts = {"status": used.status(run_dir, config, files.events), "strategy": used.strategy(env),
              "ranks": used.ranks(env, recorded_world_size(run_dir, checkpoints, latest))}
+    good = summarise(run_dir, warn)
+    if good is not None:
+        facts["goodput"] = f"{good.share:.0%} of {good.wall_s:,.0f} s"
     return [f"<h1>Phalanx run: {_e(run_dir.resolve().name)}</h1>",
             f'<div class="sub">{_e(str(run_dir.resolve()))}</div>',
             _summary(files.records, config, facts),
@@ -157,6 +161,7 @@ def _summary(records: list[dict], config: dict, facts: dict[str, str]) -> str:
         ("median step time", _num(statistics.median(step_times), ".3f") + " s"
          if step_times else "–"),
         ("peak memory, rank 0", _num(max(memory), ",.0f") + " MiB" if memory else "–"),
+        *([("goodput (steps kept / wall)", facts["goodput"])] if "goodput" in facts else []),
         ("status", facts["status"]),
         ("ranks", facts["ranks"]),
         ("strategy", facts["strategy"]),

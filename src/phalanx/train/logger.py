@@ -10,7 +10,8 @@ import torch
 
 from phalanx.config.sections import Config
 from phalanx.paths import RunDir
-from phalanx.report.events import warn
+from phalanx.report.events import record_event, warn
+from phalanx.report.goodput import Ledger, summarise
 from phalanx.report.progress import ProgressReporter
 from phalanx.report.sink import peak_memory_mib, tensorboard_note
 from phalanx.runtime.run import Run
@@ -35,6 +36,9 @@ class Logger:
         self.pending: list[torch.Tensor] = []
         self.t_last, self.steps_since = time.perf_counter(), 0
         self.first = start_step + 1  # this process's first step: said at once
+        self.ledger = Ledger(out_dir, main)  # OUT/goodput.jsonl (report.goodput)
+        self.ledger.start(start_step)
+        self.step = start_step  # the last step taken
 
     def rebase(self, step: int) -> None:
         """The state jumped to `step` (a torchft group healed from a live one): progress
@@ -42,17 +46,29 @@ class Logger:
         if self.progress is not None:
             self.progress = ProgressReporter(self.cfg.train.max_steps, step)
         self.pending, self.steps_since, self.t_last = [], 0, time.perf_counter()
+        self.restarted(step)
 
-    def step_done(self, loss: torch.Tensor, skipped: bool = False) -> None:
-        """After each optimizer step: it counts for throughput; its loss is reported
-        unless the step was skipped (a NaN guard's skip is not averaged in)."""
+    def restarted(self, step: int) -> None:
+        """The state jumped to `step` (a heal, a rollback): the goodput ledger closes the
+        segment where it was and starts one from `step`."""
+        self.ledger.reached(self.step)
+        self.ledger.start(step, launched=False)
+        self.step = step
+
+    def step_done(self, loss: torch.Tensor, seconds: float, skipped: bool = False) -> None:
+        """After each optimizer step (taking `seconds`): it counts for throughput and
+        goodput; its loss is reported unless the step was skipped (a NaN guard's skip is
+        not averaged in)."""
+        self.ledger.stepped(seconds)
+        self.step += 1
         if not skipped:
             self.pending.append(loss)
         self.steps_since += 1
 
-    def rolled_back(self) -> None:
-        """Steps past a rollback's checkpoint are trained again: their losses are not
-        reported, and the metrics from that step on are written anew (MetricsSink)."""
+    def rolled_back(self, step: int) -> None:
+        """Steps past a rollback's checkpoint (of `step`) are trained again: their losses
+        are not reported, and the metrics from that step on are written anew (MetricsSink)."""
+        self.restarted(step)
         self.pending, self.steps_since = [], 0
         self.t_last = time.perf_counter()
         if self.writes:
@@ -83,6 +99,7 @@ class Logger:
                 warn(self.run, self.out_dir, "spike", at, spike)
         elapsed = time.perf_counter() - self.t_last
         tokens = self.steps_since * self.cfg.tokens_per_step(self.run.topology.dp_size)
+        self.ledger.reached(step)
         record = {"step": step, "loss": sum(mean) / len(mean), "lr": lr,
                   "tokens_per_s": tokens / max(elapsed, 1e-9),
                   "step_time_s": elapsed / max(1, self.steps_since),
@@ -107,6 +124,13 @@ class Logger:
         self.t_last = time.perf_counter()
 
     def close(self) -> None:
+        """The end of this process's training, however it ended: the ledger's last record,
+        and (rank 0) the run's goodput so far said as an event of the run."""
+        self.ledger.reached(self.step, "end")
+        found = summarise(self.out_dir) if self.out_dir is not None and \
+            self.ledger.path is not None else None
+        if found is not None:
+            record_event(self.out_dir, "goodput", self.step, found.line())
         if self.progress is not None:
             self.progress.close()
         if self.writes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -147,6 +148,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
             log.rebase(step)
         if step >= t.max_steps:
             break  # healed to the end
+        began = time.perf_counter()  # (goodput: the step's own time, not the quorum's)
         run.at_step(step, gate.rank)  # what the micro-steps seed from: exact on resume
         lr = _set_lr(cfg, opt, step)
         loss = micro_steps(forward, acc, batches, precision,
@@ -161,7 +163,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
                               check=functools.partial(_nan_check, guard, loss,
                                                       step=step + 1, model=inner))
         result.grad_norms.append(done.norm)
-        log.step_done(loss, skipped=done.dropped)  # a dropped step counts for throughput
+        log.step_done(loss, time.perf_counter() - began,  # a dropped step counts for
+                      skipped=done.dropped)  # throughput
         if done.dropped and guard.mode == "rollback" and \
                 _roll_back(run, cfg, out_dir, result, precision, guard, log):
             result.state.position += global_batch  # the bad batch was read: counted, not
@@ -176,6 +179,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         result.stopped = gate.stop(run)  # every rank (and replica group) agrees to stop here
         if out_dir is not None and (ckpt.should_save(cfg, state.step) or result.stopped):
             ckpt.save(run, cfg, out_dir, state, model, opt, precision, result.tokenizer)
+            log.ledger.reached(state.step, "saved")
         if result.stopped:
             break
     run.wait_checkpoint()
@@ -257,7 +261,7 @@ def _roll_back(run: Run, cfg: Config, out_dir: RunDir | None, result: TrainResul
     guard.note(state.step, "rollback", f"rolled back to the checkpoint of step {state.step}; "
                                        f"the data goes on past the offending batch")
     result.state = state
-    log.rolled_back()
+    log.rolled_back(state.step)
     return state.step < step
 
 
