@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--max-steps", "8", "--eval-every", "8", "--log-every", "1",
@@ -34,3 +37,24 @@ def test_profile_steps_on_two_ranks(tmp_path, corpus_file, cache_dir):
     assert "torch.profiler over steps 5–7" in page and "<td>1</td>" in page
     wrote = next(line for line in done.stdout.splitlines() if line.startswith("wrote: "))
     assert f"{out}/profile/" in wrote
+
+
+def test_the_trainer_logs_to_wandb_offline_from_rank_0(tmp_path, corpus_file, cache_dir):
+    """Issue 48: `--tracker wandb` on 2 ranks: one W&B run, written by rank 0, holding the
+    trainer's records (loss, lr, val loss), its config the run's."""
+    pytest.importorskip("wandb", reason="the trackers extra (wandb) is not installed")
+    from wandb_files import history
+
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("WANDB_DIR", None)
+    done = subprocess.run([sys.executable, "-m", "phalanx", "train", *TINY, "--max-steps", "4",
+                           "--tracker", "wandb", "--data", str(corpus_file), "--cache-dir",
+                           str(cache_dir), "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = history(out)  # (exactly one offline run: `history` unpacks one file)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["_step"], r["loss"]) for r in rows if "loss" in r] == \
+        [(m["step"], m["loss"]) for m in metrics if "loss" in m]
+    assert any("val_loss" in r for r in rows)

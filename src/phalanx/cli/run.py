@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser, watch: bool = False) -> None:
     parser.add_argument("--debug-collectives", action="store_true",
                         help="verify every collective across ranks "
                              "(TORCH_DISTRIBUTED_DEBUG=DETAIL) and explain a mismatch")
+    parser.add_argument("--tracker", default="", metavar="NAMES",
+                        help="experiment trackers `run.log` also writes to, comma-separated: "
+                             "wandb (honours WANDB_MODE, WANDB_DIR, WANDB_PROJECT); the "
+                             "script's phalanx.init(trackers=...) overrides it")
     parser.add_argument("script", metavar="SCRIPT", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -92,6 +96,13 @@ def run_verb(ns: argparse.Namespace, argv: list[str], verb: str) -> int:
     from phalanx.launch.script_run import ScriptRun, run_script_job
 
     check_script(ns.script)
+    if ns.tracker:  # the ranks' phalanx.init reads it (they inherit this environment)
+        import os
+
+        from phalanx.cluster import protocol
+        from phalanx.config.fields import tracker_list
+
+        os.environ[protocol.TRACKERS] = ",".join(tracker_list(ns.tracker))
     report_dir = getattr(ns, "report_dir", None)
     return run_script_job(ScriptRun(
         verb, ns.script, tuple(ns.args), dist_config(ns), report_dir or ns.out,

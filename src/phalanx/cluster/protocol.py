@@ -24,6 +24,7 @@ ROUND = "PHALANX_RDZV_ROUND"  # the rendezvous round the workers were started in
 FT_SAMPLES = "PHALANX_FT_SAMPLES"  # "1": torchft groups record each step attempt's samples
 LAST_FAILURE = "PHALANX_LAST_FAILURE"  # the agent's last worker failure, for the next attempt
 RANK_LOGS = "PHALANX_RANK_LOGS"  # DIR: each worker's output goes to DIR/rank-N.log
+TRACKERS = "PHALANX_TRACKERS"  # NAMES: the experiment trackers `run.log` writes to
 HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"  # seconds: start the hang watchdog (`phalanx watch`)
 HANG_REPORT_DIR = "PHALANX_HANG_REPORT_DIR"  # where hang reports and stacks are written
 DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers write findings here

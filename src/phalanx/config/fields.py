@@ -74,3 +74,25 @@ def step_range(text: str, flag: str) -> tuple[int, int]:
         raise UserError(f"`{flag} {text}` must be A-B with 1 <= A <= B (optimizer steps, as "
                         f"the progress line counts them), e.g. `{flag} 5-7`.")
     return a, b
+
+
+TRACKERS = ("wandb",)  # the experiment trackers built (report.trackers)
+
+
+def tracker_list(given: Any) -> tuple[str, ...]:
+    """The experiment trackers `given` names (comma-separated text, or names), each known
+    and installed; a UserError saying what to do otherwise. None or empty: none."""
+    import importlib.util
+
+    if not given:
+        return ()
+    names = [n.strip().lower() for n in (given.split(",") if isinstance(given, str) else given)]
+    for name in (names := list(dict.fromkeys(n for n in names if n))):
+        if name not in TRACKERS:
+            raise UserError(f"tracker `{name}` is not supported; supported: "
+                            f"{', '.join(TRACKERS)} (TensorBoard files are written whenever "
+                            f"TensorBoard is installed, metrics.jsonl always).")
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"tracker `{name}` needs the {name} package, which is not "
+                            f"installed: pip install 'phalanx[trackers]'.")
+    return tuple(names)

@@ -23,6 +23,7 @@ from phalanx.config.fields import (
     flag_of,
     opt,
     step_range,
+    tracker_list,
 )
 from phalanx.errors import UserError
 
@@ -217,6 +218,10 @@ class TrainConfig:
                                           "each rank's trace in OUT/profile/rank-R.json.gz, "
                                           "a per-rank summary in the run report. E.g. 5-7.",
                                     metavar="A-B")
+    trackers: str | None = opt(None, "Experiment trackers to log to besides metrics.jsonl and "
+                            "TensorBoard, comma-separated: wandb (honours WANDB_MODE, "
+                            "WANDB_DIR, WANDB_PROJECT). Needs phalanx[trackers].",
+                        flag="--tracker", metavar="NAMES")
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -249,6 +254,8 @@ class TrainConfig:
                                 f"{getattr(self, name)}.")
         if self.min_lr > self.lr:
             raise UserError(f"`--min-lr` ({self.min_lr}) must not exceed `--lr` ({self.lr}).")
+        if self.trackers:
+            tracker_list(self.trackers)
         if self.profile_steps is not None:
             first, _ = step_range(self.profile_steps, "--profile-steps")
             if first > self.max_steps:

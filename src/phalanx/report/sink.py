@@ -92,16 +92,18 @@ class MetricsSink:
             self.tb = SummaryWriter(log_dir=str(RunDir(out_dir).tb),
                                     purge_step=first_step if kept else None)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Write `record` with what the sink measured added (`Pace`); that record."""
         record = self.pace.fill(record)
         self.metrics.write(record)
         if self.tb is None:
-            return
+            return record
         step = int(record["step"])
         for name, value in record.items():
             if name != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 self.tb.add_scalar(tag_of(name), value, step)
         self.tb.flush()
+        return record
 
     def close(self) -> None:
         self.metrics.close()

@@ -26,6 +26,7 @@ import datetime
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.rendezvous import attempt_store
 from phalanx.cluster.slurm_store import srun_store
 from phalanx.cluster.startup_trace import mark
+from phalanx.config.fields import tracker_list
 from phalanx.errors import DistributedError, UserError
 from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import timeout_from_env
@@ -78,7 +80,7 @@ def init(seed: int = 0, *, backend: str = "auto",
          threads: int | None = None, hang_timeout_s: float | None = None,
          hang_report_dir: str | Path | None = None, debug_collectives: bool = False,
          log_dir: str | Path | None = None, out: str | Path | None = None,
-         **strategy_options: Any) -> Run:
+         trackers: str | Sequence[str] | None = None, **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
     `strategy`: a name with its options as keywords (`strategy="ddp", bucket_cap_mb=1`;
@@ -88,11 +90,15 @@ def init(seed: int = 0, *, backend: str = "auto",
     (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
     `out`: the run directory (`run.out`); under `phalanx run` its `--out` instead.
     `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/ (default: `out`).
+    `trackers`: experiment trackers `run.log` also writes to ("wandb"; default: the
+    PHALANX_TRACKERS variable, which `phalanx run --tracker` sets), from rank 0.
     """
     announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
     if debug_collectives:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()
+    tracking = tracker_list(trackers if trackers is not None
+                             else os.environ.get(protocol.TRACKERS))
     env = detect_launch_env()
     choice = _strategy_choice(_as_launched(strategy), env.world_size, strategy_options)
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
@@ -118,7 +124,7 @@ def init(seed: int = 0, *, backend: str = "auto",
         run_dir.mkdir(parents=True, exist_ok=True)
     log = Path(log_dir) if log_dir is not None else run_dir
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
-              log_dir=log, out=run_dir)
+              log_dir=log, out=run_dir, trackers=tracking)
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
     where = run_dir or log  # the report's: its strategy, ranks, versions

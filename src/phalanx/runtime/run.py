@@ -56,6 +56,8 @@ class Run(StepMethods, CheckpointMethods):
     _optimizers: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False)  # model → opt
     _failed: bool = field(default=False, repr=False)  # an exception left the script
     _sink: Any = field(default=None, repr=False)
+    trackers: tuple[str, ...] = ()  # experiment trackers `log` also writes to (rank 0)
+    _tracking: Any = field(default=None, repr=False)  # report.trackers.Tracking
     _said: set = field(default_factory=set, repr=False)  # see say_once
     optimizer_steps: int = 0  # counted by `step`, restored by `resume`: seeds micro-steps
     _seed_rank: int | None = field(default=None, repr=False)  # see `at_step`
@@ -204,8 +206,22 @@ class Run(StepMethods, CheckpointMethods):
             self.say_once(tensorboard_note(Path(self.log_dir)))
             self._sink = MetricsSink(Path(self.log_dir), step, say=self.print,
                                      device=self.device)
-        self._sink.write(record)
+        written = self._sink.write(record)
+        if self.trackers:
+            self._track(written)
         return record
+
+    def _track(self, record: dict) -> None:
+        """Rank 0: `record` to the experiment trackers (report.trackers), opened at the
+        first record, for this run's log directory."""
+        from phalanx.report.trackers import Tracking
+
+        where = Path(self.log_dir or ".")
+        if self._tracking is None or self._tracking.out_dir != where:
+            if self._tracking is not None:  # `log_dir` was changed: another tracker run
+                self._tracking.close()
+            self._tracking = Tracking(self.trackers, where, self.print)
+        self._tracking.log(record)
 
     def end_log(self) -> None:
         """Close `log`'s files (the next `log` opens them again, at its step)."""
@@ -329,6 +345,9 @@ class Run(StepMethods, CheckpointMethods):
         if not failed:
             self._stop_unanswered()
         self.end_log()
+        if self._tracking is not None:
+            self._tracking.close()
+            self._tracking = None
         if self._saver is not None and not failed:
             self._saver.finish_local()
         self._saver = None

@@ -1,0 +1,138 @@
+"""Experiment trackers beside `metrics.jsonl` and TensorBoard: `--tracker wandb` (the
+trainer and `phalanx run`), `phalanx.init(trackers="wandb")`, or PHALANX_TRACKERS. Rank 0
+forwards every record `run.log` writes (the figures the sink measured included) to each
+tracker. Each tool's own environment is honoured as Accelerate does (W&B: `WANDB_MODE`,
+`WANDB_DIR` — default: the run directory —, `WANDB_PROJECT` — default `phalanx`).
+
+A tracker never stops the training: one that cannot start or fails later is said once in
+a warning and dropped; `metrics.jsonl` holds every figure regardless. The tracker run's id
+is kept in `OUT/trackers.json`, so a resumed run continues the same tracker run (W&B
+online: `resume="must"`; an offline W&B run cannot be resumed: a new one is started,
+said in one line). The run's `run_config.json` and `environment.json` go in as its config.
+
+MLflow and the other trackers Accelerate ships are not built yet."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phalanx.paths import RunDir, atomic_write, parse_json
+
+FILE = "trackers.json"
+
+
+class Tracking:
+    """Rank 0's trackers for one run directory, opened at the first record."""
+
+    def __init__(self, names: tuple[str, ...], out_dir: Path,
+                 say: Callable[[str], None]) -> None:
+        self.names, self.out_dir, self.say = names, Path(out_dir), say
+        self.open: list[Any] | None = None
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.open is None:
+            self.open = [t for t in map(self._start, self.names) if t is not None]
+        for tracker in list(self.open):
+            try:
+                tracker.log(record)
+            except Exception as exc:  # noqa: BLE001 - a tracker never stops the training
+                self._drop(tracker, f"failed to log step {record.get('step')}", exc)
+
+    def close(self) -> None:
+        for tracker in self.open or []:
+            try:
+                tracker.close()
+            except Exception as exc:  # noqa: BLE001
+                self.say(f"phalanx: warning: tracker {tracker.name}: could not finish: "
+                         f"{_first_line(exc)}")
+        self.open = None
+
+    def _start(self, name: str) -> Any:
+        try:
+            return WandbTracker(self.out_dir, self.say)
+        except Exception as exc:  # noqa: BLE001 - e.g. not logged in, no network
+            self.say(f"phalanx: warning: tracker {name} could not start "
+                     f"({_first_line(exc)}); training goes on without it (metrics.jsonl "
+                     f"has every figure).")
+            return None
+
+    def _drop(self, tracker: Any, what: str, exc: BaseException) -> None:
+        assert self.open is not None
+        self.open.remove(tracker)
+        self.say(f"phalanx: warning: tracker {tracker.name} {what} ({_first_line(exc)}); "
+                 f"it is dropped for the rest of this run, which goes on (metrics.jsonl "
+                 f"has every figure).")
+
+
+class WandbTracker:
+    """Weights & Biases: one W&B run per Phalanx run directory."""
+
+    name = "wandb"
+
+    def __init__(self, out_dir: Path, say: Callable[[str], None]) -> None:
+        import wandb
+
+        kept = _read(out_dir).get(self.name) or {}
+        mode = os.environ.get("WANDB_MODE", "online")
+        where = os.environ.get("WANDB_DIR") or str(out_dir)
+        Path(where).mkdir(parents=True, exist_ok=True)
+        options: dict[str, Any] = {}
+        if kept.get("id") and mode != "offline" and kept.get("mode") != "offline":
+            options = {"id": kept["id"], "resume": "must"}
+        elif kept.get("id"):
+            say(f"phalanx: note: W&B offline runs cannot be resumed: this attempt logs to a "
+                f"new offline run beside {kept['id']} (`wandb sync` uploads both).")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "phalanx"), dir=where,
+                              name=out_dir.resolve().name, config=_params(out_dir),
+                              mode=mode, **options)  # type: ignore[arg-type]
+        self.first = int(getattr(self.run, "step", 0) or 0)  # W&B's next step (resumed)
+        self.skipped = False
+        self.say = say
+        _write(out_dir, self.name, {"id": self.run.id, "mode": mode})
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        if step < self.first:  # a resume from an older checkpoint replays logged steps
+            if not self.skipped:
+                self.skipped = True
+                self.say(f"phalanx: note: W&B keeps the steps it logged before; steps below "
+                         f"{self.first} trained again after this resume are not logged to "
+                         f"it again (metrics.jsonl has them).")
+            return
+        self.run.log({k: v for k, v in record.items() if k != "step"}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _params(out_dir: Path) -> dict[str, Any]:
+    """The run's configuration and environment as the tracker run's config."""
+    found = {}
+    for name in ("run_config.json", "environment.json"):
+        try:
+            found[name.removesuffix(".json")] = parse_json((Path(out_dir) / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _read(out_dir: Path) -> dict[str, Any]:
+    try:
+        found = parse_json((RunDir(out_dir) / FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write(out_dir: Path, name: str, value: dict[str, Any]) -> None:
+    atomic_write(RunDir(out_dir) / FILE, json.dumps({**_read(out_dir), name: value},
+                                                    indent=1) + "\n")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
