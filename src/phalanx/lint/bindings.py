@@ -44,9 +44,24 @@ def _pairs(node: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
     return []
 
 
-def bindings(stmts: Sequence[ast.AST], name: str) -> list[Binding]:
-    """Every binding of `name` inside `stmts` (nested functions and classes excluded)."""
+def bindings(stmts: Sequence[ast.AST], name: str, cache: dict | None = None
+             ) -> list[Binding]:
+    """Every binding of `name` inside `stmts` (nested functions and classes excluded).
+    `cache` (one per file: `ctx.memo`): each statement's bindings of every name, found in
+    one walk of it, not one per name asked (the linter asks about many names)."""
+    if cache is None:
+        return _all_bindings(stmts).get(name, [])
     found: list[Binding] = []
+    for stmt in stmts:
+        if stmt not in cache:
+            cache[stmt] = _all_bindings([stmt])
+        found += cache[stmt].get(name, [])
+    return found
+
+
+def _all_bindings(stmts: Sequence[ast.AST]) -> dict[str, list[Binding]]:
+    """`bindings` of every name bound inside `stmts`, in one walk."""
+    found: dict[str, list[Binding]] = {}
     todo = list(stmts)
     while todo:
         node = todo.pop()
@@ -54,11 +69,23 @@ def bindings(stmts: Sequence[ast.AST], name: str) -> list[Binding]:
             continue
         todo.extend(ast.iter_child_nodes(node))
         for target, value in _pairs(node):
-            binds, bound = _bound(target, value, name)
-            if binds:
-                line = getattr(node, "lineno", getattr(target, "lineno", 0))
-                found.append((line, bound))
+            line = getattr(node, "lineno", getattr(target, "lineno", 0))
+            for name in _names(target):
+                binds, bound = _bound(target, value, name)
+                if binds:
+                    found.setdefault(name, []).append((line, bound))
     return found
+
+
+def _names(target: ast.AST) -> list[str]:
+    """The names an assignment target can bind (`_bound` says which, and to what)."""
+    if isinstance(target, (ast.Name, ast.Attribute)):
+        return [dotted(target)] if dotted(target) else []
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for t in target.elts for n in _names(t)]
+    if isinstance(target, ast.Starred):
+        return _names(target.value)
+    return []
 
 
 def parameters(scope: ast.AST) -> set[str]:
@@ -71,19 +98,21 @@ def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bind
     """('local', [the last binding on `use`'s path]) when its function binds the name
     before it; ('param', []) when the name is a parameter not rebound; ('outer', every
     module-level binding, or for `self.x` every binding of it in the class); ('none', [])."""
-    name = dotted(expr)
-    here = bindings(ctx.before(use), name)
+    name, cache = dotted(expr), ctx.memo.setdefault("bindings", {})
+    here = bindings(ctx.before(use), name, cache)
     if here:
         return "local", [max(here, key=lambda b: b[0])]
     scope = ctx.function_of(use)
     if isinstance(expr, ast.Name):
         if name in parameters(scope):
             return "param", []
-        outer = bindings(list(ctx.tree.body), name)
+        outer = bindings(list(ctx.tree.body), name, cache)
     else:
         owner = next((a for a in ctx.ancestors(use) if isinstance(a, ast.ClassDef)), ctx.tree)
-        outer = [b for f in ast.walk(owner) if isinstance(f, FUNCTIONS)
-                 for b in bindings(f.body, name)]
+        functions = ctx.memo.setdefault("functions_in", {})
+        if owner not in functions:  # (walked once per class, not once per name asked)
+            functions[owner] = [f for f in ast.walk(owner) if isinstance(f, FUNCTIONS)]
+        outer = [b for f in functions[owner] for b in bindings(f.body, name, cache)]
     return ("outer", outer) if outer else ("none", [])
 
 
@@ -97,7 +126,7 @@ def may_reach(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bin
         return where, found
     name, may = dotted(expr), []
     for stmt in sorted(ctx.before(use), key=lambda s: s.lineno, reverse=True):
-        here = bindings([stmt], name)
+        here = bindings([stmt], name, ctx.memo.setdefault("bindings", {}))
         may += here
         if here and isinstance(stmt, (ast.Assign, ast.AnnAssign)):
             break
