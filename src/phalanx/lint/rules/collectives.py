@@ -262,9 +262,10 @@ def _is_dist_call(ctx: Context, call: ast.Call) -> bool:
 def _rank_only(ctx: Context, forward: bool):
     """Calls running a collective under a rank guard: a definite one, or (`forward`) one
     whose only collective is a DDP model's forward."""
+    libraries = (*ACCELERATOR_COLLECTIVES, *FABRIC_COLLECTIVES) \
+        if library_receivers(ctx) else ()  # (common names: only with an Accelerator/Fabric)
     if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
-                         "consolidate_state_dict", *ACCELERATOR_COLLECTIVES,
-                         *FABRIC_COLLECTIVES) or ctx.project):
+                         "consolidate_state_dict", *libraries) or ctx.project):
         return
     (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
     runs, helpers = run_receivers(ctx), {**forwards, **definite}
