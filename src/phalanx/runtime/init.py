@@ -127,16 +127,20 @@ def init(seed: int = 0, *, backend: str = "auto",
               log_dir=log, out=run_dir, trackers=tracking)
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
-    where = run_dir or log  # the report's: its strategy, ranks, versions
-    if run.is_main and where is not None:
-        where.mkdir(parents=True, exist_ok=True)
-        write_environment(run, None, where)
+    _record_environment(run, run_dir or log)  # the report's: strategy, ranks, versions
     torch.manual_seed(derive_seed(seed, env.rank))
 
     hang = hang_timeout_s or timeout_from_env()
     if hang > 0 and not os.environ.get(protocol.WATCHED):
         run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR) or run_dir)
     return run
+
+
+def _record_environment(run: Run, where: Path | None) -> None:
+    """Rank 0: `where/environment.json` (the run report reads it), when there is a `where`."""
+    if run.is_main and where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+        write_environment(run, None, where)
 
 
 def _note_spread(run: Run, choice: StrategyChoice, local_world_size: int) -> None:

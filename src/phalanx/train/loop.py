@@ -77,9 +77,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     state.corpus = corpus
     mark("resume checked")
     if run.is_main and out_dir is not None:  # (metrics past state.step: see MetricsSink)
-        atomic_write(out_dir.run_config, json.dumps(cfg.to_dict(), indent=2))
-        splits.export_tokenizer(out_dir.root)  # `phalanx export` of a checkpoint copies it
-        write_environment(run, cfg, out_dir.root)
+        _write_run_files(cfg, run, splits, out_dir)
     train_ds = TokenWindows(splits.load("train"), cfg.model.block_size)
     if samples is not None:
         train_ds = Recorded(train_ds, samples)
@@ -106,6 +104,14 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
         log.close()
         gate.shutdown()
     return result
+
+
+def _write_run_files(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir) -> None:
+    """Rank 0, at the start: the config, the tokenizer (`phalanx export` of a checkpoint
+    copies it) and the environment, in the run directory."""
+    atomic_write(out_dir.run_config, json.dumps(cfg.to_dict(), indent=2))
+    splits.export_tokenizer(out_dir.root)
+    write_environment(run, cfg, out_dir.root)
 
 
 def _profiler(cfg: Config, run: Run, out_dir: RunDir | None, step: int
