@@ -95,7 +95,10 @@ def test_rollback_reloads_the_checkpoint_and_goes_past_the_batch(tmp_path, small
     out = tmp_path / "rollback"
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [(e["kind"], e["step"]) for e in events] == [  # (the injection is recorded:
-        ("fault", 0), ("nan", 5), ("rollback", 3)]  # issue 41.6)
+        ("fault", 0), ("nan", 5), ("rollback", 3), ("goodput", 8)]  # issue 41.6; goodput
+    # at the end, issue 45: the steps trained again after the rollback are lost time
+    assert "recomputed steps" in events[-1]["message"] and "(2 segments)" in \
+        events[-1]["message"]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text()
              .splitlines()]
     assert steps == list(range(1, 9))  # steps 4.. were trained again, each logged once
