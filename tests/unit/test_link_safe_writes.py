@@ -138,6 +138,27 @@ def test_a_planted_temporary_checkpoint_directory_is_unlinked_not_written_into(
     assert untouched(outside)
 
 
+def test_the_current_temporary_directory_is_emptied_not_removed(tmp_path):
+    """Another rank's DCP may have made `.tmp-step-N` before rank 0's `begin`: removing it
+    under that rank's `mkdir(exist_ok=True)` failed it with "File exists" (CI, 3 ranks).
+    An ended process's files in it are removed; the directory itself stays."""
+    from phalanx.checkpoint.saver import _Job
+
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step-00000005").mkdir(parents=True)
+    (root / ".tmp-step-00000005" / "__1_0.distcp").write_text("an ended process's")
+    (root / ".tmp-step-00000003").mkdir()  # another step's: removed
+    held = os.open(root / ".tmp-step-00000005", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        job = _Job(root, 5, {}, 2, "")
+        job.begin()
+        assert os.fstat(held).st_nlink > 0  # (a removed directory has no link left)
+    finally:
+        os.close(held)
+    assert job.error is None
+    assert list(job.tmp.iterdir()) == [] and not (root / ".tmp-step-00000003").exists()
+
+
 def test_export_writes_config_json_beside_the_weights_never_through_a_link(
         tmp_path, outside):
     from phalanx.checkpoint.export import export_weights

@@ -173,6 +173,11 @@ class _Job:
                                                         self.root.glob(f"{ROTATED}*"))]
             try:
                 for path in stale:
+                    if path == self.tmp and path.is_dir() and not path.is_symlink():
+                        for child in list(path.iterdir()):  # (an ended process's files)
+                            remove_tree(child)  # the directory stays: another rank's DCP
+                        continue  # may have just made it, and a removal under its mkdir
+                        # fails that rank with "File exists" (seen once in CI, 3 ranks)
                     remove_tree(path)  # a link is unlinked: never followed
                 ensure_dir(self.tmp)  # another rank's DCP may be first; a link: refused
             except OSError as exc:
