@@ -100,3 +100,9 @@ def stopped_line(signum: int, kept: str, command: str | None) -> str:
     and the command that resumes it (None: another process says it)."""
     line = f"stopped by {signal_name(signum)}{': ' + kept if kept else ''}"
     return f"{line}." if command is None else f"{line}. Resume with: {command}"
+
+
+def first_line(exc: BaseException) -> str:
+    """`ValueError: the message's first line` (the type alone when it has no message)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from phalanx.errors import UserError
+from phalanx.errors import UserError, first_line
 from phalanx.models.adapter import adapt, describe, user_class
 
 
@@ -49,7 +49,7 @@ def load_factory(spec: str | None) -> Callable[..., Any]:
     except SystemExit as exc:  # a script's `exit()` at import: not a quiet rc 0 (or 5, 3)
         raise exited(spec, f"importing `{module_name}`", exc) from None
     except Exception as exc:  # ImportError, a SyntaxError, or whatever the import raised
-        raise UserError(f"`--model {spec}`: cannot load it ({_first_line(exc)}). The module "
+        raise UserError(f"`--model {spec}`: cannot load it ({first_line(exc)}). The module "
                         f"must be importable from the current directory or PYTHONPATH.") \
             from None
     factory = getattr(module, attr, None)
@@ -68,10 +68,6 @@ def exited(spec: str, what: str, exc: SystemExit) -> UserError:
                      f"{code or 0}) instead of returning. Put the module's own start-up under "
                      f"`if __name__ == \"__main__\":` and have the factory return the model.")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _minigpt(vocab_size: int = 256, block_size: int | None = None):
@@ -188,7 +184,7 @@ def _dry_forward(model: nn.Module, block_size: int, device: torch.device,
         if fallback:
             return False
         raise UserError(f"`--model {spec}`: its forward on a (1, {block_size}) batch of token "
-                        f"ids raised {_first_line(exc)}. Call it in Python on "
+                        f"ids raised {first_line(exc)}. Call it in Python on "
                         f"`torch.zeros(1, {block_size}, dtype=torch.long)` to see where.") \
             from None
     return True

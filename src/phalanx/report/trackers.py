@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from phalanx.errors import first_line
 from phalanx.paths import RunDir, atomic_write, parse_json
 
 FILE = "trackers.json"
@@ -48,7 +49,7 @@ class Tracking:
                 tracker.close()
             except Exception as exc:  # noqa: BLE001
                 self.say(f"phalanx: warning: tracker {tracker.name}: could not finish: "
-                         f"{_first_line(exc)}")
+                         f"{first_line(exc)}")
         self.open = None
 
     def _start(self, name: str) -> Any:
@@ -56,14 +57,14 @@ class Tracking:
             return WandbTracker(self.out_dir, self.say)
         except Exception as exc:  # noqa: BLE001 - e.g. not logged in, no network
             self.say(f"phalanx: warning: tracker {name} could not start "
-                     f"({_first_line(exc)}); training goes on without it (metrics.jsonl "
+                     f"({first_line(exc)}); training goes on without it (metrics.jsonl "
                      f"has every figure).")
             return None
 
     def _drop(self, tracker: Any, what: str, exc: BaseException) -> None:
         assert self.open is not None
         self.open.remove(tracker)
-        self.say(f"phalanx: warning: tracker {tracker.name} {what} ({_first_line(exc)}); "
+        self.say(f"phalanx: warning: tracker {tracker.name} {what} ({first_line(exc)}); "
                  f"it is dropped for the rest of this run, which goes on (metrics.jsonl "
                  f"has every figure).")
 
@@ -132,7 +133,3 @@ def _write(out_dir: Path, name: str, value: dict[str, Any]) -> None:
     atomic_write(RunDir(out_dir) / FILE, json.dumps({**_read(out_dir), name: value},
                                                     indent=1) + "\n")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
