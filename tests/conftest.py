@@ -14,11 +14,12 @@ from textgen import make_text  # noqa: E402
 FULL = os.environ.get("PHALANX_FULL") == "1"  # every case of the long matrices (on demand)
 
 
-# Under xdist (`python -m pytest -n 2`; opt-in, see README) each file runs whole on one worker, so
-# its module fixtures are made once; these files share one more resource (the host's munge
-# daemon, a SLURM cluster, network namespaces) and run on one worker, one after another.
+# Under xdist (the README's test command: `-n 2 -m "not solo"`, then `-m solo` in one process)
+# each file runs whole on one worker, so its module fixtures are made once; these files share
+# one more resource (the host's munge daemon, a SLURM cluster, network namespaces) and run on
+# one worker, one after another.
 ONE_WORKER = {"test_slurm.py": "cluster", "test_slurm_multihost.py": "cluster",
-              "test_multinode.py": "cluster"}
+              "test_multinode.py": "cluster", "test_multinode_errors.py": "cluster"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -36,14 +37,19 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """A case marked `full` (a long matrix's case outside CI's sample) is skipped, with the
-    reason said, unless PHALANX_FULL=1."""
-    if FULL:
-        return
-    skip = pytest.mark.skip(reason="a long matrix's case outside CI's sample: PHALANX_FULL=1 "
+    reason said, unless PHALANX_FULL=1. A `solo` test (memory measured against a prediction)
+    is skipped, with the reason said, in an xdist worker: another test's processes beside it
+    can move the measured peak (README)."""
+    in_worker = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    full = pytest.mark.skip(reason="a long matrix's case outside CI's sample: PHALANX_FULL=1 "
                                    "runs it")
+    solo = pytest.mark.skip(reason="measures memory: run alone, `python -m pytest -m solo` "
+                                   "(not under -n)")
     for item in items:
-        if "full" in item.keywords:
-            item.add_marker(skip)
+        if "full" in item.keywords and not FULL:
+            item.add_marker(full)
+        if "solo" in item.keywords and in_worker:
+            item.add_marker(solo)
 
 
 @pytest.fixture(scope="session")

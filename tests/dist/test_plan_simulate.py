@@ -40,6 +40,7 @@ def no_group_left():
     assert not dist.is_initialized(), "the simulation left a process group initialised"
 
 
+@pytest.mark.solo
 @pytest.mark.parametrize("W", [2, 3])
 def test_simulated_equals_measured_on_real_gloo_ranks(W):
     from phalanx.plan.compare import measure_locally

@@ -25,6 +25,7 @@ SPEEDRUN = ["--tokenizer", "bpe:4096", "--optimizer", "muon", "--rope",
             "--no-tie-embeddings"]  # a 4096-token head of its own, Muon's one buffer
 
 
+@pytest.mark.solo
 @pytest.mark.parametrize("variant", [["--no-activation-checkpointing"],
                                      ["--activation-checkpointing"],
                                      ["--activation-checkpointing", "--precision", "bf16"],

@@ -47,6 +47,7 @@ def test_the_console_script_finds_a_factory_in_the_current_folder(folder: Path):
         assert "predicted for MiniGPT only" not in done.stdout
 
 
+@pytest.mark.solo
 def test_measure_trains_the_users_model_and_the_prediction_holds(folder: Path):
     done = run_here(folder, "plan", "--model", "mylm.model:conv_lm", "--world-size", "2",
                     "--block-size", "16", "--micro-batch-size", "2", "--optimizer",
