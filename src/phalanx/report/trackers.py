@@ -69,6 +69,17 @@ class Tracking:
                  f"has every figure).")
 
 
+def tracking_for(current: Tracking | None, names: tuple[str, ...], out_dir: Path,
+                 say: Callable[[str], None]) -> Tracking:
+    """The trackers for `out_dir`: `current` when it is for that directory, else a new
+    `Tracking` (`current` closed: the log directory changed, so it is another run)."""
+    if current is not None and current.out_dir == Path(out_dir):
+        return current
+    if current is not None:
+        current.close()
+    return Tracking(names, out_dir, say)
+
+
 class WandbTracker:
     """Weights & Biases: one W&B run per Phalanx run directory."""
 

@@ -207,21 +207,13 @@ class Run(StepMethods, CheckpointMethods):
             self._sink = MetricsSink(Path(self.log_dir), step, say=self.print,
                                      device=self.device)
         written = self._sink.write(record)
-        if self.trackers:
-            self._track(written)
+        if self.trackers:  # rank 0's experiment trackers, opened at the first record
+            from phalanx.report.trackers import tracking_for
+
+            self._tracking = tracking_for(self._tracking, self.trackers,
+                                          Path(self.log_dir), self.print)
+            self._tracking.log(written)
         return record
-
-    def _track(self, record: dict) -> None:
-        """Rank 0: `record` to the experiment trackers (report.trackers), opened at the
-        first record, for this run's log directory."""
-        from phalanx.report.trackers import Tracking
-
-        where = Path(self.log_dir or ".")
-        if self._tracking is None or self._tracking.out_dir != where:
-            if self._tracking is not None:  # `log_dir` was changed: another tracker run
-                self._tracking.close()
-            self._tracking = Tracking(self.trackers, where, self.print)
-        self._tracking.log(record)
 
     def end_log(self) -> None:
         """Close `log`'s files (the next `log` opens them again, at its step)."""
