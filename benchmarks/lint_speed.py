@@ -4,7 +4,7 @@
 
 Reports files, lines, seconds (median of 3 passes) and lines/s; files that are not
 valid Python for this interpreter are counted and skipped. A pass is what `phalanx lint`
-does: the cross-file call graph and facts first (`cli.lint.build_project`), then every
+does: the cross-file call graph and facts first (`lint.project.build_project`), then every
 file.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def one_pass(files: list[Path]) -> tuple[float, int, int, int]:
-    from phalanx.cli.lint import build_project
     from phalanx.lint.engine import lint_source
+    from phalanx.lint.project import build_project
     from phalanx.lint.rules import ALL
 
     lines = skipped = findings = 0

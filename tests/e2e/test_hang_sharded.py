@@ -208,3 +208,45 @@ def test_uneven_inputs_to_the_script_end_are_named_by_the_rank_left_behind(tmp_p
             f"<module>() — rank 1 ran more iterations (optimizer steps taken: rank 0: 3, "
             f"rank 1: 3; rank 1 is in iteration 4).") in last, last
     assert "drop_last=True" in (tmp_path / "logs" / "rank-1.log").read_text()
+
+
+# the issue's case: the evaluation between steps, no barrier after it: rank 0's evaluation
+# all-gathers pair with rank 1's next training ones (same sizes), and gloo aborts later,
+# where the ranks met — a line away from where they parted
+FSDP2_EVAL_BETWEEN_STEPS = '''import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from evaluation import evaluate
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+for layer in (model[0], model[2]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    loss = model(torch.randn(4, 8)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if rank == 0 and step % 2 == 1:
+        print("eval loss", evaluate(model, torch.randn(4, 8)))
+dist.destroy_process_group()
+'''
+
+
+def test_an_abort_where_the_ranks_met_cites_lint_for_where_they_parted(tmp_path):
+    src = FSDP2_EVAL_BETWEEN_STEPS
+    (tmp_path / "train.py").write_text(src)
+    (tmp_path / "evaluation.py").write_text(EVALUATION)
+    proc = watch(tmp_path / "train.py", "--hang-timeout-s", "20", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "exited with code -6 (killed by signal 6) in FSDP all-gather" in last, last
+    assert (f"`phalanx lint` finds where the ranks part: {_at(src, 'evaluate(model')} "
+            f"(PX301): the forward of the FSDP model `model` in `evaluate()` (all-gathers "
+            f"parameters) under `if rank == 0 and step % 2 == 1:` at line "
+            f"{_at(src, 'if rank == 0').split(':')[1]}: the other ranks never join it") in last

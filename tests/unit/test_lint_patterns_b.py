@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.lint import build_project
 from phalanx.lint.engine import lint_source
+from phalanx.lint.project import build_project
 from phalanx.lint.rules import ALL, BY_CODE
 
 CORPUS = Path(__file__).parents[1] / "lint_corpus"

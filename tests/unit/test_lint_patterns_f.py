@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.lint import build_project
 from phalanx.lint.engine import lint_source
+from phalanx.lint.project import build_project
 from phalanx.lint.rules import ALL, BY_CODE
 
 HEAD = "import torch\nimport torch.distributed as dist\n"

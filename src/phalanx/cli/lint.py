@@ -105,20 +105,6 @@ def chosen_rules(select: str, ignore: str):
             and not any(r.code.startswith(c) for c in skipped)]
 
 
-def build_project(paths: list[Path]):
-    """What each linted file sees of the others (lint.project.Project): their
-    collective-running functions and the facts established in files connected to it by
-    imports (lint.facts); None for a single file."""
-    from phalanx.lint.facts import project_facts
-    from phalanx.lint.project import project_collectives
-
-    if len(paths) < 2:
-        return None
-    project = project_collectives(paths)
-    project.facts = project_facts(paths, project.suffixes, project.parsed)
-    return project
-
-
 def _skip(path: Path, why: str) -> None:
     print(f"phalanx lint: skipped `{path}`{why}.", file=sys.stderr)
 
@@ -219,6 +205,7 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import output as report
     from phalanx.lint.files import patterns, python_files
     from phalanx.lint.fix import FixBroke
+    from phalanx.lint.project import build_project
     from phalanx.lint.rules import BY_CODE
 
     if ns.explain:

@@ -4,6 +4,7 @@ collective the others wait in, and the most likely cause."""
 from __future__ import annotations
 
 from phalanx.hang.stacks import Activity, Frame, describe, is_user, short
+from phalanx.hang.static import static_citation
 from phalanx.hang.uneven import find_uneven, finished_cause, uneven_cause
 
 FIX_RANK_ONLY = ("Run the collective on every rank and keep only the printing/saving "
@@ -29,6 +30,9 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
         lines.append(line if r not in finished or r in acts else
                      f"  rank {r}: finished the script (it has exited)")
     cause = likely_cause(acts, silent, world_size, beats, finished)
+    if not any(a.condition and a.collective for a in acts.values()):  # where they parted
+        cited = static_citation(s for s in stacks.values() if s is not None)
+        cause = f"{cause} {cited}" if cited else cause
     lines += ["", f"Most likely cause: {cause}"]
     if flight:
         lines += ["", *flight]

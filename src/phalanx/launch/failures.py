@@ -18,6 +18,7 @@ from phalanx.cluster.ranklogs import log_path
 from phalanx.errors import DistributedError, PhalanxError, UserError
 from phalanx.hang.crash import crashed_at, failed_at
 from phalanx.hang.mismatch import PEER_LOST
+from phalanx.hang.static import static_citation
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
@@ -150,8 +151,13 @@ def _crashed_in(rank: int, code: int, reports: str | None) -> str:
     if act is None or act.site is None:
         return ""
     what = f" in {act.collective}" if act.collective else ""
-    gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
-            "ran different collectives") if act.collective and code == -signal.SIGABRT else ""
+    gloo = ""
+    if act.collective and code == -signal.SIGABRT:
+        gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
+                "ran different collectives")
+        if not act.condition:  # where they met is known; where they parted, maybe lint says
+            cited = static_citation([act.user])
+            gloo += f". {cited.rstrip('.')}" if cited else ""
     return f"{what} at {act.where()}{act.context()}{gloo}"
 
 

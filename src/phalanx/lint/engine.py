@@ -105,6 +105,7 @@ class Context:
         self._rank_names: set[str] | None = None
         self.external: dict[str, list] = {}  # calls from other linted files: lint.callers
         self.gates: dict[str, Gate] = {}  # the other files' helpers seen: lint.gates
+        self.takers: dict[str, tuple] = {}  # the other files' model-running helpers seen
         self.memo: dict[str, dict] = {}  # analyses' caches, per analysis
 
     def calls_named(self, *names: str) -> Iterator[ast.Call]:

@@ -19,6 +19,7 @@ from phalanx.lint.engine import Context
 from phalanx.lint.facts import ProjectFacts
 from phalanx.lint.gates import Gate
 from phalanx.lint.guards import rank_decorators
+from phalanx.lint.model_args import takers
 from phalanx.lint.rules.checkpoints import strips_module_prefix
 from phalanx.lint.rules.collectives import kinds_and_gates
 
@@ -41,6 +42,7 @@ class Project:
     module_prefix_stripped: bool = False  # some linted file strips DDP's `module.` prefix
     gates: dict[str, dict[str, Gate]] = field(default_factory=dict)  # file → name → gate
     decorators: dict[str, dict[str, str]] = field(default_factory=dict)  # lint.guards'
+    takers: dict[str, dict[str, tuple]] = field(default_factory=dict)  # lint.model_args'
 
     def take(self, name: str, source: str) -> Context | None:
         """The file's parse from this pass (once), if its source is still the same."""
@@ -55,7 +57,7 @@ class Project:
         through its own imports (`Context.project`)."""
         ctx = self.take(name, source) or Context(name, source)
         ctx.project, ctx.forward_only = visible(ctx, self), visible_forward_only(ctx, self)
-        ctx.gates = visible_gates(ctx, self)
+        ctx.gates, ctx.takers = visible_gates(ctx, self), visible_takers(ctx, self)
         see_decorators(ctx, self)
         ctx.external = self.callers.get(name, {})
         ctx.module_prefix_stripped = self.module_prefix_stripped
@@ -81,19 +83,21 @@ def _imports(texts: dict[str, str], suffixes: dict[str, str]) -> dict[str, set[s
             for f, t in texts.items()}
 
 
-def _imports_of(ctx: Context, project: Project) -> list[tuple[str, str, str]]:
+def _imports_of(ctx: Context, project: Project, table: dict[str, dict] | None = None
+                ) -> list[tuple[str, str, str]]:
     """(the name `ctx` calls it by — `f`, `utils.f` —, file, function) for every function
-    of a linted file with a collective that `ctx` imports."""
+    of `table` (file → function → …; default: the functions with a collective) that `ctx`
+    imports."""
+    table = project.functions if table is None else table
     found = []
     for local, origin in ctx.imported.items():
         module, _, name = origin.rpartition(".")
         source = project.file_of(module) if module else None
-        if source in project.functions and name in project.functions[source]:
+        if source in table and name in table[source]:
             found.append((local, source, name))  # from utils import f
-        elif (file := project.file_of(origin)) in project.functions:  # import utils: utils.f()
+        elif (file := project.file_of(origin)) in table:  # import utils: utils.f()
             prefix = origin if local == origin.split(".")[0] else local  # `pkg.utils`, `u`
-            found += [(f"{prefix}.{function}", file, function)
-                      for function in project.functions[file]]
+            found += [(f"{prefix}.{function}", file, function) for function in table[file]]
     return found
 
 
@@ -122,6 +126,15 @@ def visible_gates(ctx: Context, project: Project | None) -> dict[str, Gate]:
         return {}
     return {local: gate for local, file, function in _imports_of(ctx, project)
             if (gate := project.gates.get(file, {}).get(function)) is not None}
+
+
+def visible_takers(ctx: Context, project: Project | None) -> dict[str, tuple]:
+    """The other linted files' helpers that run a model they are given (lint.model_args)
+    that `ctx` imports, by the name it calls them by."""
+    if project is None or not project.takers:
+        return {}
+    return {local: project.takers[file][function]
+            for local, file, function in _imports_of(ctx, project, project.takers)}
 
 
 def see_decorators(ctx: Context | None, project: Project) -> Context | None:
@@ -158,6 +171,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     imports = {f: s for f, s in everything.items() if "def " in texts[f]}  # may define helpers
     frontier = {f for f in imports if any(word in texts[f] for word in WORDS)}
     contexts: dict[str, Context | None] = {}
+    _find_takers(project, texts, everything, contexts)
     seen: dict[str, tuple] = {}  # what each file saw of the others when judged
     for _ in range(rounds):
         changed = False
@@ -168,7 +182,7 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
                 continue
             ctx.project = visible(ctx, project)
             ctx.forward_only = visible_forward_only(ctx, project)
-            ctx.gates = visible_gates(ctx, project)
+            ctx.gates, ctx.takers = visible_gates(ctx, project), visible_takers(ctx, project)
             if name in seen and seen[name] == (ctx.project, ctx.forward_only):
                 continue
             seen[name] = (ctx.project, ctx.forward_only)
@@ -188,6 +202,18 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     project.callers = external_callers(texts, everything, project.suffixes, contexts, parse)
     project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
     return project
+
+
+def _find_takers(project: Project, texts: dict[str, str], imports: dict[str, set[str]],
+                 contexts: dict[str, Context | None]) -> None:
+    """The helpers that run a model they are given (lint.model_args), in the files that a
+    file naming a wrapper or a collective imports (parsed once, kept in `contexts`)."""
+    wanted = {t for f, targets in imports.items() if any(word in texts[f] for word in WORDS)
+              for t in targets if "def " in texts.get(t, "")}
+    for name in sorted(wanted):
+        ctx = contexts[name] = contexts.get(name) or _parse(name, texts[name])
+        if ctx is not None and (found := takers(ctx.tree)):
+            project.takers[name] = found
 
 
 def _strips(texts: dict[str, str], contexts: dict[str, Context | None]) -> bool:
@@ -225,3 +251,16 @@ def _parse(name: str, text: str) -> Context | None:
         return Context(name, text)
     except (SyntaxError, ValueError, RecursionError):
         return None
+
+
+def build_project(paths: list[Path]) -> Project | None:
+    """What each linted file sees of the others (Project): their collective-running
+    functions and the facts established in files connected to it by imports
+    (lint.facts); None for a single file."""
+    from phalanx.lint.facts import project_facts
+
+    if len(paths) < 2:
+        return None
+    project = project_collectives(paths)
+    project.facts = project_facts(paths, project.suffixes, project.parsed)
+    return project

@@ -27,6 +27,7 @@ from phalanx.lint.libraries import (
     library_call,
     library_receivers,
 )
+from phalanx.lint.model_args import describe, handed, takers
 from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
 from phalanx.lint.wrapping import holds_wrapper
 
@@ -181,7 +182,7 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
     if last(dotted(call)) in COLLECTIVES and _is_dist_call(ctx, call):
         return False
     models = _here(ctx, call, models)
-    if models.get(dotted(call)) == "DDP":
+    if models.get(dotted(call)) == "DDP" or _handed_kind(ctx, call, models) == "DDP":
         return True
     if hidden(ctx, call, models) or run_call(call, runs) or \
             library_call(call, library_receivers(ctx)):
@@ -199,9 +200,10 @@ def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[st
     callee = last(dotted(call))
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
-    what = hidden(ctx, call, _here(ctx, call, models)) or run_call(
+    here = _here(ctx, call, models)
+    what = hidden(ctx, call, here) or run_call(
         call, runs if runs is not None else run_receivers(ctx)) or library_call(
-        call, library_receivers(ctx))
+        call, library_receivers(ctx)) or _handed(ctx, call, here)
     key = helper_key(ctx, call)
     if what is None and key in helpers and key != inside:
         if gates and key in gates and gates[key].closed(call):
@@ -224,6 +226,32 @@ def _here(ctx: Context, call: ast.Call, models: dict[str, str]) -> dict[str, str
         if not holds_wrapper(ctx, node, call, {k for k, v in WRAPPERS.items() if v == kind}):
             gone.add(dotted(node))
     return {k: v for k, v in models.items() if k not in gone} if gone else models
+
+
+def _handed_kind(ctx: Context, call: ast.Call, models: dict[str, str]) -> str | None:
+    """The wrapper (DDP/FSDP) of the model `call` hands to a helper that runs it."""
+    params = _takers(ctx).get(helper_key(ctx, call) or "")
+    found = handed(call, params, models) if params and models else None
+    return found[1] if found else None
+
+
+def _handed(ctx: Context, call: ast.Call, models: dict[str, str]) -> str | None:
+    """`the forward of the FSDP model `model` in `evaluate()` (…)` when `call` hands a
+    wrapped model to a helper (this file's or an imported one) that runs it."""
+    if not models:
+        return None
+    key = helper_key(ctx, call) or ""
+    params = _takers(ctx).get(key)
+    found = handed(call, params, models) if params else None
+    return describe(*found, key) if found else None
+
+
+def _takers(ctx: Context) -> dict[str, tuple]:
+    """This file's model-running helpers (lint.model_args), and those it imports."""
+    own = ctx.memo.setdefault("takers", {})
+    if "own" not in own:
+        own["own"] = takers(ctx.tree)
+    return {**ctx.takers, **own["own"]} if ctx.takers else own["own"]
 
 
 def helper_key(ctx: Context, call: ast.Call) -> str | None:
