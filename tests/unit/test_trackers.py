@@ -80,9 +80,10 @@ def test_a_tracker_that_cannot_start_is_said_once(offline, monkeypatch, capsys):
 
 def test_bad_tracker_names_are_one_line(monkeypatch):
     assert tracker_list("WandB, wandb") == ("wandb",) and tracker_list(None) == ()
-    with pytest.raises(UserError, match=r"tracker `mlflow` is not supported; supported: "
-                                        r"wandb \(TensorBoard"):
-        tracker_list("wandb,mlflow")
+    assert tracker_list("wandb,MLflow") == ("wandb", "mlflow")
+    with pytest.raises(UserError, match=r"tracker `comet` is not supported; supported: "
+                                        r"wandb, mlflow \(TensorBoard"):
+        tracker_list("wandb,comet")
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"needs the wandb package, which is not installed: "
                                         r"pip install 'phalanx\[trackers\]'"):

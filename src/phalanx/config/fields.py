@@ -76,7 +76,7 @@ def step_range(text: str, flag: str) -> tuple[int, int]:
     return a, b
 
 
-TRACKERS = ("wandb",)  # the experiment trackers built (report.trackers)
+TRACKERS = ("wandb", "mlflow")  # the experiment trackers built (report.trackers)
 
 
 def tracker_list(given: Any) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
-"""Experiment trackers beside `metrics.jsonl` and TensorBoard: `--tracker wandb` (the
+"""Experiment trackers beside `metrics.jsonl` and TensorBoard: `--tracker wandb,mlflow` (the
 trainer and `phalanx run`), `phalanx.init(trackers="wandb")`, or PHALANX_TRACKERS. Rank 0
 forwards every record `run.log` writes (the figures the sink measured included) to each
 tracker. Each tool's own environment is honoured as Accelerate does (W&B: `WANDB_MODE`,
-`WANDB_DIR` — default: the run directory —, `WANDB_PROJECT` — default `phalanx`).
+`WANDB_DIR` — default: the run directory —, `WANDB_PROJECT` — default `phalanx`; MLflow:
+`MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_NAME` — default `phalanx`; report.mlflow_tracker).
 
 A tracker never stops the training: one that cannot start or fails later is said once in
 a warning and dropped; `metrics.jsonl` holds every figure regardless. The tracker run's id
@@ -10,20 +11,18 @@ is kept in `OUT/trackers.json`, so a resumed run continues the same tracker run 
 online: `resume="must"`; an offline W&B run cannot be resumed: a new one is started,
 said in one line). The run's `run_config.json` and `environment.json` go in as its config.
 
-MLflow and the other trackers Accelerate ships are not built yet."""
+The other trackers Accelerate ships (Comet, Aim, ClearML, DVCLive, SwanLab, Trackio) are
+not built."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from phalanx.errors import first_line
-from phalanx.paths import RunDir, atomic_write, parse_json
-
-FILE = "trackers.json"
+from phalanx.report.tracker_state import keep_state, kept_state, params_of
 
 
 class Tracking:
@@ -53,8 +52,11 @@ class Tracking:
         self.open = None
 
     def _start(self, name: str) -> Any:
+        from phalanx.report.mlflow_tracker import MlflowTracker
+
+        kinds = {"wandb": WandbTracker, "mlflow": MlflowTracker}
         try:
-            return WandbTracker(self.out_dir, self.say)
+            return kinds[name](self.out_dir, self.say)
         except Exception as exc:  # noqa: BLE001 - e.g. not logged in, no network
             self.say(f"phalanx: warning: tracker {name} could not start "
                      f"({first_line(exc)}); training goes on without it (metrics.jsonl "
@@ -88,7 +90,7 @@ class WandbTracker:
     def __init__(self, out_dir: Path, say: Callable[[str], None]) -> None:
         import wandb
 
-        kept = _read(out_dir).get(self.name) or {}
+        kept = kept_state(out_dir, self.name)
         mode = os.environ.get("WANDB_MODE", "online")
         where = os.environ.get("WANDB_DIR") or str(out_dir)
         Path(where).mkdir(parents=True, exist_ok=True)
@@ -99,12 +101,12 @@ class WandbTracker:
             say(f"phalanx: note: W&B offline runs cannot be resumed: this attempt logs to a "
                 f"new offline run beside {kept['id']} (`wandb sync` uploads both).")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "phalanx"), dir=where,
-                              name=out_dir.resolve().name, config=_params(out_dir),
+                              name=out_dir.resolve().name, config=params_of(out_dir),
                               mode=mode, **options)  # type: ignore[arg-type]
         self.first = int(getattr(self.run, "step", 0) or 0)  # W&B's next step (resumed)
         self.skipped = False
         self.say = say
-        _write(out_dir, self.name, {"id": self.run.id, "mode": mode})
+        keep_state(out_dir, self.name, {"id": self.run.id, "mode": mode})
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
@@ -119,28 +121,3 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
-
-
-def _params(out_dir: Path) -> dict[str, Any]:
-    """The run's configuration and environment as the tracker run's config."""
-    found = {}
-    for name in ("run_config.json", "environment.json"):
-        try:
-            found[name.removesuffix(".json")] = parse_json((Path(out_dir) / name).read_text())
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def _read(out_dir: Path) -> dict[str, Any]:
-    try:
-        found = parse_json((RunDir(out_dir) / FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _write(out_dir: Path, name: str, value: dict[str, Any]) -> None:
-    atomic_write(RunDir(out_dir) / FILE, json.dumps({**_read(out_dir), name: value},
-                                                    indent=1) + "\n")
-
