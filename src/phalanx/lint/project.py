@@ -89,13 +89,13 @@ def _imports_of(ctx: Context, project: Project, table: dict[str, dict] | None = 
     of `table` (file → function → …; default: the functions with a collective) that `ctx`
     imports."""
     table = project.functions if table is None else table
-    found = []
+    found: list[tuple[str, str, str]] = []
     for local, origin in ctx.imported.items():
         module, _, name = origin.rpartition(".")
         source = project.file_of(module) if module else None
-        if source in table and name in table[source]:
+        if source is not None and source in table and name in table[source]:
             found.append((local, source, name))  # from utils import f
-        elif (file := project.file_of(origin)) in table:  # import utils: utils.f()
+        elif (file := project.file_of(origin)) is not None and file in table:  # import utils
             prefix = origin if local == origin.split(".")[0] else local  # `pkg.utils`, `u`
             found += [(f"{prefix}.{function}", file, function) for function in table[file]]
     return found
