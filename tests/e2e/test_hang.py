@@ -141,6 +141,7 @@ def test_a_rank_that_dies_mid_step_is_reported_by_the_survivor(tmp_path, small_c
     last = proc.stderr.strip().splitlines()[-1]
     assert "rank 1 exited with code -9 (killed by signal 9)" in last, last
     assert "when nobody sent it, it is the kernel's out-of-memory killer (`dmesg -T" in last
+    assert "the plan predicts per rank at its peak, for this run's flags: ddp " in last, last
 
 
 def test_the_trainer_runs_with_collective_verification(tmp_path, small_corpus_file, cache_dir):

@@ -19,4 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     mark("config resolved")
-    return train_config(cfg, argv)
+
+    def memory(world: int) -> str:  # beside a rank the kernel killed: the plan's peak
+        from phalanx.plan.oom import predicted_peak_note
+
+        return predicted_peak_note(cfg, world)
+
+    return train_config(cfg, argv, memory)

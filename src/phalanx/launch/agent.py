@@ -51,6 +51,7 @@ class LaunchPlan:
     notes: tuple[str, ...] = ()  # what the launcher says before it starts them
     on_failure: Callable[[str], None] | None = None  # told each worker failure (RestartNotes)
     via_agent: bool = False  # always under the agent (a torchft group: restarted by it)
+    memory: Callable[[int], str] | None = None  # world → said beside a rank killed by SIGKILL
 
     @property
     def world(self) -> int:
@@ -102,17 +103,19 @@ def nccl_preset(dist, ifname: str | None, env: dict[str, str]) -> list[str]:
 def launch_or_work(dist, python_args: list[str], work: Callable[[int | None], int] | None,
                    *, env: dict[str, str] | None = None,
                    check: Callable[[LaunchPlan], None] | None = None,
-                   on_failure: Callable[[str], None] | None = None) -> int:
+                   on_failure: Callable[[str], None] | None = None,
+                   memory: Callable[[int], str] | None = None) -> int:
     """Under a launcher: be the worker (`work(None)`). Otherwise plan the launch from
     `dist`, `check(plan)`, and run one process in-process (`work(threads)`) or start the
     ranks, each running `python PYTHON_ARGS` (e.g. `-m phalanx train ...`). `work=None`:
     always start them (the worker is another entry point). `on_failure`: told each worker
-    failure the agent sees, in one line ("rank 1 was killed by SIGKILL")."""
+    failure the agent sees, in one line ("rank 1 was killed by SIGKILL"). `memory(world)`:
+    what to say of memory when a rank was killed by SIGKILL (LaunchPlan.memory)."""
     if under_launcher() and work is not None:
         if not protocol.phalanx_worker():  # srun/torchrun: set it before NCCL starts
             _preset_here(dist)
         return work(None)
-    plan = dataclasses.replace(plan_launch(dist, env), on_failure=on_failure)
+    plan = dataclasses.replace(plan_launch(dist, env), on_failure=on_failure, memory=memory)
     if check is not None:
         check(plan)
     for line in plan.notes:
@@ -257,4 +260,7 @@ def _launch(config, python_args: list[str], plan: LaunchPlan) -> None:
         stack = unexplained_traceback(exc.failures) if logs else None
         if stack:  # not an error Phalanx explains: its traceback once (each rank's: its log)
             print(stack, file=sys.stderr, flush=True)
-        raise job_failed(exc.failures, plan.max_restarts, host, reports, logs) from None
+        said = plan.memory
+        memory = None if said is None else (lambda: said(plan.world))
+        raise job_failed(exc.failures, plan.max_restarts, host, reports, logs,
+                         memory) from None

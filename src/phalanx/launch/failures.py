@@ -23,12 +23,15 @@ from phalanx.hang.watchdog import HANG_EXIT_CODE
 
 
 def job_failed(failures: dict, max_restarts: int, host: str | None = None,
-               reports: str | None = None, logs: str | None = None) -> Exception:
+               reports: str | None = None, logs: str | None = None,
+               memory: Callable[[], str] | None = None) -> Exception:
     """The error for a job whose ranks failed (`{rank: ProcessFailure}` of this node):
     a `UserError` with the first rank's message when the cause is a usage error (exit 2),
     else a `DistributedError` naming the ranks — and `host`, the machine they ran on,
     when the job spans several. `reports`: where crash records are (phalanx.hang.crash);
-    `logs`: where the ranks' logs are (phalanx.cluster.ranklogs), named for the failed ranks."""
+    `logs`: where the ranks' logs are (phalanx.cluster.ranklogs), named for the failed ranks;
+    `memory()`: what to say of memory beside a rank killed by SIGKILL (the plan's predicted
+    peak: phalanx.plan.oom), asked only then."""
     culprits, victims, stopped = _blame(failures)
     user = [r for r in culprits if failures[r].exitcode == 2 or
             (_stopped(failures[r].exitcode) and _usage_error(failures[r]))]
@@ -37,7 +40,9 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
         message = _message(failures[first]).split(": ", 1)[-1]
         return UserError(f"[rank {first}] {message}" if message else
                          f"ranks {culprits} stopped with a usage error.")
-    detail = _describe_all(culprits, failures, reports)
+    killed = any(failures[r].exitcode == -signal.SIGKILL for r in culprits)
+    note = (memory() if memory is not None and killed else "") or PLAN_HINT
+    detail = _describe_all(culprits, failures, reports, note)
     if victims:
         detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
                    f"to it{_victims_at(victims, failures)}")
@@ -121,12 +126,13 @@ def _stopped(code: int | None) -> bool:
     return code in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
-def _describe_all(culprits: list[int], failures: dict, reports: str | None) -> str:
+def _describe_all(culprits: list[int], failures: dict, reports: str | None,
+                  memory: str) -> str:
     """Each culprit's account; ranks that failed with the same error are named together."""
     same = {_message(failures[r]).split("] ", 1)[-1] for r in culprits}
     if len(culprits) > 1 and len(same) == 1 and "" not in same:
         return f"ranks {', '.join(map(str, culprits))} failed with: {same.pop()}"
-    return "; ".join(_describe(r, failures[r], reports) for r in culprits)
+    return "; ".join(_describe(r, failures[r], reports, memory) for r in culprits)
 
 
 def _victims_at(victims: list[int], failures: dict) -> str:
@@ -161,7 +167,7 @@ def _crashed_in(rank: int, code: int, reports: str | None) -> str:
     return f"{what} at {act.where()}{act.context()}{gloo}"
 
 
-def _describe(rank: int, failure, reports: str | None) -> str:
+def _describe(rank: int, failure, reports: str | None, memory: str = "") -> str:
     """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
     code, message = failure.exitcode, _message(failure)
     if code == HANG_EXIT_CODE and message:
@@ -173,14 +179,15 @@ def _describe(rank: int, failure, reports: str | None) -> str:
         if code is not None and code < 0:
             text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
         if code == -signal.SIGKILL:
-            text += OOM_HINT
+            text += OOM_HINT.format(memory=memory or PLAN_HINT)
     return f"{text}: {message[:300]}" if message else text
 
 
 # a SIGKILL is never the rank's own doing; when nobody sent it, the kernel did
 OOM_HINT = (" — SIGKILL comes from outside the rank: when nobody sent it, it is the kernel's "
             "out-of-memory killer (`dmesg -T | grep -i 'killed process'` or `journalctl -k` "
-            "says so; `phalanx plan` with this run's flags predicts each rank's peak memory)")
+            "says so; {memory})")
+PLAN_HINT = "`phalanx plan` with this run's flags predicts each rank's peak memory"
 
 
 def _message(failure) -> str:

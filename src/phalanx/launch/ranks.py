@@ -29,7 +29,7 @@ def check_world(cfg: Config, nproc: int, cuda: bool) -> StrategyChoice:
 
 def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
               env: dict[str, str] | None = None, job: Job | None = None,
-              job_path: Path | None = None) -> int:
+              job_path: Path | None = None, memory=None) -> int:
     """`phalanx VERB ARGV` on the config's ranks (phalanx.launch.agent.launch_or_work), after
     the checks that need the world size (`check_world`); each rank's output goes to
     `out.logs` (unless `--tee-ranks`); `env`: more for the workers. `job`: the run as this
@@ -37,7 +37,8 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
     from it instead of parsing ARGV again (`phalanx.launch.job`; `job_path`: written there
     instead, e.g. one machine's launcher of several). `work(threads, choice)`:
     one rank; `choice` is the strategy this process decided for the launch (a rank run in
-    this process, or None: the worker decides it for the world it joins)."""
+    this process, or None: the worker decides it for the world it joins). `memory(world)`:
+    said beside a rank the kernel killed (phalanx.plan.oom, handed down by the CLI)."""
     from phalanx.launch.agent import launch_or_work  # lazy: `phalanx --help` loads every verb
 
     decided: list[StrategyChoice] = []
@@ -59,4 +60,4 @@ def run_ranks(cfg: Config, verb: str, argv: list[str], work, out: RunDir,
     handed = {} if job is None else {protocol.JOB: str((job_path or out.job).absolute())}
     return launch_or_work(cfg.dist, ["-m", "phalanx", verb, *argv],
                           lambda threads: work(threads, decided[-1] if decided else None),
-                          env={**logs, **handed, **(env or {})}, check=check)
+                          env={**logs, **handed, **(env or {})}, check=check, memory=memory)

@@ -35,9 +35,10 @@ from phalanx.train.worker import (
 )
 
 
-def train_config(cfg: Config, argv: list[str]) -> int:
+def train_config(cfg: Config, argv: list[str], memory=None) -> int:
     """`phalanx train` with the settings `cfg` (`argv`: the command line they came from,
-    said back in "Resume with: …")."""
+    said back in "Resume with: …"); `memory(world)`: said beside a rank the kernel killed
+    (the CLI hands down phalanx.plan.oom's predicted peak)."""
     announce()  # checked, and said in one line when set
     check_data(cfg.data, cfg.train.out)  # `--data`, `--tokenizer` readable (and `--out`
     # not in `--data`) before anything is written
@@ -59,7 +60,7 @@ def train_config(cfg: Config, argv: list[str]) -> int:
         if ft_launcher:
             return _launch_groups(cfg, out, argv)
         with quiet_store_retries(cfg), storage_errors(out):  # e.g. metrics on a full disk
-            return _train_in(cfg, out, argv, None if group is None else group[0])
+            return _train_in(cfg, out, argv, None if group is None else group[0], memory)
 
 
 def _launch_groups(cfg: Config, out: RunDir, argv: list[str]) -> int:
@@ -90,7 +91,8 @@ def _launch_groups(cfg: Config, out: RunDir, argv: list[str]) -> int:
                           lambda folder: complete_quietly(cfg, RunDir(folder)), hand)
 
 
-def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> int:
+def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None,
+              memory=None) -> int:
     from phalanx.checkpoint.resume import verified_token
     from phalanx.train.checkpointing import precheck, start_lineage
     from phalanx.train.finish import missing_outputs
@@ -100,7 +102,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
             return 0  # rank 0 found the same and does not join the process group
         if under_launcher():  # this process is a rank
             return _ranks(cfg, out, argv)
-        return _machine_launcher(cfg, out, argv)
+        return _machine_launcher(cfg, out, argv, memory)
     if cfg.dist.fault_tolerance == "none":  # (a torchft group: its launcher checked)
         one_run(out, False, cfg.train.resume)
     with held(out, record=False) as lock:  # recorded once the checks pass
@@ -128,7 +130,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
         try:
             return run_ranks(cfg, "train", argv,
                              lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out,
-                             job=job)
+                             job=job, memory=memory)
         except Interrupted as exc:  # the workers committed a checkpoint and stopped
             if precheck(cfg, out)[1] and not missing_outputs(cfg, out):
                 print(f"phalanx: {signal.Signals(exc.signum).name} came after the last "
@@ -137,7 +139,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None) -> i
             raise Interrupted(exc.signum, stopped_line(exc.signum, out, argv)) from None
 
 
-def _machine_launcher(cfg: Config, out: RunDir, argv: list[str]) -> int:
+def _machine_launcher(cfg: Config, out: RunDir, argv: list[str], memory=None) -> int:
     """One machine's launcher of a several-machine run: its workers start from a job of
     their own (settings and command line; global rank 0 checks and locks the run as a
     worker, `run_job`), removed when this launcher ends."""
@@ -146,7 +148,7 @@ def _machine_launcher(cfg: Config, out: RunDir, argv: list[str]) -> int:
     path = out.launcher_job(socket.gethostname(), os.getpid())
     try:
         return _ranks(cfg, out, argv, job=Job("train", cfg, out.root.absolute(), tuple(argv)),
-                      job_path=path)
+                      job_path=path, memory=memory)
     finally:
         path.unlink(missing_ok=True)
 
@@ -165,7 +167,7 @@ def run_job(job: Job) -> int:
 
 
 def _ranks(cfg: Config, out: RunDir, argv: list[str], verified: str | None = None,
-           job: Job | None = None, job_path: Path | None = None) -> int:
+           job: Job | None = None, job_path: Path | None = None, memory=None) -> int:
     """A process that checks nothing (rank 0 or the launcher did, and says the notes):
     the corpus read, then this process's rank(s) (`run_ranks`); `verified`: the checkpoint
     the launcher verified in full (its job's); `job`: handed to the ranks, at `job_path`."""
@@ -173,7 +175,7 @@ def _ranks(cfg: Config, out: RunDir, argv: list[str], verified: str | None = Non
     mark("corpus checked")
     return run_ranks(cfg, "train", argv,
                      lambda t, c: worker(cfg, splits, out, t, argv, c, verified), out,
-                     job=job, job_path=job_path)
+                     job=job, job_path=job_path, memory=memory)
 
 
 @contextlib.contextmanager
