@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser, watch: bool = False) -> None:
                              "(TORCH_DISTRIBUTED_DEBUG=DETAIL) and explain a mismatch")
     parser.add_argument("--tracker", default="", metavar="NAMES",
                         help="experiment trackers `run.log` also writes to, comma-separated: "
-                             "wandb (honours WANDB_MODE, WANDB_DIR, WANDB_PROJECT); the "
+                             "wandb (honours WANDB_MODE, WANDB_DIR, WANDB_PROJECT), mlflow "
+                             "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME); the "
                              "script's phalanx.init(trackers=...) overrides it")
     parser.add_argument("script", metavar="SCRIPT", help="your training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")

@@ -220,7 +220,8 @@ class TrainConfig:
                                     metavar="A-B")
     trackers: str | None = opt(None, "Experiment trackers to log to besides metrics.jsonl and "
                             "TensorBoard, comma-separated: wandb (honours WANDB_MODE, "
-                            "WANDB_DIR, WANDB_PROJECT). Needs phalanx[trackers].",
+                            "WANDB_DIR, WANDB_PROJECT), mlflow (MLFLOW_TRACKING_URI, "
+                            "MLFLOW_EXPERIMENT_NAME). Needs phalanx[trackers].",
                         flag="--tracker", metavar="NAMES")
 
     def __post_init__(self) -> None:

@@ -90,7 +90,7 @@ def init(seed: int = 0, *, backend: str = "auto",
     (TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch is raised in plain words.
     `out`: the run directory (`run.out`); under `phalanx run` its `--out` instead.
     `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/ (default: `out`).
-    `trackers`: experiment trackers `run.log` also writes to ("wandb"; default: the
+    `trackers`: experiment trackers `run.log` also writes to ("wandb", "mlflow"; default: the
     PHALANX_TRACKERS variable, which `phalanx run --tracker` sets), from rank 0.
     """
     announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
