@@ -33,3 +33,31 @@ def test_an_async_checkpoint_stalls_less_with_pinned_staging(tmp_path, figure):
     figure("checkpoint stall, gpt2-124m + AdamW", state_gib=got["bytes"] / GiB,
            sync_s=got["sync_stall_s"], async_s=got["async_stall_s"],
            overlap_s=got["overlap_stall_s"])
+
+
+OOM_SCRIPT = '''import torch
+import phalanx
+
+with phalanx.init(seed=0, out="run", memory_history=100000) as run:
+    kept = [torch.empty(2**28, device=run.device) for _ in range(4)]  # 4 GiB recorded
+    free, total = torch.cuda.mem_get_info(run.device)
+    torch.empty(int(total), dtype=torch.uint8, device=run.device)  # more than the GPU has
+'''
+
+
+def test_an_out_of_memory_writes_the_allocators_snapshot(tmp_path):
+    """`memory_history=N`: the OOM's one line names the snapshot, which torch's own
+    viewer format holds (segments and the recorded trace)."""
+    import pickle
+    import subprocess
+    import sys
+
+    (tmp_path / "oom.py").write_text(OOM_SCRIPT)
+    proc = subprocess.run([sys.executable, "oom.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    path = tmp_path / "run" / "memory-snapshot-rank-0.pickle"
+    assert f"allocator events are in run/memory-snapshot-rank-0.pickle" in proc.stderr or \
+        str(path) in proc.stderr, proc.stderr[-3000:]
+    snapshot = pickle.loads(path.read_bytes())
+    assert snapshot["segments"] and snapshot["device_traces"][0], list(snapshot)

@@ -55,8 +55,8 @@ TRAINING_RUN_ONLY = (
     "train.on_nan", "train.nan_patience", "train.spike_factor", "train.eval_every",
     "train.eval_batches", "train.log_every", "train.compile", "train.sample_tokens",
     "train.checkpoint_every", "train.keep_checkpoints", "train.async_checkpoint",
-    "train.resume", "train.profile_steps", "train.trackers", "dist.hang_timeout_s",
-    "dist.tee_ranks",
+    "train.resume", "train.profile_steps", "train.trackers", "train.memory_history",
+    "dist.hang_timeout_s", "dist.tee_ranks",
     "dist.check_consistency_every", "model.init_from",
     "dist.straggler_every", "dist.fault_tolerance", "dist.lighthouse", "dist.min_replicas",
     "dist.ft_join_timeout_s")

@@ -218,6 +218,10 @@ class TrainConfig:
                                           "each rank's trace in OUT/profile/rank-R.json.gz, "
                                           "a per-rank summary in the run report. E.g. 5-7.",
                                     metavar="A-B")
+    memory_history: int = opt(0, "CUDA: record the last N allocator events from the start; "
+                                 "an out-of-memory error then writes OUT/memory-snapshot-"
+                                 "rank-R.pickle (view it at pytorch.org/memory_viz). 0: off.",
+                              metavar="N")
     trackers: str | None = opt(None, "Experiment trackers to log to besides metrics.jsonl and "
                             "TensorBoard, comma-separated: wandb (honours WANDB_MODE, "
                             "WANDB_DIR, WANDB_PROJECT), mlflow (MLFLOW_TRACKING_URI, "
@@ -242,6 +246,9 @@ class TrainConfig:
             raise UserError(f"`--weight-decay` must be >= 0, got {self.weight_decay}.")
         if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
             raise UserError("`--warmup-steps`, `--min-lr` and `--grad-clip` must not be negative.")
+        if self.memory_history < 0:
+            raise UserError(f"--memory-history must be 0 (off) or the number of allocator "
+                            f"events to keep (e.g. 100000), not {self.memory_history}.")
         if self.keep_checkpoints < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got "
                             f"{self.keep_checkpoints}: the newest checkpoint is what resume uses.")

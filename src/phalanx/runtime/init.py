@@ -44,9 +44,10 @@ from phalanx.cluster.slurm_store import srun_store
 from phalanx.cluster.startup_trace import mark
 from phalanx.config.fields import tracker_list
 from phalanx.errors import DistributedError, UserError
-from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import timeout_from_env
 from phalanx.report.run_report import write_environment
+from phalanx.runtime.memory_history import check_entries, plain_failure
+from phalanx.runtime.memory_history import start as start_history
 from phalanx.runtime.run import Run, derive_seed
 from phalanx.strategies import StrategyChoice, build, choose_for_script
 from phalanx.strategies.topology import data_parallel
@@ -80,7 +81,8 @@ def init(seed: int = 0, *, backend: str = "auto",
          threads: int | None = None, hang_timeout_s: float | None = None,
          hang_report_dir: str | Path | None = None, debug_collectives: bool = False,
          log_dir: str | Path | None = None, out: str | Path | None = None,
-         trackers: str | Sequence[str] | None = None, **strategy_options: Any) -> Run:
+         trackers: str | Sequence[str] | None = None, memory_history: int = 0,
+         **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
     `strategy`: a name with its options as keywords (`strategy="ddp", bucket_cap_mb=1`;
@@ -92,6 +94,8 @@ def init(seed: int = 0, *, backend: str = "auto",
     `log_dir`: where `run.log` writes metrics.jsonl and TensorBoard's tb/ (default: `out`).
     `trackers`: experiment trackers `run.log` also writes to ("wandb", "mlflow"; default: the
     PHALANX_TRACKERS variable, which `phalanx run --tracker` sets), from rank 0.
+    `memory_history`: on CUDA, record the last N allocator events; a CUDA out-of-memory then
+    writes a snapshot into `out` (runtime.memory_history).
     """
     announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
     if debug_collectives:
@@ -99,6 +103,7 @@ def init(seed: int = 0, *, backend: str = "auto",
         dist.set_debug_level_from_env()
     tracking = tracker_list(trackers if trackers is not None
                              else os.environ.get(protocol.TRACKERS))
+    check_entries(memory_history)
     env = detect_launch_env()
     choice = _strategy_choice(_as_launched(strategy), env.world_size, strategy_options)
     for name, value in env.rendezvous:  # srun sets no MASTER_ADDR/PORT: derived ones
@@ -124,7 +129,8 @@ def init(seed: int = 0, *, backend: str = "auto",
         run_dir.mkdir(parents=True, exist_ok=True)
     log = Path(log_dir) if log_dir is not None else run_dir
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
-              log_dir=log, out=run_dir, trackers=tracking)
+              log_dir=log, out=run_dir, trackers=tracking,
+              memory_history=start_history(topology.device, memory_history))
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
     _record_environment(run, run_dir or log)  # the report's: strategy, ranks, versions
@@ -177,8 +183,7 @@ def fail_fast(run: Run) -> None:
 
     def hook(kind, exc, tb) -> None:
         run._failed = True
-        plain = explain(exc) or peer_lost(exc, run.rank, run.topology.peers) \
-            if isinstance(exc, Exception) else None
+        plain = plain_failure(exc, run)
         previous(kind, exc, tb)
         _record(plain or exc)
         if plain is not None:

@@ -25,12 +25,12 @@ from phalanx.cluster.protocol import record_for_agent
 from phalanx.data.loader import DeviceLoader
 from phalanx.data.sampler import ShardedBatchSampler
 from phalanx.errors import UserError
-from phalanx.hang.mismatch import explain, peer_lost
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.runtime.clip_and_step import StepMethods
 from phalanx.runtime.clip_and_step import derive_seed as derive_seed  # (its old home)
+from phalanx.runtime.memory_history import plain_failure
 from phalanx.runtime.save_resume import CheckpointMethods
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
@@ -57,6 +57,7 @@ class Run(StepMethods, CheckpointMethods):
     _failed: bool = field(default=False, repr=False)  # an exception left the script
     _sink: Any = field(default=None, repr=False)
     trackers: tuple[str, ...] = ()  # experiment trackers `log` also writes to (rank 0)
+    memory_history: int = 0  # CUDA allocator events recorded (runtime.memory_history)
     _tracking: Any = field(default=None, repr=False)  # report.trackers.Tracking
     _said: set = field(default_factory=set, repr=False)  # see say_once
     optimizer_steps: int = 0  # counted by `step`, restored by `resume`: seeds micro-steps
@@ -370,7 +371,7 @@ class Run(StepMethods, CheckpointMethods):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        plain = (explain(exc) or peer_lost(exc, self.rank, self.topology.peers)) if exc is not None else None
+        plain = plain_failure(exc, self)
         if exc is not None:  # before the group goes: peers may then die of a lost connection
             record_for_agent(plain or exc)
         self.close(failed=exc_type is not None)
