@@ -20,6 +20,13 @@ FULL = os.environ.get("PHALANX_FULL") == "1"  # every case of the long matrices 
 # one worker, one after another.
 ONE_WORKER = {"test_slurm.py": "cluster", "test_slurm_multihost.py": "cluster",
               "test_multinode.py": "cluster", "test_multinode_errors.py": "cluster"}
+# the longest files (seconds in one process), handed out first so that the two workers end
+# together rather than one waiting for the other's last long file
+SLOW_FIRST = ("test_slurm.py", "test_slurm_multihost.py", "test_multinode.py",  # ~400 s
+              "test_multinode_errors.py", "test_torchft.py", "test_stop_stress.py",
+              "test_fault_matrix.py", "test_train_user_model.py", "test_bad_input.py",
+              "test_fault_tolerance.py", "test_resume_cli.py", "test_plan_simulate.py",
+              "test_run_verb.py", "test_signals.py", "test_run_dir.py", "test_mlflow.py")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -37,14 +44,17 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """A case marked `full` (a long matrix's case outside CI's sample) is skipped, with the
-    reason said, unless PHALANX_FULL=1. A `solo` test (memory measured against a prediction)
-    is skipped, with the reason said, in an xdist worker: another test's processes beside it
-    can move the measured peak (README)."""
+    reason said, unless PHALANX_FULL=1. A `solo` test (memory measured against a prediction,
+    or processes raced against timers) is skipped, with the reason said, in an xdist worker:
+    another test's processes beside it move the measured peak or the timing (README)."""
     in_worker = os.environ.get("PYTEST_XDIST_WORKER") is not None
     full = pytest.mark.skip(reason="a long matrix's case outside CI's sample: PHALANX_FULL=1 "
                                    "runs it")
-    solo = pytest.mark.skip(reason="measures memory: run alone, `python -m pytest -m solo` "
-                                   "(not under -n)")
+    solo = pytest.mark.skip(reason="measures memory or races timers: run alone, `python -m "
+                                   "pytest -m solo` (not under -n)")
+    if in_worker:  # (every worker collects alike: the same order everywhere)
+        first = {name: i for i, name in enumerate(SLOW_FIRST)}
+        items.sort(key=lambda item: first.get(Path(str(item.fspath)).name, len(first)))
     for item in items:
         if "full" in item.keywords and not FULL:
             item.add_marker(full)
