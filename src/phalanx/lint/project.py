@@ -171,12 +171,13 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     imports = {f: s for f, s in everything.items() if "def " in texts[f]}  # may define helpers
     frontier = {f for f in imports if any(word in texts[f] for word in WORDS)}
     contexts: dict[str, Context | None] = {}
-    _find_takers(project, texts, everything, contexts)
+    beside = _find_takers(project, texts, everything)  # parsed once: the lint reuses them
     seen: dict[str, tuple] = {}  # what each file saw of the others when judged
     for _ in range(rounds):
         changed = False
         for name in sorted(frontier):
-            ctx = contexts.get(name) if name in contexts else _parse(name, texts[name])
+            ctx = contexts[name] if name in contexts else (
+                beside.pop(name, None) or _parse(name, texts[name]))
             contexts[name] = ctx
             if ctx is None:
                 continue
@@ -200,20 +201,25 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
         return see_decorators(_parse(name, text), project)
 
     project.callers = external_callers(texts, everything, project.suffixes, contexts, parse)
-    project.parsed = {name: ctx for name, ctx in contexts.items() if ctx is not None}
+    project.parsed = {**beside, **{name: ctx for name, ctx in contexts.items()
+                                   if ctx is not None}}
     return project
 
 
-def _find_takers(project: Project, texts: dict[str, str], imports: dict[str, set[str]],
-                 contexts: dict[str, Context | None]) -> None:
+def _find_takers(project: Project, texts: dict[str, str], imports: dict[str, set[str]]
+                 ) -> dict[str, Context]:
     """The helpers that run a model they are given (lint.model_args), in the files that a
-    file naming a wrapper or a collective imports (parsed once, kept in `contexts`)."""
+    file naming a wrapper or a collective imports; those files' parses (kept for the lint)."""
     wanted = {t for f, targets in imports.items() if any(word in texts[f] for word in WORDS)
               for t in targets if "def " in texts.get(t, "")}
+    parsed: dict[str, Context] = {}
     for name in sorted(wanted):
-        ctx = contexts[name] = contexts.get(name) or _parse(name, texts[name])
-        if ctx is not None and (found := takers(ctx.tree)):
-            project.takers[name] = found
+        ctx = _parse(name, texts[name])
+        if ctx is not None:
+            parsed[name] = ctx
+            if found := takers(ctx.tree):
+                project.takers[name] = found
+    return parsed
 
 
 def _strips(texts: dict[str, str], contexts: dict[str, Context | None]) -> bool:

@@ -248,10 +248,13 @@ def _handed(ctx: Context, call: ast.Call, models: dict[str, str]) -> str | None:
 
 def _takers(ctx: Context) -> dict[str, tuple]:
     """This file's model-running helpers (lint.model_args), and those it imports."""
-    own = ctx.memo.setdefault("takers", {})
-    if "own" not in own:
-        own["own"] = takers(ctx.tree)
-    return {**ctx.takers, **own["own"]} if ctx.takers else own["own"]
+    memo = ctx.memo.setdefault("takers", {})
+    if memo.get("seen") is not ctx.takers:  # (the imported ones change with the view)
+        own = memo.get("own")
+        if own is None:
+            own = memo["own"] = takers(ctx.tree)
+        memo["all"], memo["seen"] = ({**ctx.takers, **own} if ctx.takers else own), ctx.takers
+    return memo["all"]
 
 
 def helper_key(ctx: Context, call: ast.Call) -> str | None:
