@@ -23,8 +23,10 @@ forever from `position` onward, across epochs.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset
 
 from phalanx.errors import UserError
 
@@ -102,3 +104,17 @@ class ShardedBatchSampler:
     def epoch(self) -> int:
         """The epoch the next batch comes from."""
         return self.position // self.num_samples
+
+
+def map_style_length(dataset: Any) -> int:
+    """`len(dataset)` of a map-style dataset; a UserError for an iterable-only one (a
+    sampler shards by index and resumes at a sample position)."""
+    name = type(dataset).__name__
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise UserError(
+            f"run.loader needs a map-style dataset (with __len__ and __getitem__), so that "
+            f"it can shard by index and resume at a sample position; `{name}` is iterable "
+            f"only. Give it a map-style Dataset (e.g. windows over a token array or "
+            f"memmap), or shard the stream yourself by run.rank / run.world_size and pass "
+            f"it to a plain torch DataLoader.")
+    return len(dataset)

@@ -123,11 +123,7 @@ def init(seed: int = 0, *, backend: str = "auto",
                              layout=choice.layout if choice.spec.sharded else None,
                              peers=gather_peers(env.world_size))
     chosen = _checked(build(choice, topology), created)
-    run_dir = os.environ.get(protocol.RUN_DIR) or out
-    run_dir = Path(run_dir) if run_dir else None
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    log = Path(log_dir) if log_dir is not None else run_dir
+    run_dir, log = _directories(out, log_dir)
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir, trackers=tracking,
               memory_history=start_history(topology.device, memory_history))
@@ -140,6 +136,17 @@ def init(seed: int = 0, *, backend: str = "auto",
     if hang > 0 and not os.environ.get(protocol.WATCHED):
         run.watch(hang, hang_report_dir or os.environ.get(protocol.HANG_REPORT_DIR) or run_dir)
     return run
+
+
+def _directories(out: str | Path | None, log_dir: str | Path | None
+                 ) -> tuple[Path | None, Path | None]:
+    """The run directory (`phalanx run`'s `--out`, else `out`; made) and where `run.log`
+    writes (`log_dir`, else the run directory)."""
+    found = os.environ.get(protocol.RUN_DIR) or out
+    run_dir = Path(found) if found else None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir, (Path(log_dir) if log_dir is not None else run_dir)
 
 
 def _record_environment(run: Run, where: Path | None) -> None:

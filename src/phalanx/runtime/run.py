@@ -18,12 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from phalanx.cluster.lifecycle import StopSignals
 from phalanx.cluster.protocol import record_for_agent
 from phalanx.data.loader import DeviceLoader
-from phalanx.data.sampler import ShardedBatchSampler
+from phalanx.data.sampler import ShardedBatchSampler, map_style_length
 from phalanx.errors import UserError
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
@@ -149,7 +149,7 @@ class Run(StepMethods, CheckpointMethods):
         you. `dataset` must be map-style (`__len__`, `__getitem__`)."""
         t = self.topology
         sampler = ShardedBatchSampler(
-            _map_style_length(dataset), batch_size, t.dp_rank, t.dp_size,
+            map_style_length(dataset), batch_size, t.dp_rank, t.dp_size,
             seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
             position=position)
         return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
@@ -377,18 +377,6 @@ class Run(StepMethods, CheckpointMethods):
         self.close(failed=exc_type is not None)
         if plain is not None:
             raise plain from exc
-
-
-def _map_style_length(dataset: Any) -> int:
-    name = type(dataset).__name__
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        raise UserError(
-            f"run.loader needs a map-style dataset (with __len__ and __getitem__), so that "
-            f"it can shard by index and resume at a sample position; `{name}` is iterable "
-            f"only. Give it a map-style Dataset (e.g. windows over a token array or "
-            f"memmap), or shard the stream yourself by run.rank / run.world_size and pass "
-            f"it to a plain torch DataLoader.")
-    return len(dataset)
 
 
 def _check_optimizer_params(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
