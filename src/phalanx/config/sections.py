@@ -247,7 +247,7 @@ class TrainConfig:
         if self.warmup_steps < 0 or self.min_lr < 0 or self.grad_clip < 0:
             raise UserError("`--warmup-steps`, `--min-lr` and `--grad-clip` must not be negative.")
         if self.memory_history < 0:
-            raise UserError(f"--memory-history must be 0 (off) or the number of allocator "
+            raise UserError(f"`--memory-history` must be 0 (off) or the number of allocator "
                             f"events to keep (e.g. 100000), not {self.memory_history}.")
         if self.keep_checkpoints < 1:
             raise UserError(f"`--keep-checkpoints` must be at least 1, got "
