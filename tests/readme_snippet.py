@@ -21,10 +21,19 @@ def loss_fn(out, y):
     global calls
     calls += 1
     if calls == FAIL_AT and run.rank == 0:
+        import time  # the moment of the raise, for the tests that time the job's end
+        open("raised-at", "w").write(repr(time.time()))
         raise ValueError("bad batch at step 3")
     return nn.functional.mse_loss(out, y)
 local_val_loss = 0.0
 '''
+
+
+def seconds_since_the_raise(folder: Path) -> float:
+    """Seconds from rank 0's raise (the harness writes its wall time) to now: the time
+    the job took to end, without the start-up, which a loaded machine stretches."""
+    import time
+    return time.time() - float((folder / "raised-at").read_text())
 
 
 def snippet() -> str:
