@@ -32,13 +32,15 @@ print(f"rank {rank}: {t.tolist()} in {os.environ['PHALANX_RUN_DIR']} with {sys.a
 dist.destroy_process_group()
 """
 
-RAISES = """import torch
+RAISES = """import time
+import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
 t = torch.ones(2)
 for step in range(1, 100):
     if dist.get_rank() == 0 and step == 3:
+        open("raised-at", "w").write(repr(time.time()))
         raise ValueError(f"my script's own bug at step {step}")
     dist.all_reduce(t)
 """
@@ -143,17 +145,16 @@ def test_a_second_run_on_the_same_out_is_refused_in_one_line(tmp_path):
 def test_an_exception_on_a_rank_is_shown_once_and_ends_the_job_fast(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text(RAISES)
-    started = time.monotonic()
     done = phalanx_run(tmp_path, "--nproc-per-node", "2", "--out", "out", script.name)
-    elapsed = time.monotonic() - started
+    elapsed = time.time() - float((tmp_path / "raised-at").read_text())  # start-up apart
     assert done.returncode == 1, done.stderr[-3000:]
-    assert elapsed < 20, elapsed
+    assert elapsed < 10, f"ended {elapsed:.1f} s after the raise"
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
     assert done.stderr.count("ValueError: my script's own bug at step 3") == 2  # + the line
-    assert 'raises.py", line 8' in done.stderr
+    assert 'raises.py", line 10' in done.stderr
     frames = [s for s in done.stderr.split("Traceback (most recent call last):\n")[1]
               .splitlines() if s.startswith("  File ")]  # the script's own only (40.14)
-    assert len(frames) == 1 and 'raises.py", line 8' in frames[0], frames
+    assert len(frames) == 1 and 'raises.py", line 10' in frames[0], frames
     [line] = [s for s in done.stderr.splitlines() if s.startswith("phalanx: error:")]
     assert "rank 0 exited with code 1: ValueError" in line and "rank-0.log" in line, line
     assert "ValueError" in (tmp_path / "out/logs/rank-0.log").read_text()
