@@ -25,7 +25,8 @@ def mark(rank):  # the test times the report from the last rank's last mark
 
 '''
 
-FSDP2_EVAL_ON_RANK_0 = MARK + '''from torch.distributed.fsdp import fully_shard
+# an FSDP2 model, a helper in another file that evaluates it (EVALUATION below)
+FSDP2_MODEL = '''from torch.distributed.fsdp import fully_shard
 
 from evaluation import evaluate
 
@@ -37,7 +38,9 @@ for layer in (model[0], model[2]):
     fully_shard(layer)
 fully_shard(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for epoch in range(3):
+'''
+
+FSDP2_EVAL_ON_RANK_0 = MARK + FSDP2_MODEL + '''for epoch in range(3):
     for step in range(2):
         loss = model(torch.randn(4, 8)).sum()
         loss.backward()
@@ -215,19 +218,7 @@ def test_uneven_inputs_to_the_script_end_are_named_by_the_rank_left_behind(tmp_p
 # where the ranks met — a line away from where they parted
 FSDP2_EVAL_BETWEEN_STEPS = '''import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-
-from evaluation import evaluate
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-for layer in (model[0], model[2]):
-    fully_shard(layer)
-fully_shard(model)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(6):
+''' + FSDP2_MODEL + '''for step in range(6):
     loss = model(torch.randn(4, 8)).sum()
     loss.backward()
     opt.step()

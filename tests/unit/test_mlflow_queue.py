@@ -91,17 +91,17 @@ def test_records_params_and_a_resume_that_replays_steps(client, tmp_path: Path):
     kept = json.loads((tmp_path / "trackers.json").read_text())["mlflow"]
     assert kept == {"run_id": run.info.run_id, "last_step": 3}
     _config(tmp_path, 6)  # resumed from step 1 with another max_steps
-    tracker = MlflowTracker(tmp_path, said.append)
+    tracking = Tracking(("mlflow",), tmp_path, said.append)  # which skips replayed steps
     for step in (2, 3, 4):
-        tracker.log({"step": step, "loss": 9.0})
-    tracker.close()
+        tracking.log({"step": step, "loss": 9.0})
+    tracking.close()
     assert list(client.runs) == [run.info.run_id]  # the same MLflow run, continued
     assert run.metrics[-1] == (4, "loss", 9.0) and len(run.metrics) == 4  # 2, 3: not again
     assert run.tags == {"resumed.run_config.train.max_steps": "6"}
     assert run.data.params == {"run_config.train.max_steps": "4"}
     assert said == ["phalanx: note: MLflow keeps the steps it was sent before; steps below 4 "
-                    "trained again after this resume are not sent again (metrics.jsonl has "
-                    "them)."]
+                    "trained again after this resume are not sent to it again (metrics.jsonl "
+                    "has them)."]
 
 
 def test_a_hanging_server_is_one_warning_and_never_a_stalled_step(client, tmp_path: Path):

@@ -31,9 +31,10 @@ PARAM_CHARS = 6000  # MLflow's limit on a param's value
 
 
 class MlflowTracker:
-    """One MLflow run per Phalanx run directory, fed by a background thread."""
+    """One MLflow run per Phalanx run directory, fed by a background thread. `first`: the
+    first step it has not been sent (`Tracking.log` sends none below it)."""
 
-    name = "mlflow"
+    name, shown = "mlflow", "MLflow"
 
     def __init__(self, out_dir: Path, say: Callable[[str], None]) -> None:
         import mlflow  # noqa: F401 - fail here, in one line, when it is not importable
@@ -46,21 +47,13 @@ class MlflowTracker:
         self.failed: BaseException | None = None
         self.busy_since: float | None = time.monotonic()  # opening the run counts
         self.last_sent = self.first - 1
-        self.full = self.replayed = False
+        self.full = False
         self.run_id: str | None = None
         self.thread = threading.Thread(target=self._work, name="phalanx-mlflow", daemon=True)
         self.thread.start()
 
     def log(self, record: dict[str, Any]) -> None:
         self._raise_if_failing()
-        step = int(record["step"])
-        if step < self.first:  # a resume from an older checkpoint replays logged steps
-            if not self.replayed:
-                self.replayed = True
-                self.say(f"phalanx: note: MLflow keeps the steps it was sent before; steps "
-                         f"below {self.first} trained again after this resume are not sent "
-                         f"again (metrics.jsonl has them).")
-            return
         try:
             self.queue.put_nowait(record)
         except queue.Full:

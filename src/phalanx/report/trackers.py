@@ -32,11 +32,15 @@ class Tracking:
                  say: Callable[[str], None]) -> None:
         self.names, self.out_dir, self.say = names, Path(out_dir), say
         self.open: list[Any] | None = None
+        self.replayed: set[str] = set()
 
     def log(self, record: dict[str, Any]) -> None:
         if self.open is None:
             self.open = [t for t in map(self._start, self.names) if t is not None]
         for tracker in list(self.open):
+            if int(record["step"]) < tracker.first:  # a resume from an older checkpoint
+                self._replayed(tracker)  # replays steps the tracker holds already
+                continue
             try:
                 tracker.log(record)
             except Exception as exc:  # noqa: BLE001 - a tracker never stops the training
@@ -63,6 +67,13 @@ class Tracking:
                      f"has every figure).")
             return None
 
+    def _replayed(self, tracker: Any) -> None:
+        if tracker.name not in self.replayed:
+            self.replayed.add(tracker.name)
+            self.say(f"phalanx: note: {tracker.shown} keeps the steps it was sent before; "
+                     f"steps below {tracker.first} trained again after this resume are not "
+                     f"sent to it again (metrics.jsonl has them).")
+
     def _drop(self, tracker: Any, what: str, exc: BaseException) -> None:
         assert self.open is not None
         self.open.remove(tracker)
@@ -83,9 +94,10 @@ def tracking_for(current: Tracking | None, names: tuple[str, ...], out_dir: Path
 
 
 class WandbTracker:
-    """Weights & Biases: one W&B run per Phalanx run directory."""
+    """Weights & Biases: one W&B run per Phalanx run directory. `first`: the first step
+    it has not been sent (`Tracking.log` sends none below it)."""
 
-    name = "wandb"
+    name, shown = "wandb", "W&B"
 
     def __init__(self, out_dir: Path, say: Callable[[str], None]) -> None:
         import wandb
@@ -104,20 +116,10 @@ class WandbTracker:
                               name=out_dir.resolve().name, config=params_of(out_dir),
                               mode=mode, **options)  # type: ignore[arg-type]
         self.first = int(getattr(self.run, "step", 0) or 0)  # W&B's next step (resumed)
-        self.skipped = False
-        self.say = say
         keep_state(out_dir, self.name, {"id": self.run.id, "mode": mode})
 
     def log(self, record: dict[str, Any]) -> None:
-        step = int(record["step"])
-        if step < self.first:  # a resume from an older checkpoint replays logged steps
-            if not self.skipped:
-                self.skipped = True
-                self.say(f"phalanx: note: W&B keeps the steps it logged before; steps below "
-                         f"{self.first} trained again after this resume are not logged to "
-                         f"it again (metrics.jsonl has them).")
-            return
-        self.run.log({k: v for k, v in record.items() if k != "step"}, step=step)
+        self.run.log({k: v for k, v in record.items() if k != "step"}, step=int(record["step"]))
 
     def close(self) -> None:
         self.run.finish()
