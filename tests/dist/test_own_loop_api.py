@@ -1,6 +1,7 @@
 """The Run API's loop pieces in a one-process world (in this test process): the loader's
 cursor (honoured in both modes, refused when the data changed), iterable datasets
-refused in one line, and precision through the API equal to torch's own recipe."""
+batched as they shard themselves (their sampler options and unsavable states refused in
+one line), and precision through the API equal to torch's own recipe."""
 
 from __future__ import annotations
 
@@ -67,13 +68,66 @@ def test_a_resume_without_the_loader_cursor_is_refused_not_ignored(run, tmp_path
     assert run.resume(tmp_path / "none", model, opt, loader=loader) == 0
 
 
-def test_an_iterable_dataset_is_refused_in_one_line(run):
-    class Stream(IterableDataset):
-        def __iter__(self):
-            yield from range(10)
+class Stream(IterableDataset):
+    """Yields 0..n-1 from where it stands; `state_dict` says how many it handed out."""
 
-    with pytest.raises(UserError, match="`Stream` is iterable only.*run.rank / run.world_size"):
-        run.loader(Stream(), batch_size=2)
+    def __init__(self, n: int, stateful: bool = True) -> None:
+        self.n, self.at = n, 0
+        if not stateful:
+            self.state_dict = None  # type: ignore[assignment]
+
+    def __iter__(self):
+        while self.at < self.n:
+            self.at += 1
+            yield self.at - 1
+
+    def state_dict(self):
+        return {"at": self.at}
+
+    def load_state_dict(self, state):
+        self.at = state["at"]
+
+
+def test_an_iterable_dataset_is_batched_and_resumed_from_its_own_state(run, tmp_path):
+    model = run.setup(nn.Linear(2, 1))
+    loader = run.loader(Stream(10), batch_size=3)
+    it = iter(loader)
+    assert [next(it).tolist() for _ in range(2)] == [[0, 1, 2], [3, 4, 5]]
+    run.save(tmp_path, 2, model, loader=loader)
+    again = run.loader(Stream(10), batch_size=3)
+    assert run.resume(tmp_path, model, loader=again) == 2
+    assert [b.tolist() for b in again] == [[6, 7, 8], [9]]
+
+
+@pytest.mark.parametrize("options, found", [
+    ({"shuffle": True}, "`shuffle` order or place a map-style dataset's samples; `Stream` is "
+                        "an IterableDataset"),
+    ({"position": 4, "seed": 1}, "`seed`, `position` order or place"),
+])
+def test_sampler_options_on_an_iterable_dataset_are_refused(run, options, found):
+    with pytest.raises(UserError, match=found):
+        run.loader(Stream(10), batch_size=2, **options)
+
+
+@pytest.mark.parametrize("stateful, kwargs, found", [
+    (False, {}, "`Stream` \\(an IterableDataset\\) has no state_dict\\(\\)"),
+    (True, {"num_workers": 1}, "num_workers=1: the dataset's copies in the worker processes"),
+])
+def test_an_iterable_position_that_cannot_be_saved_is_refused(run, tmp_path, stateful, kwargs,
+                                                               found):
+    model = run.setup(nn.Linear(2, 1))
+    loader = run.loader(Stream(10, stateful), batch_size=2, **kwargs)
+    with pytest.raises(UserError, match=found):
+        run.save(tmp_path, 1, model, loader=loader)
+
+
+def test_a_dataset_without_a_length_that_is_not_iterable_is_refused(run):
+    class Odd:
+        def __getitem__(self, i):
+            return i
+
+    with pytest.raises(UserError, match="`Odd` has no __len__ and is no IterableDataset"):
+        run.loader(Odd(), batch_size=2)
 
 
 def _reference_fp16_step(model, opt, scaler, x, y, accum):

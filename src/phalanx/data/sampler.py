@@ -107,14 +107,14 @@ class ShardedBatchSampler:
 
 
 def map_style_length(dataset: Any) -> int:
-    """`len(dataset)` of a map-style dataset; a UserError for an iterable-only one (a
-    sampler shards by index and resumes at a sample position)."""
+    """`len(dataset)` of a map-style dataset; a UserError for one without a length that is
+    no IterableDataset either (a sampler shards by index and resumes at a position)."""
     name = type(dataset).__name__
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise UserError(
             f"run.loader needs a map-style dataset (with __len__ and __getitem__), so that "
-            f"it can shard by index and resume at a sample position; `{name}` is iterable "
-            f"only. Give it a map-style Dataset (e.g. windows over a token array or "
-            f"memmap), or shard the stream yourself by run.rank / run.world_size and pass "
-            f"it to a plain torch DataLoader.")
+            f"it can shard by index and resume at a sample position, or a torch "
+            f"IterableDataset that shards itself by rank; `{name}` has no __len__ and is "
+            f"no IterableDataset. Give it a __len__, or make it an IterableDataset that "
+            f"yields run.rank's share.")
     return len(dataset)

@@ -22,8 +22,7 @@ from torch.utils.data import Dataset
 
 from phalanx.cluster.lifecycle import StopSignals
 from phalanx.cluster.protocol import record_for_agent
-from phalanx.data.loader import DeviceLoader
-from phalanx.data.sampler import ShardedBatchSampler, map_style_length
+from phalanx.data.stream_loader import loader_for
 from phalanx.errors import UserError
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
@@ -139,20 +138,28 @@ class Run(StepMethods, CheckpointMethods):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.strategy.unwrap(model)
 
-    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True,
+    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool | None = None,
                seed: int | None = None, stream: bool = False, position: int = 0,
-               **dataloader_kwargs: Any) -> DeviceLoader:
+               even: bool = True, **dataloader_kwargs: Any) -> Any:
         """This rank's share of `dataset` (split by data-parallel rank), batches on
         `run.device` (see ShardedBatchSampler). `position`: the global samples already
         consumed, honoured in both modes (epoch mode: the epoch `position // len` from
         offset `position % len`); `run.save(..., loader=)` and `run.resume` keep it for
-        you. `dataset` must be map-style (`__len__`, `__getitem__`)."""
+        you. `shuffle` defaults to True. `dataset`: map-style (`__len__`, `__getitem__`),
+        or an IterableDataset that shards itself by rank (data/stream_loader.py: the
+        contract; `even=False` skips ending every rank's epoch together)."""
         t = self.topology
-        sampler = ShardedBatchSampler(
-            map_style_length(dataset), batch_size, t.dp_rank, t.dp_size,
-            seed=self.seed if seed is None else seed, shuffle=shuffle, stream=stream,
-            position=position)
-        return DeviceLoader(dataset, sampler, self.device, **dataloader_kwargs)
+        return loader_for(
+            dataset, batch_size, device=self.device, dp_rank=t.dp_rank, dp_size=t.dp_size,
+            seed=self.seed, all_have=self._all_have if even and self.world_size > 1 else None,
+            sampler_options={"shuffle": shuffle, "seed": seed, "stream": stream,
+                             "position": position}, **dataloader_kwargs)
+
+    def _all_have(self, have: bool) -> bool:
+        """Whether every rank has a batch (one all-reduce of one number)."""
+        t = torch.tensor([1 if have else 0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
 
     def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
         """Gradient accumulation over `steps` micro-steps, syncing only on the last; each
