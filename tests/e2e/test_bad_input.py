@@ -80,8 +80,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("profile-steps", ["--profile-steps", "7-5"], "`--profile-steps 7-5` must be A-B"),
         ("profile-steps-late", ["--profile-steps", "50-60", "--max-steps", "40"],
          "`--profile-steps 50-60` starts after the run's last step (`--max-steps 40`)"),
-        ("init-from-minigpt", ["--init-from", "{d}/emptydir"], "MiniGPT's are not a Hugging "
-         "Face model's"),
+        ("init-from-minigpt", ["--init-from", "{d}/emptydir"], "without `--model` needs "
+         "MiniGPT in GPT-2's architecture"),
         ("strategy", ["--strategy", "fsdp9"], "invalid choice: 'fsdp9'"),
         ("preset", ["--preset", "huge"], "invalid choice: 'huge'"),
         ("unknown-flag", ["--max-step", "3"], "phalanx train: error: unrecognized arguments: "
@@ -192,6 +192,8 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
         ("out-fifo", ["{run}", "--out", "{d}/fifo"], "should name a .safetensors file"),
         ("crafted-config", ["{crafted}", "--out", "{w}/m.safetensors"], "invalid `train` section"),
         ("no-out", ["{run}"], "the following arguments are required: --out"),
+        ("gpt2-shape", ["{run}", "--format", "gpt2", "--out", "{w}/hf"],
+         "`phalanx export --format gpt2` needs MiniGPT in GPT-2's architecture"),
     ]
     for name, argv, needle in export:
         add(f"export-{name}", ["export", *argv], needle)

@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a `--model` factory's run: the factory it was trained with, "
                              "named again here (export never imports the code a checkpoint "
                              "names on its own; default: none, a MiniGPT run)")
+    parser.add_argument("--format", choices=("phalanx", "gpt2"), default="phalanx",
+                        help="gpt2: a MiniGPT run in GPT-2's shape (`--preset gpt2-124m`) "
+                             "written as transformers' GPT2LMHeadModel.save_pretrained "
+                             "writes it, into the directory `--out` (from_pretrained reads "
+                             "it; default: Phalanx's own names)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite an existing FILE or config.json beside it "
                              "(default: refuse)")
@@ -161,6 +166,7 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     from safetensors import SafetensorError
 
     from phalanx.checkpoint.export import MODEL_KEY, export_weights
+    from phalanx.checkpoint.gpt2 import export_gpt2
     from phalanx.checkpoint.resume import find_checkpoint
     from phalanx.checkpoint.store import load_checkpoint
     from phalanx.models import build_model
@@ -170,8 +176,8 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     meta = _saved_meta(checkpoint)
     if MODEL_KEY in meta:  # a script's transformers model: a directory from_pretrained reads
         return _export_library_model(checkpoint, meta[MODEL_KEY], ns.out, ns.force)
-    target = _target(ns.out, ns.force)
     step, cfg = _saved_config(checkpoint, meta)
+    target = _target(_gpt2_out(ns.out, cfg) if ns.format == "gpt2" else ns.out, ns.force)
     _same_factory(checkpoint, cfg.model.factory, ns.model)
     vocab = meta.get("vocab_size")  # (checkpoints before it was recorded: bytes, 256)
     model = build_model(cfg, vocab if isinstance(vocab, int) and vocab > 0 else 256)
@@ -179,10 +185,11 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     tokenizer_json = _run_tokenizer(checkpoint, meta.get("tokenizer"))
     try:
         with _parents_while_writing(target.parent):
-            path = export_weights(model, target.parent, {
-                "tokenizer": (meta.get("tokenizer") or {}).get("label")
-                or cfg.data.tokenizer,  # (unresolved: `auto` would walk a path it names)
-                "phalanx": cfg.to_dict()}, target.name)
+            path = export_gpt2(model, target.parent) if ns.format == "gpt2" else \
+                export_weights(model, target.parent, {
+                    "tokenizer": (meta.get("tokenizer") or {}).get("label")
+                    or cfg.data.tokenizer,  # (unresolved: `auto` would walk a path it names)
+                    "phalanx": cfg.to_dict()}, target.name)
             tokenizer = _copy_tokenizer(checkpoint, tokenizer_json, target.parent)
     except (OSError, SafetensorError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
@@ -193,6 +200,22 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
           f"{path.stat().st_size / 1e6:.1f} MB) and {path.parent / 'config.json'}"
           + (f" and {tokenizer}" if tokenizer is not None else ""))
     return 0
+
+
+def _gpt2_out(out: str, cfg) -> str:
+    """`--format gpt2`: the directory's model.safetensors (the name from_pretrained reads);
+    a model that is not GPT-2's shape refused before anything is written."""
+    from phalanx.config.sections import refuse_unless_gpt2
+
+    if cfg.model.factory is not None:
+        raise UserError(f"`--format gpt2` writes MiniGPT as GPT-2; this run trained `--model "
+                        f"{cfg.model.factory}`. Export it without `--format gpt2`.")
+    refuse_unless_gpt2(cfg.model, "`phalanx export --format gpt2`")
+    if out.endswith(".safetensors"):
+        raise UserError(f"`--format gpt2` writes a directory (model.safetensors, config.json "
+                        f"and the run's tokenizer.json in it); `--out {out}` names a file. "
+                        f"Give the directory.")
+    return str(Path(out) / "model.safetensors")
 
 
 def _run_tokenizer(checkpoint: Path, record: dict | None) -> bytes | None:

@@ -77,17 +77,18 @@ class ModelConfig:
                                     "(B, T, vocab); see docs/own-script.md (default: MiniGPT, "
                                     "shaped by the flags above).",
                               flag="--model", metavar="PKG.MODULE:FACTORY")
-    init_from: str | None = opt(None, "With --model: start from the weights of a local "
-                                      "Hugging Face save_pretrained directory, each rank "
-                                      "reading only what it holds (a fresh start only: a "
-                                      "resumed run continues from its checkpoint).",
+    init_from: str | None = opt(None, "Start from the weights of a local Hugging Face "
+                                      "save_pretrained directory (--model's class; without "
+                                      "--model a GPT-2 one, MiniGPT in GPT-2's shape), each "
+                                      "rank reading only what it holds (a fresh start only: "
+                                      "a resumed run continues from its checkpoint).",
                                 metavar="DIR")
 
     def __post_init__(self) -> None:
         _check_values(self)
         _positive(self, "n_layer", "n_head", "n_embd", "block_size")
         if self.init_from is not None:
-            _check_init_from(self.init_from, self.factory)
+            _check_init_from(self.init_from, self)
         if self.factory is not None:
             module, _, name = self.factory.partition(":")
             if not all(part.isidentifier() for part in module.split(".")) or \
@@ -114,13 +115,31 @@ class ModelConfig:
             raise UserError(f"`--dropout` must be in [0, 1), got {self.dropout}.")
 
 
-def _check_init_from(path: str, factory: str | None) -> None:
-    """`--init-from` needs `--model` (the directory itself is read, and checked, at a fresh
-    start only: a resumed run or an export never reads it, and may run elsewhere)."""
-    if factory is None:
-        raise UserError(f"`--init-from {path}` loads a Hugging Face model's weights by their "
-                        f"names, and MiniGPT's are not a Hugging Face model's: give the model "
-                        f"class that wrote them with `--model PKG.MODULE:FACTORY`.")
+# MiniGPT's fields that make it GPT-2's architecture, and the flag that sets each
+# (checkpoint/gpt2.py maps its tensors to a GPT-2 checkpoint's)
+GPT2_SHAPE = {"bias": (True, "--bias"), "rope": (False, "--no-rope"),
+              "activation": ("gelu", "--activation gelu"),
+              "tie_embeddings": (True, "--tie-embeddings"),
+              "qk_norm": (False, "--no-qk-norm"), "logit_softcap": (0.0, "--logit-softcap 0")}
+
+
+def refuse_unless_gpt2(model: Any, what: str) -> None:
+    """A UserError naming the flags when MiniGPT's `model` config (ModelConfig or
+    GPTConfig) is not GPT-2's architecture."""
+    off = [flag for field, (want, flag) in GPT2_SHAPE.items()
+           if getattr(model, field) != want]
+    if off:
+        raise UserError(f"{what} needs MiniGPT in GPT-2's architecture, whose tensors a GPT-2 "
+                        f"checkpoint has; this one differs: it needs {' '.join(off)} "
+                        f"(`--preset gpt2-124m` sets them all).")
+
+
+def _check_init_from(path: str, model: ModelConfig) -> None:
+    """`--init-from` with `--model`: that class's names; without, MiniGPT in GPT-2's shape
+    (the directory itself is read, and checked, at a fresh start only: a resumed run or
+    an export never reads it, and may run elsewhere)."""
+    if model.factory is None:
+        refuse_unless_gpt2(model, f"`--init-from {path}` without `--model`")
 
 
 def _divisor_near(n: int, k: int) -> int:

@@ -71,8 +71,7 @@ def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | N
     corpus = splits.corpus_record()  # what the data cursor counts in
     state = ckpt.restore(run, cfg, out_dir, model, opt, precision, corpus, verified)
     if state is None and cfg.model.init_from:  # a fresh start from a Hugging Face model
-        run.load_pretrained(model, cfg.model.init_from)
-        run.print(f"started from the weights of {cfg.model.init_from}")
+        _start_from(run, cfg, model)
     state = state or TrainState()
     state.corpus = corpus
     mark("resume checked")
@@ -318,3 +317,17 @@ def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
     sums = run.all_reduce_sum(torch.cat([total.view(1), counted]))
     per_byte = (sums[0] / sums[2]).item() if token_bytes is not None else None
     return (sums[0] / sums[1]).item(), per_byte
+
+
+def _start_from(run, cfg: Config, model) -> None:
+    """`--init-from DIR`: `--model`'s class by its own names, or MiniGPT from GPT-2's."""
+    where = cast(str, cfg.model.init_from)
+    if cfg.model.factory is not None:
+        run.load_pretrained(model, where)
+    else:
+        from phalanx.checkpoint.gpt2 import load_gpt2
+
+        note = load_gpt2(model, where, cfg.model)
+        if note:
+            run.print(f"phalanx: note: {note}")
+    run.print(f"started from the weights of {where}")
