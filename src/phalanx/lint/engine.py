@@ -25,6 +25,7 @@ from phalanx.lint.syntax import (  # noqa: F401  (re-exported: the rules import 
     last,
     rank_call,
     rank_dependent,
+    subtree,
     whether_distributed,
 )
 
@@ -74,7 +75,7 @@ class Context:
         self.module_prefix_stripped: bool | None = None  # by any linted file (None: unknown)
         self.tree = ast.parse(source, filename=path)
         self.lines = source.splitlines()
-        self.nodes = list(ast.walk(self.tree))  # every node, walked once
+        self.nodes = subtree(self.tree)  # every node, walked once
         self.parents: dict[ast.AST, ast.AST] = {}
         for parent in self.nodes:
             for child in ast.iter_child_nodes(parent):

@@ -44,7 +44,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
+from phalanx.lint.engine import (
+    DISTRIBUTED_MARKERS,
+    Context,
+    dotted,
+    keyword,
+    last,
+    rank_dependent,
+    subtree,
+)
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,
@@ -75,7 +83,7 @@ def facts_of_tree(tree: ast.AST) -> frozenset[str]:
     """The facts a parsed file establishes itself."""
     names: set[str] = set()
     facts: set[str] = set()
-    for node in ast.walk(tree):
+    for node in subtree(tree):
         if isinstance(node, ast.Attribute):
             names.add(node.attr)
         elif isinstance(node, ast.Name):

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from phalanx.lint.syntax import subtree
+
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 UNKNOWN: Any = object()
 Condition = tuple[ast.expr, bool]  # (a test of the parameters, the truth it must have)
@@ -119,7 +121,7 @@ def gate_of(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
     args = func.args
     positional = tuple(a.arg for a in args.posonlyargs + args.args)
     params = set(positional) | {a.arg for a in args.kwonlyargs}
-    params -= {n.id for n in ast.walk(func) if isinstance(n, ast.Name)  # rebound: unknown
+    params -= {n.id for n in subtree(func) if isinstance(n, ast.Name)  # rebound: unknown
                and isinstance(n.ctx, (ast.Store, ast.Del))}
     paths = []
     for call in running:

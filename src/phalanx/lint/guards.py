@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.lint.libraries import process_decorator
-from phalanx.lint.syntax import dotted, last, whether_distributed
+from phalanx.lint.syntax import dotted, last, subtree, whether_distributed
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -179,7 +179,7 @@ def _wrapper_guard(ctx: Context, decorator: ast.FunctionDef | ast.AsyncFunctionD
     params = decorator.args.posonlyargs + decorator.args.args
     if not params:
         return None
-    calls = [c for c in ast.walk(decorator) if isinstance(c, ast.Call)
+    calls = [c for c in subtree(decorator) if isinstance(c, ast.Call)
              and isinstance(c.func, ast.Name) and c.func.id == params[0].arg]
     guards = [next(iter(own_guards(ctx, c)), None) for c in calls]
     return guards[0] if guards and all(guards) else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.syntax import dotted
+from phalanx.lint.syntax import dotted, subtree
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 RUNS_MODEL = {"forward": "forward", "state_dict": "state_dict"}  # p.<method>() → what
@@ -23,11 +23,11 @@ def takers(tree: ast.Module) -> dict[str, tuple[tuple[int, str, str], ...]]:
         if not isinstance(func, FUNCTIONS):
             continue
         params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
-        assigned = {t.id for n in ast.walk(func) if isinstance(n, (ast.Assign, ast.AugAssign,
+        assigned = {t.id for n in subtree(func) if isinstance(n, (ast.Assign, ast.AugAssign,
                                                                     ast.AnnAssign))
                     for t in _targets(n) if isinstance(t, ast.Name)}
         uses: dict[str, str] = {}
-        for call in (n for n in ast.walk(func) if isinstance(n, ast.Call)):
+        for call in (n for n in subtree(func) if isinstance(n, ast.Call)):
             name, what = _called_parameter(call)
             if name in params and name not in assigned:
                 uses.setdefault(name, what)

@@ -44,6 +44,16 @@ def is_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def subtree(node: ast.AST) -> list[ast.AST]:
+    """Every node under `node`, itself first, in `ast.walk`'s order: walked once per node
+    and kept on it (several rules and the call-graph rounds ask for a function's nodes)."""
+    found = getattr(node, "_phalanx_subtree", None)
+    if found is None:
+        found = list(ast.walk(node))
+        node._phalanx_subtree = found  # type: ignore[attr-defined]
+    return found
+
+
 def rank_dependent(test: ast.AST) -> bool:
     """`test` reads a rank: a rank-named name or attribute, `get_rank()` (`rank_call`),
     `"RANK"`."""

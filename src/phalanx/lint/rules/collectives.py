@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.callees import DCP_CALLS, dcp_call, opens_for_all, own_group
-from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.engine import Context, Rule, dotted, keyword, last, subtree
 from phalanx.lint.gates import Gate, gate_of
 from phalanx.lint.guards import Guard
 from phalanx.lint.libraries import (
@@ -137,7 +137,7 @@ def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gat
         seen.add(name)
         if name not in helpers:
             continue
-        running = [c for c in ast.walk(func) if isinstance(c, ast.Call) and _runs(
+        running = [c for c in subtree(func) if isinstance(c, ast.Call) and _runs(
             ctx, c, models, helpers, inside=name, runs=runs, gates=gates) is not None]
         gate = gate_of(ctx, func, running)
         if gate is not None:
@@ -149,7 +149,7 @@ def _kinds(ctx: Context, gates: dict[str, Gate]) -> tuple[dict[str, str], dict[s
     calls = ctx.memo.get("function_calls")
     if calls is None:
         calls = ctx.memo["function_calls"] = {
-            qualified(ctx, n): [c for c in ast.walk(n) if isinstance(c, ast.Call)]
+            qualified(ctx, n): [c for c in subtree(n) if isinstance(c, ast.Call)]
             for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     models, runs = wrapped(ctx), run_receivers(ctx)
     outside = {k: v for k, v in ctx.project.items() if k not in calls}
