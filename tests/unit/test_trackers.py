@@ -60,6 +60,7 @@ def test_a_tracker_that_fails_warns_once_and_the_run_goes_on(offline, monkeypatc
     assert out.count("phalanx: warning: tracker wandb failed to log step 1 (ConnectionError: "
                      "server unreachable); it is dropped for the rest of this run") == 1
     assert calls == [1]  # dropped after the first failure
+    assert wandb.run is None  # and its W&B run ended with the Phalanx run (not left open)
     lines = (offline / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
 

@@ -32,6 +32,7 @@ class Tracking:
                  say: Callable[[str], None]) -> None:
         self.names, self.out_dir, self.say = names, Path(out_dir), say
         self.open: list[Any] | None = None
+        self.dropped: list[Any] = []  # failed: ended at `close`, quietly (said once already)
         self.replayed: set[str] = set()
 
     def log(self, record: dict[str, Any]) -> None:
@@ -53,7 +54,12 @@ class Tracking:
             except Exception as exc:  # noqa: BLE001
                 self.say(f"phalanx: warning: tracker {tracker.name}: could not finish: "
                          f"{first_line(exc)}")
-        self.open = None
+        for tracker in self.dropped:  # e.g. W&B's run, else still the process's `wandb.run`
+            try:
+                tracker.close()
+            except Exception:  # noqa: BLE001, S110 - its failure was said when it was dropped
+                pass
+        self.open, self.dropped = None, []
 
     def _start(self, name: str) -> Any:
         from phalanx.report.mlflow_tracker import MlflowTracker
@@ -77,6 +83,7 @@ class Tracking:
     def _drop(self, tracker: Any, what: str, exc: BaseException) -> None:
         assert self.open is not None
         self.open.remove(tracker)
+        self.dropped.append(tracker)
         self.say(f"phalanx: warning: tracker {tracker.name} {what} ({first_line(exc)}); "
                  f"it is dropped for the rest of this run, which goes on (metrics.jsonl "
                  f"has every figure).")
