@@ -13,7 +13,7 @@ after `--kill-at` (the same steps in every arm). Reported: the per-round ratios 
 live/none and down/none, their medians with a bootstrap 95 % interval, and the goal
 (down/live ≤ 1.10: "step time within 10 % of the live run's").
 
-    python benchmarks/tracker_overhead.py --repeats 5       # the figures in the docs
+    python benchmarks/tracker_overhead.py --repeats 4 --steps 150   # the docs' figures
 
 The `down` arm needs a fresh server each round (an MLflow server with its SQLite
 migrations takes 30-60 s to start here).

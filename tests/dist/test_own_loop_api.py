@@ -102,11 +102,21 @@ def test_an_iterable_dataset_is_batched_and_resumed_from_its_own_state(run, tmp_
 @pytest.mark.parametrize("options, found", [
     ({"shuffle": True}, "`shuffle` order or place a map-style dataset's samples; `Stream` is "
                         "an IterableDataset"),
-    ({"position": 4, "seed": 1}, "`seed`, `position` order or place"),
+    ({"position": 4, "seed": 0}, "`seed`, `position` order or place"),
 ])
 def test_sampler_options_on_an_iterable_dataset_are_refused(run, options, found):
     with pytest.raises(UserError, match=found):
         run.loader(Stream(10), batch_size=2, **options)
+
+
+def test_shuffle_false_on_an_iterable_dataset_is_what_it_does_anyway(run):
+    assert [b.tolist() for b in run.loader(Stream(4), batch_size=2, shuffle=False)] == \
+        [[0, 1], [2, 3]]
+
+
+def test_a_none_from_collate_is_a_batch_not_the_end(run):
+    assert list(run.loader(Stream(4), batch_size=2, collate_fn=lambda items: None)) == \
+        [None, None]
 
 
 @pytest.mark.parametrize("stateful, kwargs, found", [

@@ -17,9 +17,9 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (the `test` extra has it)")
 
 
-def _export(source, out) -> subprocess.CompletedProcess:
+def _export(source, out, *more: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "phalanx", "export", str(source), "--out",
-                           str(out)], capture_output=True, text=True, timeout=120)
+                           str(out), *more], capture_output=True, text=True, timeout=120)
 
 
 def test_a_scripts_transformers_checkpoint_exports_for_from_pretrained(tmp_path):
@@ -46,6 +46,9 @@ def test_a_scripts_transformers_checkpoint_exports_for_from_pretrained(tmp_path)
         torch.testing.assert_close(back(input_ids=x).logits, want, rtol=0, atol=1e-5)
     again = _export(tmp_path / "run", tmp_path / "hf")
     assert again.returncode == 2 and "Pass `--force`" in again.stderr
+    gpt2 = _export(tmp_path / "run", tmp_path / "other", "--format", "gpt2")
+    assert gpt2.returncode == 2 and "holds a transformers model, which is exported as its " \
+        "own from_pretrained directory: leave out `--format`" in gpt2.stderr
 
 
 def test_a_scripts_own_module_is_refused_naming_run_export(tmp_path):

@@ -15,14 +15,14 @@ SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=40, bias=T
              rope=False, activation="gelu", tie_embeddings=True)
 
 
-def _gpt2_dir(tmp_path, **changes):
+def _gpt2_dir(tmp_path, base: bool = False, **changes):
     transformers = pytest.importorskip("transformers", reason="transformers is not "
                                        "installed (the `test` extra has it)")
     torch.manual_seed(1)
     config = transformers.GPT2Config(vocab_size=40, n_positions=8, n_embd=16, n_layer=2,
                                      n_head=2, activation_function="gelu_new", bos_token_id=0,
                                      eos_token_id=0, **changes)
-    model = transformers.GPT2LMHeadModel(config)
+    model = (transformers.GPT2Model if base else transformers.GPT2LMHeadModel)(config)
     model.save_pretrained(tmp_path / "hf")
     return model
 
@@ -40,6 +40,35 @@ def test_a_gpt2_checkpoint_loads_into_minigpt_tensor_for_tensor(tmp_path):
     assert torch.equal(model.wpe.weight, theirs["transformer.wpe.weight"].detach())
     assert model.lm_head.weight is model.wte.weight  # still tied
     assert torch.equal(model.lm_head.weight, theirs["transformer.wte.weight"].detach())
+
+
+def test_names_without_transformer_as_openais_gpt2_files_have_them(tmp_path):
+    from phalanx.checkpoint.gpt2 import load_gpt2
+
+    base = _gpt2_dir(tmp_path, base=True)  # GPT2Model: `h.0.…`, `wte.weight`
+    model = MiniGPT(GPTConfig(**SHAPE))
+    load_gpt2(model, tmp_path / "hf", model.config)
+    assert torch.equal(model.blocks[0].mlp.c_fc.weight, base.h[0].mlp.c_fc.weight.detach().t())
+    assert torch.equal(model.ln_f.bias, base.ln_f.bias.detach())
+
+
+@pytest.mark.parametrize("changes, found", [
+    ({"tie_word_embeddings": False}, "has an output head of its own"),
+    ({"activation_function": "relu"}, "activation_function `relu`; MiniGPT in GPT-2's shape "
+                                      "computes GELU"),
+])
+def test_what_minigpt_cannot_hold_is_refused(tmp_path, changes, found):
+    from phalanx.checkpoint.gpt2 import load_gpt2
+
+    transformers = pytest.importorskip("transformers", reason="transformers is not "
+                                       "installed (the `test` extra has it)")
+    config = transformers.GPT2Config(vocab_size=40, n_positions=8, n_embd=16, n_layer=2,
+                                     n_head=2, bos_token_id=0, eos_token_id=0,
+                                     **{"activation_function": "gelu_new", **changes})
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "hf")
+    model = MiniGPT(GPTConfig(**SHAPE))
+    with pytest.raises(UserError, match=found):
+        load_gpt2(model, tmp_path / "hf", model.config)
 
 
 def test_a_checkpoint_of_another_size_is_refused_in_one_line(tmp_path):

@@ -17,6 +17,14 @@ wandb = pytest.importorskip("wandb", reason="the trackers extra (wandb) is not i
 from wandb_files import history  # noqa: E402 - (tests/: needs wandb)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _service_ended():
+    """W&B's service process ended with this file (else its atexit hook, at the worker's
+    exit, finds the connection gone and prints a traceback)."""
+    yield
+    wandb.teardown()
+
+
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -31,6 +31,8 @@ from phalanx.errors import UserError
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HEAD = "lm_head.weight"
+
+
 def hf_name(name: str) -> str:
     """The GPT-2 checkpoint's name for MiniGPT's tensor `name` (not the tied head)."""
     return "transformer." + (name.replace("blocks.", "h.", 1) if name.startswith("blocks.")
@@ -81,24 +83,24 @@ def export_gpt2(model: nn.Module, folder: Path) -> Path:
 def load_gpt2(model: nn.Module, path: str | Path, config: Any) -> str | None:
     """Fill the set-up MiniGPT `model` from the GPT-2 `save_pretrained` directory `path`,
     each rank reading only the slices it holds (DCP's Hugging Face reader, into views of
-    its own tensors: transposed where GPT-2 stores them so). A collective. Returns a note
-    when the checkpoint's GELU is not MiniGPT's."""
-    import json
-
+    its own tensors: transposed where GPT-2 stores them so). A collective. Names with or
+    without `transformer.` (GPT2LMHeadModel's, or GPT2Model's as OpenAI's `gpt2` files
+    on the hub have them). Returns a note when the checkpoint's GELU is not MiniGPT's."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    from phalanx.checkpoint.pretrained import hf_reader
+
     refuse_unless_gpt2(config, f"`--init-from {path}` without `--model`")
-    where = Path(path)
-    if not where.is_dir() or not any(where.glob("*.safetensors")):
-        raise UserError(f"`{path}` is not a Hugging Face model directory: no *.safetensors "
-                        f"file in it (write one with save_pretrained(DIR)).")
-    reader = dcp.HuggingFaceStorageReader(str(where))
-    stored = reader.read_metadata().state_dict_metadata
-    # (typed as any state-dict value by torch; a module's state dict holds tensors)
+    reader, stored = hf_reader(path)
+    act = _their_head_and_gelu(path, stored)
+    bare = "transformer.wte.weight" not in stored and "wte.weight" in stored
+    # (typed as any state-dict value by torch; a module's state dict holds tensors).
+    # FSDP2's and DDP's state dicts hold the model's own tensors (sharded: its DTensor
+    # parameters), so loading into views of them fills the model in place
     state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
-    views = {hf_name(k): (v.t() if transposed(k) else v) for k, v in state.items()
-             if k != HEAD}
+    views = {hf_name(k).removeprefix("transformer." if bare else ""):
+             (v.t() if transposed(k) else v) for k, v in state.items() if k != HEAD}
     for name, view in views.items():
         size = tuple(getattr(stored.get(name), "size", ()) or ())
         if name not in stored or size != tuple(view.shape):
@@ -107,12 +109,34 @@ def load_gpt2(model: nn.Module, path: str | Path, config: Any) -> str | None:
                             f"{tuple(view.shape)}: set --n-layer, --n-head, --n-embd and "
                             f"--block-size (n_positions) as its config.json says, and a "
                             f"tokenizer of its vocabulary size.")
-    dcp.load(views, storage_reader=reader)  # in place: the views are the model's tensors
+    dcp.load(views, storage_reader=reader)
+    if act in (None, "gelu"):
+        return None
+    return (f"`{path}` was trained with activation_function `{act}` (GELU's tanh "
+            f"approximation); MiniGPT's GELU is the exact one, so its outputs are close to "
+            f"that model's, not equal.")
+
+
+GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")  # exact, or tanh-approximated
+
+
+def _their_head_and_gelu(path: str | Path, stored: dict) -> str | None:
+    """The checkpoint's activation (None: not said); a UserError when its head is not tied
+    to the embedding, or its nonlinearity is no GELU (MiniGPT cannot hold either)."""
+    import json
+
     try:
-        act = json.loads((where / "config.json").read_text()).get("activation_function")
+        config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
-        act = None
-    if act not in (None, "gelu"):
-        return (f"`{path}` was trained with activation_function `{act}`; MiniGPT's GELU "
-                f"is the exact one, so its outputs are close to that model's, not equal.")
-    return None
+        config = {}
+    untied = config.get("tie_word_embeddings") is False or HEAD in stored
+    act = config.get("activation_function")
+    if untied:
+        raise UserError(f"`{path}` has an output head of its own (not tied to the token "
+                        f"embedding); MiniGPT in GPT-2's shape ties them, so that head "
+                        f"would be dropped. Start from a tied GPT-2 checkpoint.")
+    if act is not None and act not in GELUS:
+        raise UserError(f"`{path}` was trained with activation_function `{act}`; MiniGPT "
+                        f"in GPT-2's shape computes GELU. Start from a GPT-2 checkpoint "
+                        f"with GELU.")
+    return act

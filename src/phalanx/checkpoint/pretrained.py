@@ -14,7 +14,7 @@ of another shape, is refused in one line naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -32,12 +32,7 @@ def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
         set_model_state_dict,
     )
 
-    where = Path(path)
-    if not where.is_dir() or not any(where.glob("*.safetensors")):
-        raise UserError(f"`{path}` is not a Hugging Face model directory: no *.safetensors "
-                        f"file in it (write one with save_pretrained(DIR)).")
-    reader = dcp.HuggingFaceStorageReader(str(where))
-    stored = reader.read_metadata().state_dict_metadata
+    reader, stored = hf_reader(path)
     # (typed as any state-dict value by torch; a module's state dict holds tensors)
     state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
     tied = _tied_twins(state, stored)
@@ -56,6 +51,19 @@ def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
     dcp.load(wanted, storage_reader=reader)
     set_model_state_dict(model, dict(wanted), options=StateDictOptions(strict=False))
     return sorted(tied)
+
+
+def hf_reader(path: str | Path) -> tuple[Any, dict]:
+    """DCP's reader of the Hugging Face directory `path`, and its tensors' metadata by
+    name; a UserError when it holds no *.safetensors."""
+    import torch.distributed.checkpoint as dcp
+
+    where = Path(path)
+    if not where.is_dir() or not any(where.glob("*.safetensors")):
+        raise UserError(f"`{path}` is not a Hugging Face model directory: no *.safetensors "
+                        f"file in it (write one with save_pretrained(DIR)).")
+    reader = dcp.HuggingFaceStorageReader(str(where))
+    return reader, reader.read_metadata().state_dict_metadata
 
 
 def _tied_twins(state: dict[str, torch.Tensor], stored: dict) -> set[str]:

@@ -175,6 +175,10 @@ def run_export(ns: argparse.Namespace, argv: list[str]) -> int:
     checkpoint = find_checkpoint(ns.source, lambda message: print(message, flush=True))
     meta = _saved_meta(checkpoint)
     if MODEL_KEY in meta:  # a script's transformers model: a directory from_pretrained reads
+        if ns.format == "gpt2":
+            raise UserError(f"`--format gpt2` writes MiniGPT as GPT-2; checkpoint "
+                            f"`{checkpoint}` holds a transformers model, which is exported "
+                            f"as its own from_pretrained directory: leave out `--format`.")
         return _export_library_model(checkpoint, meta[MODEL_KEY], ns.out, ns.force)
     step, cfg = _saved_config(checkpoint, meta)
     target = _target(_gpt2_out(ns.out, cfg) if ns.format == "gpt2" else ns.out, ns.force)

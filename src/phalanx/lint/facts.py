@@ -44,15 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx.lint.engine import (
-    DISTRIBUTED_MARKERS,
-    Context,
-    dotted,
-    keyword,
-    last,
-    rank_dependent,
-    subtree,
-)
+from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
+from phalanx.lint.syntax import subtree
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,

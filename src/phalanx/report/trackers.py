@@ -59,7 +59,7 @@ class Tracking:
                 tracker.close()
             except Exception:  # noqa: BLE001, S110 - its failure was said when it was dropped
                 pass
-        self.open, self.dropped = None, []
+        self.open, self.dropped, self.replayed = None, [], set()
 
     def _start(self, name: str) -> Any:
         from phalanx.report.mlflow_tracker import MlflowTracker

@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 
 from phalanx.cluster.lifecycle import StopSignals
 from phalanx.cluster.protocol import record_for_agent
-from phalanx.data.stream_loader import loader_for
+from phalanx.data.loader import DeviceLoader
+from phalanx.data.stream_loader import StreamLoader, loader_for
 from phalanx.errors import UserError
 from phalanx.hang.watchdog import start_watchdog
 from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
@@ -140,7 +141,7 @@ class Run(StepMethods, CheckpointMethods):
 
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool | None = None,
                seed: int | None = None, stream: bool = False, position: int = 0,
-               even: bool = True, **dataloader_kwargs: Any) -> Any:
+               even: bool = True, **dataloader_kwargs: Any) -> DeviceLoader | StreamLoader:
         """This rank's share of `dataset` (split by data-parallel rank), batches on
         `run.device` (see ShardedBatchSampler). `position`: the global samples already
         consumed, honoured in both modes (epoch mode: the epoch `position // len` from
