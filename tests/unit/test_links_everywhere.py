@@ -173,6 +173,7 @@ REVIEWED = {  # (file, function): why it cannot write through a link planted by 
     ("plan/measure.py", "worker"): "its result path is in measure_locally's private folder",
     ("checkpoint/export.py", "_save_plain"): "export's private mkdtemp folder",
     ("checkpoint/export.py", "export_weights"): "into paths.replacing's private folder",
+    ("checkpoint/gpt2.py", "export_gpt2"): "into paths.replacing's private folder",
     ("bench/runner.py", "breakdown"): "into paths.replacing's private folder",
     ("runtime/profiling.py", "write"): "a private TemporaryDirectory (then atomic_write)",
     ("report/plots.py", "_plot"): "into an io.BytesIO (then paths.atomic_write)",
