@@ -107,6 +107,9 @@ def main(out: Path, corpus: str, small_corpus: str, cache: str) -> None:
         unused_parameter(run, out)
         value = run.all_reduce_mean(float(run.rank + 1))
         (out / f"mean-rank{run.rank}.txt").write_text(repr(value))
+        agreed = [run.agree(run.rank + 1, op) for op in ("max", "min", "sum")]
+        agreed.append(run.agree(torch.tensor(run.rank == 0), "min"))
+        (out / f"agree-rank{run.rank}.txt").write_text(repr(agreed))
         two_rank_scenarios(run, prepare(small_corpus, cache, 0.1), out)
         guard_scenarios(run, out)
         log_scenario(run, out)

@@ -132,6 +132,12 @@ def test_all_reduce_mean(results):
         assert float((results / f"mean-rank{rank}.txt").read_text()) == 1.5
 
 
+def test_agree_gives_every_rank_the_same_reduced_number(results):
+    """max/min/sum of rank + 1 over 2 ranks, and a bool tensor true on rank 0 only."""
+    for rank in (0, 1):
+        assert (results / f"agree-rank{rank}.txt").read_text() == repr([2.0, 1.0, 3.0, 0.0])
+
+
 def test_run_log_reduces_over_ranks_and_rank_0_writes(results):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -27,6 +27,9 @@ def test_init_in_a_plain_process(run):
     assert run.strategy.name == "single" and run.is_main
     assert run.all_reduce_mean(2.5) == 2.5
     assert torch.equal(run.all_reduce_sum(torch.ones(3)), torch.ones(3))
+    assert run.agree(True, "min") == 1.0 and run.agree(torch.tensor(4), "sum") == 4.0
+    with pytest.raises(ValueError, match="max, min, sum"):
+        run.agree(1, "mean")
 
 
 def test_close_destroys_the_process_group():

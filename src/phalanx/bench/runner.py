@@ -37,9 +37,7 @@ def timed(run, step, n: int) -> float:
             step()
         _sync(run)
         took = (time.perf_counter() - t0) / n
-    per_step = torch.tensor(took, dtype=torch.float64, device=run.device)
-    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
-    return per_step.item()
+    return run.agree(took, "max")
 
 
 class Stopped(Exception):

@@ -17,7 +17,7 @@ RUN_COLLECTIVES = {
     "full_state_dict": "gathers the whole model's weights",
     "export": "gathers the weights, then broadcasts rank 0's outcome",
     "all_reduce": "an all-reduce", "all_reduce_mean": "an all-reduce",
-    "all_reduce_sum": "an all-reduce", "barrier": "a barrier",
+    "all_reduce_sum": "an all-reduce", "agree": "an all-reduce", "barrier": "a barrier",
     "log": "all-reduces the metrics", "broadcast": "a broadcast",
     "gather_objects": "an all-gather", "check_consistency": "compares every rank's replica",
     "stop_requested": "all-reduces the stop flag", "close": "a barrier, then destroys the group",

@@ -157,10 +157,8 @@ class Run(StepMethods, CheckpointMethods):
                              "position": position}, **dataloader_kwargs)
 
     def _all_have(self, have: bool) -> bool:
-        """Whether every rank has a batch (one all-reduce of one number)."""
-        t = torch.tensor([1 if have else 0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
+        """Whether every rank has a batch."""
+        return bool(self.agree(have, "min"))
 
     def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
         """Gradient accumulation over `steps` micro-steps, syncing only on the last; each
@@ -184,6 +182,19 @@ class Run(StepMethods, CheckpointMethods):
         if op == "mean":
             t = t / self.world_size
         return t if is_tensor else t.item()
+
+    def agree(self, value: float | bool | torch.Tensor, op: str = "max") -> float:
+        """One number every rank agrees on: `value` (a number or a one-element tensor)
+        reduced over the ranks by "max", "min" or "sum" in one small all-reduce — none at
+        world size 1 — and read on the host. A collective: every rank calls it at the same
+        point."""
+        ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
+        if op not in ops:
+            raise ValueError(f"op must be one of {', '.join(ops)}, got {op!r}")
+        t = torch.as_tensor(value).detach().to(self.device, torch.float64).reshape(1)
+        if self.world_size > 1:
+            dist.all_reduce(t, op=ops[op])
+        return t.item()
 
     def all_reduce_mean(self, value: float | torch.Tensor):
         return self.all_reduce(value, "mean")
@@ -316,9 +327,7 @@ class Run(StepMethods, CheckpointMethods):
         the same point of every step on every rank, then save and leave the loop."""
         if self._stop is None:
             return 0
-        flag = torch.tensor([self._stop.requested], dtype=torch.int64, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+        return int(self.agree(self._stop.requested, "max"))
 
     def say_once(self, text: str | None) -> None:
         """Print `text` on rank 0 the first time this Run is given it: a note such as a

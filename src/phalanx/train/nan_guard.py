@@ -101,12 +101,7 @@ def parameters_finite(run, model) -> bool:
     """Every rank's parameters (its shards, under FSDP) are finite — one all-reduce,
     one host sync."""
     local = [torch.isfinite(local_tensor(p)).all() for p in model.parameters()]
-    flag = (~torch.stack(local).all()).float().reshape(1).to(run.device)
-    if run.world_size > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return not bool(flag.item())
+    return not run.agree(~torch.stack(local).all(), "max")
 
 
 def first_non_finite(model) -> str | None:
