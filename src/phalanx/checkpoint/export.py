@@ -48,13 +48,19 @@ def export_weights(model: nn.Module, out_dir: Path, extra: dict[str, Any] | None
     else:
         state = _own_copies(model.state_dict())
         config = {"model_type": "phalanx-factory", **record}
-    path = Path(out_dir) / filename
-    # written beside and renamed into place: a link at either name is replaced, never
-    # written through; safetensors creates its file 0600, `replacing` gives it the umask's
+    return write_weights(Path(out_dir), filename, state,
+                         {**config, "tokenizer": "bytes", **(extra or {})})
+
+
+def write_weights(folder: Path, filename: str, state: dict[str, torch.Tensor],
+                  config: dict[str, Any]) -> Path:
+    """`folder/filename` (safetensors) and `folder/config.json`; the weights' path. Each
+    written beside and renamed into place: a link at either name is replaced, never
+    written through; safetensors creates its file 0600, `replacing` gives it the umask's."""
+    path = folder / filename
     with replacing(path) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
-    config = {**config, "tokenizer": "bytes", **(extra or {})}
-    atomic_write(Path(out_dir) / "config.json", json.dumps(config, indent=2))
+    atomic_write(folder / "config.json", json.dumps(config, indent=2))
     return path
 
 

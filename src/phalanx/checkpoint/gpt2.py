@@ -50,10 +50,10 @@ def gpt2_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             for k, v in state.items() if k != HEAD}
 
 
-def gpt2_config(config: Any, vocab_size: int) -> dict[str, Any]:
+def gpt2_config(config: Any) -> dict[str, Any]:
     """config.json for transformers' GPT2LMHeadModel with MiniGPT's shape."""
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-            "vocab_size": vocab_size, "n_positions": config.block_size,
+            "vocab_size": config.vocab_size, "n_positions": config.block_size,
             "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head,
             "n_inner": None, "activation_function": "gelu", "layer_norm_epsilon": 1e-5,
             "resid_pdrop": config.dropout, "embd_pdrop": config.dropout,
@@ -64,20 +64,12 @@ def gpt2_config(config: Any, vocab_size: int) -> dict[str, Any]:
 def export_gpt2(model: nn.Module, folder: Path) -> Path:
     """`folder/model.safetensors` and `folder/config.json` as transformers'
     `GPT2LMHeadModel.save_pretrained` writes them (MiniGPT in GPT-2's shape); the path."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from phalanx.paths import atomic_write, replacing
+    from phalanx.checkpoint.export import write_weights
 
     config: Any = model.config
     refuse_unless_gpt2(config, "`phalanx export --format gpt2`")
-    path = folder / "model.safetensors"
-    with replacing(path) as tmp:  # a link at either name is replaced, never written through
-        save_file(gpt2_state(model.state_dict()), str(tmp), metadata={"format": "pt"})
-    atomic_write(folder / "config.json",
-                 json.dumps(gpt2_config(config, config.vocab_size), indent=2))
-    return path
+    return write_weights(folder, "model.safetensors", gpt2_state(model.state_dict()),
+                         gpt2_config(config))
 
 
 def load_gpt2(model: nn.Module, path: str | Path, config: Any) -> str | None:
@@ -89,7 +81,7 @@ def load_gpt2(model: nn.Module, path: str | Path, config: Any) -> str | None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from phalanx.checkpoint.pretrained import hf_reader
+    from phalanx.checkpoint.pretrained import hf_reader, mismatched
 
     refuse_unless_gpt2(config, f"`--init-from {path}` without `--model`")
     reader, stored = hf_reader(path)
@@ -101,14 +93,14 @@ def load_gpt2(model: nn.Module, path: str | Path, config: Any) -> str | None:
     state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
     views = {hf_name(k).removeprefix("transformer." if bare else ""):
              (v.t() if transposed(k) else v) for k, v in state.items() if k != HEAD}
-    for name, view in views.items():
-        size = tuple(getattr(stored.get(name), "size", ()) or ())
-        if name not in stored or size != tuple(view.shape):
-            found = f"is {size}" if name in stored else "is missing"
-            raise UserError(f"`{path}`'s `{name}` {found}; this MiniGPT's is "
-                            f"{tuple(view.shape)}: set --n-layer, --n-head, --n-embd and "
-                            f"--block-size (n_positions) as its config.json says, and a "
-                            f"tokenizer of its vocabulary size.")
+    bad = mismatched(views, stored)
+    if bad:
+        name, size = bad
+        found = f"is {size}" if size is not None else "is missing"
+        raise UserError(f"`{path}`'s `{name}` {found}; this MiniGPT's is "
+                        f"{tuple(views[name].shape)}: set --n-layer, --n-head, --n-embd and "
+                        f"--block-size (n_positions) as its config.json says, and a "
+                        f"tokenizer of its vocabulary size.")
     dcp.load(views, storage_reader=reader)
     if act in (None, "gelu"):
         return None

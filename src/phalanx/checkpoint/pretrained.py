@@ -43,11 +43,11 @@ def load_pretrained(model: nn.Module, path: str | Path) -> list[str]:
                         + f": its names are e.g. {', '.join(sorted(stored)[:3])}. Build the "
                         f"model class and configuration that wrote it.")
     wanted = {k: v for k, v in state.items() if k not in tied}
-    for name, value in wanted.items():
-        size = tuple(getattr(stored[name], "size", ()))
-        if size != tuple(value.shape):
-            raise UserError(f"`{path}`'s `{name}` is {size}, the model's is "
-                            f"{tuple(value.shape)}: another configuration wrote it.")
+    bad = mismatched(wanted, stored)
+    if bad:
+        name, size = bad
+        raise UserError(f"`{path}`'s `{name}` is {size}, the model's is "
+                        f"{tuple(wanted[name].shape)}: another configuration wrote it.")
     dcp.load(wanted, storage_reader=reader)
     set_model_state_dict(model, dict(wanted), options=StateDictOptions(strict=False))
     return sorted(tied)
@@ -64,6 +64,18 @@ def hf_reader(path: str | Path) -> tuple[Any, dict]:
                         f"file in it (write one with save_pretrained(DIR)).")
     reader = dcp.HuggingFaceStorageReader(str(where))
     return reader, reader.read_metadata().state_dict_metadata
+
+
+def mismatched(wanted: dict[str, torch.Tensor], stored: dict) -> tuple[str, Any] | None:
+    """The first of `wanted`'s names the files lack (with None) or hold at another size
+    (with that size); None when all match."""
+    for name, value in wanted.items():
+        if name not in stored:
+            return name, None
+        size = tuple(getattr(stored[name], "size", ()) or ())
+        if size != tuple(value.shape):
+            return name, size
+    return None
 
 
 def _tied_twins(state: dict[str, torch.Tensor], stored: dict) -> set[str]:
