@@ -48,17 +48,16 @@ class Tracking:
                 self._drop(tracker, f"failed to log step {record.get('step')}", exc)
 
     def close(self) -> None:
-        for tracker in self.open or []:
+        # a dropped one too (e.g. W&B's run, else still the process's `wandb.run`),
+        # quietly: its failure was said when it was dropped
+        ending = [(t, True) for t in self.open or []] + [(t, False) for t in self.dropped]
+        for tracker, say in ending:
             try:
                 tracker.close()
             except Exception as exc:  # noqa: BLE001
-                self.say(f"phalanx: warning: tracker {tracker.name}: could not finish: "
-                         f"{first_line(exc)}")
-        for tracker in self.dropped:  # e.g. W&B's run, else still the process's `wandb.run`
-            try:
-                tracker.close()
-            except Exception:  # noqa: BLE001, S110 - its failure was said when it was dropped
-                pass
+                if say:
+                    self.say(f"phalanx: warning: tracker {tracker.name}: could not finish: "
+                             f"{first_line(exc)}")
         self.open, self.dropped, self.replayed = None, [], set()
 
     def _start(self, name: str) -> Any:
