@@ -1,5 +1,6 @@
 """`phalanx train --profile-steps 5-7` on 2 ranks: each rank's trace, the summary of both,
-the run report's breakdown, and the `wrote:` line."""
+the run report's breakdown, and the `wrote:` line; the same training logs to W&B offline
+(`--tracker wandb`, when the trackers extra is installed): one training for both."""
 
 from __future__ import annotations
 
