@@ -73,10 +73,16 @@ def test_mesh_dimensions_and_their_text():
     assert hsdp.describe() == "dp_replicate 2 × dp_shard 4" and Layout().describe() == "1 rank"
 
 
-def test_plan_refuses_layout_flags_it_does_not_model(capsys):
-    assert cli.main(["plan", "--dp-replicate", "2", "--world-size", "4"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "HSDP layouts are not planned yet" in err[0], err
+def test_plan_checks_layout_flags_as_train_does(capsys):
+    """`phalanx plan` takes the layout flags (an HSDP row, tests/unit/test_plan_hsdp.py),
+    refusing in one line what `phalanx train` refuses."""
+    for argv, said in ((["--dp-replicate", "3", "--world-size", "4"], "does not divide 4"),
+                       (["--tp", "2", "--world-size", "4"], "tensor and pipeline"),
+                       (["--strategy", "ddp", "--dp-shard", "2", "--world-size", "4"],
+                        "`--strategy ddp` with `--dp-shard 2`")):
+        assert cli.main(["plan", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (argv, err)
 
 
 def test_a_shard_group_across_machines_is_said_with_the_layout_that_keeps_it_inside():

@@ -11,7 +11,7 @@ import json
 import sys
 
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
-from phalanx.config.layout import given, requested, said
+from phalanx.config.layout import DIMS, given, requested
 from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
 from phalanx.plan.model_states import parse_count
@@ -76,11 +76,6 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
-    if given(requested(cfg.dist)):
-        raise UserError(f"`{said(requested(cfg.dist))}`: `phalanx plan` models one "
-                        f"data-parallel dimension (ddp, zero and fsdp over the whole world); "
-                        f"HSDP layouts are not planned yet. Plan without the layout flags "
-                        f"(its fsdp rows are HSDP's memory with --dp-shard ranks).")
     if ns.model_states and (ns.measure or ns.simulate):
         raise UserError("`--model-states` prints the model states' arithmetic only; "
                         "`--measure` and `--simulate` check the full plan: leave out "
@@ -92,6 +87,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
+    extra = layout_rows(cfg, W)
     if ns.simulate:
         check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
@@ -112,14 +108,19 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
                     checkpointed=cfg.model.activation_checkpointing)
     if ns.model_states:
         return print_model_states(ns, cfg, W, user)
-    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, user)
+    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, user, extra)
     if ns.measure:
         from phalanx.plan.compare import measure_locally
 
         if cfg.model.factory:
             check_trainable(cfg)
 
-        result["measured"] = measure_locally(cfg, W, ns.measure_steps, result["rows"])
+        result["measured"] = measure_locally(cfg, W, ns.measure_steps, result["rows"],
+                                             extra)
+    if ns.simulate and extra:
+        result["simulate_note"] = (f"`--simulate` runs the 1-D rows; {extra[0].label} is "
+                                   f"not simulated yet (`--measure` checks it on the local "
+                                   f"ranks).")
     if ns.json:
         if ns.simulate:  # stored in the result, printed with it
             run_simulate(ns, cfg, W, result)
@@ -131,7 +132,26 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
         print_measured(result)
     if ns.simulate:
         run_simulate(ns, cfg, W, result)
+        if result.get("simulate_note"):
+            print(f"note: {result['simulate_note']}")
     return 0
+
+
+def layout_rows(cfg, W: int) -> tuple:
+    """The HSDP row for `--dp-replicate R --dp-shard S` (checked as `phalanx train` checks
+    them, for W ranks); none without layout flags or for a layout that is a 1-D row (fsdp
+    or ddp over the world). The config is left without them: the other rows are the
+    strategies over the whole world."""
+    from phalanx.config.strategy import choose
+    from phalanx.plan.estimate import hsdp
+
+    if not given(requested(cfg.dist)):
+        return ()
+    layout = choose(cfg.dist, W, cfg.train.grad_accum).layout
+    for dim in DIMS:
+        setattr(cfg.dist, dim, None)
+    cfg.dist.strategy = None
+    return (hsdp(layout.dp_replicate, layout.dp_shard),) if layout.hybrid else ()
 
 
 def print_model_states(ns: argparse.Namespace, cfg, W: int, user) -> int:

@@ -15,19 +15,22 @@ import tempfile
 from pathlib import Path
 
 from phalanx.launch.agent import launch_workers, threads_per_rank
-from phalanx.plan.estimate import VARIANTS
+from phalanx.plan.estimate import VARIANTS, Variant
 
 COMPARED = {"parameters": ("parameters",), "gradients": ("gradients",),
             "optimizer": ("optimizer",), "activations": ("activations", "communication"),
             "peak": ("peak",)}
 
 
-def measure_locally(cfg, W: int, steps: int, rows: list[dict]) -> dict:
-    """{variant: {component: {"predicted", "measured", "ratio"}, "step_s": …}}."""
+def measure_locally(cfg, W: int, steps: int, rows: list[dict],
+                    extra: tuple[Variant, ...] = ()) -> dict:
+    """{variant: {component: {"predicted", "measured", "ratio"}, "step_s": …}}; `extra`:
+    variants beside the 1-D ones (an HSDP layout), each measured on its own mesh."""
 
     with tempfile.TemporaryDirectory(prefix="phalanx-plan-") as tmp:
         spec = {"config": cfg.to_dict(), "steps": steps,
-                "variants": [[v.label, v.strategy, v.reshard] for v in VARIANTS],
+                "variants": [[v.label, v.strategy, v.reshard, v.layout]
+                             for v in VARIANTS + tuple(extra)],
                 "result": os.path.join(tmp, "measured.json")}
         path = Path(tmp) / "spec.json"
         path.write_text(json.dumps(spec))

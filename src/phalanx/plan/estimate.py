@@ -133,9 +133,21 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
 
 @dataclass(frozen=True)
 class Variant:
-    label: str  # ddp, zero, fsdp, fsdp (no reshard)
+    label: str  # ddp, zero, fsdp, fsdp (no reshard), hsdp (R × S)
     strategy: str
     reshard: bool = True
+    replicate: int = 1  # HSDP's dp_replicate: fsdp shards over W / replicate ranks
+
+    def shard_ranks(self, W: int) -> int:
+        """The ranks one parameter is split across (a replica group's, under HSDP)."""
+        return W // self.replicate
+
+    @property
+    def layout(self) -> dict[str, int] | None:
+        """The mesh the measurement runs it on (`--dp-replicate R --dp-shard -1`); None:
+        the strategy over the whole world."""
+        return {"dp_replicate": self.replicate, "dp_shard": -1} if self.replicate > 1 \
+            else None
 
     @property
     def shards(self) -> frozenset[str]:
@@ -153,6 +165,13 @@ VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsd
             Variant("fsdp (no reshard)", "fsdp", reshard=False))
 
 
+def hsdp(replicate: int, shard: int) -> Variant:
+    """FSDP2 on a (dp_replicate, dp_shard) mesh: each replica group shards the model over
+    `shard` ranks (memory: fsdp's at that width); the groups all-reduce the gradient
+    shards."""
+    return Variant(f"hsdp ({replicate} × {shard})", "fsdp", replicate=replicate)
+
+
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             s: int = f.FP32) -> dict[str, dict[str, int]]:
     """{moment: {component: bytes}} for the step's candidate peaks (see the module doc):
@@ -163,6 +182,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     P = f.param_bytes(facts.param_shapes, s=s)
     L = facts.n_blocks
     sharded = variant.sharded
+    W = variant.shard_ranks(W)  # (HSDP: a replica group holds what fsdp over W would)
     shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
     block = f.gathered_bytes(facts.block_shapes, W, s=facts.gathered)  # (padded)
     block_shard = f.param_bytes(facts.block_shapes, W, sharded=True, s=s)

@@ -22,14 +22,17 @@ CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients"
               "OTH": "buffers"}
 
 
-def join(cfg, strategy: str, reshard: bool = True):
+def join(cfg, strategy: str, reshard: bool = True, layout: dict | None = None):
     """`phalanx.init` for `strategy` with the config's options (chosen as the trainer
-    chooses, for the world this process joins); the process group made by the first call
+    chooses, for the world this process joins), over the whole world or on the `layout`
+    mesh ({"dp_replicate": R, "dp_shard": -1}); the process group made by the first call
     is reused by the next (a strategy is set up on the same ranks)."""
     import phalanx
 
     cfg.dist.strategy = strategy
     cfg.dist.fsdp_reshard_after_forward = reshard
+    for dim, size in (layout or {}).items():
+        setattr(cfg.dist, dim, size)
     return phalanx.init(cfg.train.seed, backend=cfg.dist.backend,
                         strategy=choose_here(cfg.dist, cfg.train.grad_accum))
 
@@ -124,9 +127,9 @@ def worker(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     results, first = {}, None
-    for label, strategy, reshard in spec["variants"]:
+    for label, strategy, reshard, layout in spec["variants"]:
         cfg = from_dict(spec["config"])
-        run = join(cfg, strategy, reshard)
+        run = join(cfg, strategy, reshard, layout)
         first = first or run
         mine = {**measure(run, cfg, spec["steps"]), "rank": run.rank}
         results[label] = max(run.gather_objects(mine), key=lambda r: r["peak"])

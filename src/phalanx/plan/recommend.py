@@ -53,15 +53,16 @@ def parameter_count(cfg) -> int:
 
 
 def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
-         busbw: float | None, user=None) -> dict:
+         busbw: float | None, user=None, extra: tuple[estimate.Variant, ...] = ()) -> dict:
     """Every variant's memory at its peak, whether it fits, its largest micro-batch and
     step time; and a recommendation. `user`: a `plan.user_model.UserModel` (`--model`),
-    traced at the planned micro-batch and precision; else MiniGPT's formulas."""
+    traced at the planned micro-batch and precision; else MiniGPT's formulas. `extra`:
+    variants planned beside the 1-D ones (the HSDP layout asked for)."""
     checkpointed = cfg.model.activation_checkpointing
     B = cfg.train.micro_batch_size
     budget = dev.usable if dev.peak_flops else dev.usable // W  # CPU ranks share the RAM
     rows = []
-    for v in estimate.VARIANTS:
+    for v in estimate.VARIANTS + tuple(extra):
         facts_of = _facts_of(cfg, v, user)
         facts = facts_of(B)
         mem = estimate.peak(facts, v, W, checkpointed)
@@ -109,13 +110,17 @@ def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
     FSDP moves its parameters and gradients in their mixed-precision dtypes (bf16/fp16
     gathers, the reduce dtype's gradients), dim 0 padded to a multiple of W
     (`formulas.gathered_bytes`); ddp/zero move fp32 (autocast keeps them)."""
-    shapes = facts.param_shapes
+    shapes, R, W = facts.param_shapes, v.replicate, v.shard_ranks(W)
     P = f.gathered_bytes(shapes, W, facts.gathered) if v.sharded else f.param_bytes(shapes)
     G = f.gathered_bytes(shapes, W, facts.reduced) if v.sharded else f.param_bytes(shapes)
     hidden = [p for p, c in zip(shapes, facts.copies()) if c == f.MUON_COPIES]
-    return timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
-                                muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
-                                else f.param_bytes(hidden))
+    passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
+                                  muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
+                                  else f.param_bytes(hidden))
+    if R > 1:  # HSDP: the replica groups all-reduce each rank's gradient shard, once per
+        # optimizer step (FSDP skips gradient sync in the micro-steps before the last)
+        passes["backward"] += f.ring_all_reduce_bytes(G // W, R)
+    return passes
 
 
 def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) -> dict:

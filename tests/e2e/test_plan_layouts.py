@@ -1,0 +1,25 @@
+"""`phalanx plan --measure` with an HSDP layout on 4 gloo ranks (issue 44): the hsdp row
+runs on its own (dp_replicate 2, dp_shard 2) mesh and its predicted memory holds against
+torch's memory tracker, as the 1-D rows' do (bands: plan.compare)."""
+
+from __future__ import annotations
+
+import json
+
+from test_plan import SHAPE, plan
+
+
+def test_measure_checks_the_hsdp_row_on_its_mesh():
+    done = plan(*SHAPE, "--world-size", "4", "--dp-replicate", "2", "--dp-shard", "2",
+                "--measure", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads(done.stdout)["measured"]
+    assert set(measured) == {"ddp", "zero", "fsdp", "fsdp (no reshard)", "hsdp (2 × 2)"}
+    for name, m in measured.items():
+        assert 0.9 <= m["peak"]["ratio"] <= 1.1, (name, m["peak"])
+        for part in ("parameters", "gradients", "optimizer", "activations"):
+            assert m[part]["within"], (name, part, m[part])
+    # sharded over the 2 ranks of a replica group, not the 4 of the world
+    hsdp, fsdp = measured["hsdp (2 × 2)"], measured["fsdp"]
+    ratio = hsdp["optimizer"]["measured"] / fsdp["optimizer"]["measured"]
+    assert 1.9 < ratio < 2.1, ratio

@@ -1,0 +1,54 @@
+"""`phalanx plan --dp-replicate R --dp-shard S` (issue 44, plan for every built layout):
+an HSDP row beside the 1-D ones. Its memory is fsdp's over S ranks (a replica group holds
+what fsdp over S would: FSDP2's all-reduce of the gradient shards runs in place); its
+communication is fsdp's over S plus a ring all-reduce of each rank's gradient shard over
+the R groups, once per optimizer step. `--measure` checks it on 4 gloo ranks
+(tests/e2e/test_plan_layouts.py)."""
+
+from __future__ import annotations
+
+import json
+
+from phalanx import cli
+from phalanx.config.flags import resolve
+from phalanx.plan import estimate
+from phalanx.plan import formulas as f
+from phalanx.plan.recommend import comm_passes, facts_for
+
+
+def config(*argv: str):
+    ns = cli.build_parser().parse_args(["plan", "--n-layer", "2", "--n-embd", "64",
+                                    "--n-head", "2", "--block-size", "64", *argv])
+    return resolve(ns)
+
+
+def test_hsdp_holds_what_fsdp_over_its_shard_group_holds():
+    cfg = config()
+    v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
+    facts = facts_for(cfg, variant=v)
+    assert estimate.peak(facts, v, 8, False) == estimate.peak(facts, fsdp, 4, False)
+    assert estimate.peak(facts, v, 8, False)["peak"] > estimate.peak(facts, fsdp, 8,
+                                                                     False)["peak"]
+
+
+def test_hsdp_sends_fsdps_bytes_over_its_group_and_all_reduces_the_shards():
+    cfg = config("--grad-accum", "3")
+    v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
+    facts = facts_for(cfg, variant=v)
+    inside = comm_passes(cfg, facts, fsdp, 4)
+    shard = f.gathered_bytes(facts.param_shapes, 4, facts.reduced) // 4
+    assert comm_passes(cfg, facts, v, 8) == {
+        **inside, "backward": inside["backward"] + 2 * (2 - 1) / 2 * shard}
+
+
+def test_the_plan_shows_the_layouts_row_and_plans_the_rest_over_the_world(capsys):
+    argv = ["plan", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size",
+            "64", "--world-size", "8", "--gpu", "h100", "--json"]
+    assert cli.main([*argv, "--dp-replicate", "2", "--dp-shard", "-1"]) == 0
+    rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert list(rows) == ["ddp", "zero", "fsdp", "fsdp (no reshard)", "hsdp (2 × 4)"]
+    assert rows["fsdp"]["peak"] < rows["hsdp (2 × 4)"]["peak"] < rows["ddp"]["peak"]
+    assert rows["hsdp (2 × 4)"]["time"]["comm_bytes"] > 0
+    assert cli.main([*argv, "--dp-shard", "-1"]) == 0  # fsdp over the world: its row
+    rows = [r["strategy"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    assert rows == ["ddp", "zero", "fsdp", "fsdp (no reshard)"]
