@@ -1,6 +1,6 @@
 """The chaos run, short (issue 25, item 2; the long one: `python benchmarks/chaos.py`):
-ranks, ranks mid-checkpoint-write and the launcher itself are SIGKILLed every 60-120 steps
-while `phalanx train --max-restarts 1000` runs; the run finishes, prints no
+ranks, ranks mid-checkpoint-write and the launcher itself are SIGKILLed every 40-80 steps
+(CI's sample; 60-120 on demand) while `phalanx train --max-restarts 1000` runs; the run finishes, prints no
 traceback, each restart is one console line, and the weights are bit-identical to an
 uninterrupted run's."""
 
