@@ -15,9 +15,10 @@ import torch.distributed as dist
 import phalanx.models as models
 from phalanx.config.sections import build_config
 from phalanx.errors import UserError
+from phalanx.plan import formulas as f
 from phalanx.plan.devices import device
-from phalanx.plan.estimate import VARIANTS
-from phalanx.plan.recommend import plan
+from phalanx.plan.estimate import VARIANTS, hsdp
+from phalanx.plan.recommend import facts_for, plan
 from phalanx.plan.simulate import add_simulate_arguments, run_simulate, simulate
 from phalanx.plan.simulate_report import NAMES, compare_all
 
@@ -61,16 +62,21 @@ FLAGS = ["--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "6
          "--micro-batch-size", "4"]  # SHAPE, as the CLI takes it
 
 
-@pytest.mark.parametrize("W", [64, 1024])
-def test_simulation_agrees_with_the_formulas(W, capsys):
+@pytest.mark.parametrize("W,layout", [(64, ()), (1024, ()),
+                                      (64, ("--dp-replicate", "2", "--dp-shard", "32"))],
+                         ids=["64", "1024", "64-hsdp"])
+def test_simulation_agrees_with_the_formulas(W, layout, capsys):
     """`phalanx plan … --world-size W --simulate --json`: every variant simulated, each
     component and the communication within 10 % of the formulas, and no line of
-    difference (`why` empty) — at 1,024 ranks as at 64."""
+    difference (`why` empty) — at 1,024 ranks as at 64; with an HSDP layout, its row
+    too."""
     from phalanx.cli.dispatch import main
 
-    assert main(["plan", *FLAGS, "--world-size", str(W), "--simulate", "--json"]) == 0
+    assert main(["plan", *FLAGS, "--world-size", str(W), *layout, "--simulate",
+                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["simulated"]
-    assert set(result["variants"]) == {v.label for v in VARIANTS}, result
+    hsdp_row = {"hsdp (2 × 32)"} if layout else set()
+    assert set(result["variants"]) == {v.label for v in VARIANTS} | hsdp_row, result
     for label, v in result["variants"].items():
         assert "components" in v, (label, v)  # neither failed nor skipped
         off = {n: c for n, c in v["components"].items() if not c["within"]}
@@ -81,6 +87,27 @@ def test_simulation_agrees_with_the_formulas(W, capsys):
         assert abs(ck["simulated"] / ck["even_share"] - 1) < 0.05, ck
     else:  # FSDP pads 64-row tensors to 1,024 rows, and the plan counts them padded
         assert _gathered(small(), W) > 2 * _gathered(small(), 1)  # (more than doubled)
+
+
+def test_hsdp_at_1024_ranks_agrees_with_the_formulas():
+    """One rank of 8 replica groups of 128 (issue 44): memory as fsdp over 128 ranks, the
+    communication fsdp's over the group plus the gradient shards' all-reduce across the 8
+    groups (recorded by the simulation, sized by the formulas) — no line of difference."""
+    v = hsdp(8, 128)
+    cfg = small()
+    result = plan(cfg, 1024, device(None), 0.4, None, None, extra=(v,))
+    rows = {r["strategy"]: r for r in result["rows"]}
+    found = compare_all(cfg, simulate(cfg, 1024, variants=(v,), predicted=rows), rows)
+    got = found["variants"][v.label]
+    assert "components" in got, got
+    off = {n: c for n, c in got["components"].items() if not c["within"]}
+    assert not off and got["comm"]["within"] and got["why"] == [], (off, got["comm"])
+    # the replica groups' all-reduce alone (a small part of the whole): its bytes as the
+    # formula sizes it, 2·(R−1)/R of a rank's gradient shard
+    facts = facts_for(cfg, variant=v)
+    shard = f.gathered_bytes(facts.param_shapes, 128, facts.reduced) // 128
+    ratio = got["comm"]["by_op"]["allreduce_"] / f.ring_all_reduce_bytes(shard, 8)
+    assert 1 <= ratio < 1.01, ratio  # (the gradient norm's few bytes on top)
 
 
 # shapes known to differ from the formulas, each named with the one line that says why

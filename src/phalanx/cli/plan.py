@@ -117,10 +117,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
 
         result["measured"] = measure_locally(cfg, W, ns.measure_steps, result["rows"],
                                              extra)
-    if ns.simulate and extra:
-        result["simulate_note"] = (f"`--simulate` runs the 1-D rows; {extra[0].label} is "
-                                   f"not simulated yet (`--measure` checks it on the local "
-                                   f"ranks).")
+
     if ns.json:
         if ns.simulate:  # stored in the result, printed with it
             run_simulate(ns, cfg, W, result)
@@ -132,8 +129,6 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
         print_measured(result)
     if ns.simulate:
         run_simulate(ns, cfg, W, result)
-        if result.get("simulate_note"):
-            print(f"note: {result['simulate_note']}")
     return 0
 
 

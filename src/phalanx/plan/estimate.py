@@ -172,6 +172,15 @@ def hsdp(replicate: int, shard: int) -> Variant:
     return Variant(f"hsdp ({replicate} × {shard})", "fsdp", replicate=replicate)
 
 
+def by_label(label: str) -> Variant:
+    """The variant a plan row names: one of VARIANTS, or `hsdp (R × S)`."""
+    found = next((v for v in VARIANTS if v.label == label), None)
+    if found is not None:
+        return found
+    replicate, shard = label.removeprefix("hsdp (").removesuffix(")").split(" × ")
+    return hsdp(int(replicate), int(shard))
+
+
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             s: int = f.FP32) -> dict[str, dict[str, int]]:
     """{moment: {component: bytes}} for the step's candidate peaks (see the module doc):

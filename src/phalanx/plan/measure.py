@@ -22,7 +22,8 @@ CATEGORIES = {"PARAM": "parameters", "BUFFER": "parameters", "GRAD": "gradients"
               "OTH": "buffers"}
 
 
-def join(cfg, strategy: str, reshard: bool = True, layout: dict | None = None):
+def join(cfg, strategy: str, reshard: bool = True, layout: dict | None = None,
+         threads: int | None = None):
     """`phalanx.init` for `strategy` with the config's options (chosen as the trainer
     chooses, for the world this process joins), over the whole world or on the `layout`
     mesh ({"dp_replicate": R, "dp_shard": -1}); the process group made by the first call
@@ -33,7 +34,7 @@ def join(cfg, strategy: str, reshard: bool = True, layout: dict | None = None):
     cfg.dist.fsdp_reshard_after_forward = reshard
     for dim, size in (layout or {}).items():
         setattr(cfg.dist, dim, size)
-    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend,
+    return phalanx.init(cfg.train.seed, backend=cfg.dist.backend, threads=threads,
                         strategy=choose_here(cfg.dist, cfg.train.grad_accum))
 
 

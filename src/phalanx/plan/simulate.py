@@ -47,7 +47,9 @@ def run_variant(cfg, variant: Variant, fake: bool, steps: int = 1) -> dict:
     from phalanx.plan.recommend import planned_vocab
     from phalanx.runtime.optim import make_optimizer
 
-    run = join(cfg, variant.strategy, variant.reshard)
+    # this process's threads: the fake world's local ranks share no cores
+    run = join(cfg, variant.strategy, variant.reshard, variant.layout,
+               threads=torch.get_num_threads())
     vocab, rec = planned_vocab(cfg)[0], recorder()
     try:
         with fake_tensors() if fake else contextlib.nullcontext(), rec:
@@ -59,7 +61,8 @@ def run_variant(cfg, variant: Variant, fake: bool, steps: int = 1) -> dict:
             out = _tracked_steps(run, cfg, model, opt, vocab, rec, steps)
             out["checkpoint"] = save_plan_bytes(run, model, opt)
         out["note"] = run.strategy.note or ""
-        out["shards"] = _shard_layout(model, run.world_size) if variant.sharded else {}
+        out["shards"] = _shard_layout(model, variant.shard_ranks(run.world_size)) \
+            if variant.sharded else {}
         return out
     finally:
         run.close()
@@ -190,7 +193,7 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
                 f"is over the {real_limit / 2**30:.0f} GiB allowed here")}
             continue
         start = time.perf_counter()
-        with fake_world(world_size, r):
+        with fake_world(world_size, r, cfg.dist.nproc_per_node):
             try:
                 found = run_variant(from_dict(cfg.to_dict()), v, fake, steps)
             except UserError:
@@ -248,9 +251,11 @@ def run_simulate(ns, cfg, world_size: int, plan_result: dict) -> None:
         raise UserError("`--simulate` runs MiniGPT's training steps only (not yet a "
                         "`--model` factory's); measure your model on the local ranks with "
                         "`phalanx plan --model … --measure`.")
+    from phalanx.plan.estimate import by_label
+
     rows = {r["strategy"]: r for r in plan_result["rows"]}
-    found = simulate(cfg, world_size, rank=getattr(ns, "simulate_rank", None),
-                     predicted=rows)
+    found = simulate(cfg, world_size, tuple(map(by_label, rows)),
+                     rank=getattr(ns, "simulate_rank", None), predicted=rows)
     plan_result["simulated"] = compare_all(cfg, found, rows)
     if not getattr(ns, "json", False):
         print_simulated(plan_result["simulated"])

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from phalanx.plan import formulas as f
 from phalanx.plan.compare import COMPARED, NEGLIGIBLE
-from phalanx.plan.estimate import VARIANTS
+from phalanx.plan.estimate import VARIANTS, by_label
 
 BAND = 0.10  # simulated and predicted agree within 10 %
 ALL_REDUCE = ("allreduce_", "all_reduce", "allreduce_coalesced_")
@@ -25,11 +25,22 @@ def sent_bytes(op: str, nbytes: int, W: int) -> float:
     return (2.0 if op in ALL_REDUCE else 1.0) * (W - 1) / W * nbytes
 
 
+def group_size(label: str, op: str, W: int) -> int:
+    """The ranks a collective of `op` spans: the world, or under HSDP a replica group's
+    dp_shard ranks (FSDP's all-gathers and reduce-scatters) and the dp_replicate groups
+    (the gradient shards' all-reduce; the few small all-reduces of the step, such as the
+    gradient norm's, counted with it)."""
+    v = by_label(label)
+    if v.replicate == 1:
+        return W
+    return v.replicate if op in ALL_REDUCE else v.shard_ranks(W)
+
+
 def predicted_comm(cfg, label: str, W: int) -> float:
     """The planner's bytes per rank per optimizer step (what its table's comm says)."""
     from phalanx.plan.recommend import comm_passes, facts_for
 
-    v = next(v for v in VARIANTS if v.label == label)
+    v = by_label(label)
     return sum(comm_passes(cfg, facts_for(cfg, variant=v), v, W).values())
 
 
@@ -46,7 +57,7 @@ def compare_variant(cfg, label: str, sim: dict, row: dict, W: int, rank: int) ->
                        or p == s}
     by_op: dict[str, float] = defaultdict(float)
     for op, n in sim["collectives"]:
-        by_op[op] += sent_bytes(op, n, W)
+        by_op[op] += sent_bytes(op, n, group_size(label, op, W))
     pc = predicted_comm(cfg, label, W)
     total = sum(by_op.values())
     comm = {"predicted": pc, "simulated": total, "ratio": total / pc if pc else None,
@@ -78,6 +89,7 @@ def explain(cfg, label: str, cmp: dict, sim: dict, W: int, rank: int) -> list[st
     if "no repeated blocks" in cmp["note"]:
         lines.append(f"{label}: {cmp['note']} — the planner assumed per-block gathering")
     covered: set[str] = set()
+    W = by_label(label).shard_ranks(W)  # (HSDP: a replica group's ranks split each one)
     short = {n: s for n, s in sim.get("shards", {}).items() if s[1] != -(-s[0] // W)}
     if short and set(off) & {"parameters", "gradients", "optimizer", "peak"}:
         lines.append(_shard_line(label, short, W, rank))
@@ -127,7 +139,7 @@ def _padding(cfg, label: str, W: int) -> str | None:
     planner counts them padded too: `formulas.gathered_bytes`)."""
     from phalanx.plan.recommend import facts_for
 
-    v = next(v for v in VARIANTS if v.label == label)
+    v = by_label(label)
     if not v.sharded:
         return None
     facts = facts_for(cfg, variant=v)

@@ -15,10 +15,12 @@ _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+def fake_world(world_size: int, rank: int = 0, per_machine: int | None = None
+               ) -> Iterator[None]:
     """The fake process group of `world_size` ranks, this process rank `rank`, and the
     launcher variables `phalanx.init` reads (it then reuses the group: it creates one
-    only when none is initialised). Afterwards the group is destroyed and the variables,
+    only when none is initialised); `per_machine` ranks on each machine (None: one
+    machine holds them all — no layout note about groups spanning machines). Afterwards the group is destroyed and the variables,
     torch's thread count and `sys.excepthook` (which `phalanx.init` chains) restored."""
     import torch
     import torch.distributed as dist
@@ -34,7 +36,7 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in _ENV}
     hook, threads = sys.excepthook, torch.get_num_threads()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1")
+                      LOCAL_WORLD_SIZE=str(min(per_machine or world_size, world_size)))
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
