@@ -7,6 +7,9 @@ its blocking call; the report file's time is when it came)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -241,3 +244,50 @@ def test_an_abort_where_the_ranks_met_cites_lint_for_where_they_parted(tmp_path)
             f"(PX301): the forward of the FSDP model `model` in `evaluate()` (all-gathers "
             f"parameters) under `if rank == 0 and step % 2 == 1:` at line "
             f"{_at(src, 'if rank == 0').split(':')[1]}: the other ranks never join it") in last
+
+
+HSDP_EVAL_ON_RANK_0 = MARK + '''from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+mark(rank)
+if rank == 0:
+    with torch.no_grad():
+        print("eval", model(torch.randn(4, 8)).sum().item())
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_an_hsdp_hang_names_the_mesh_dimension_rank_0_waits_in(tmp_path):
+    """HSDP on 4 ranks (2 replica groups × 2 shards), evaluated on rank 0 only, with torch's
+    flight recorder on (TORCH_FR_BUFFER_SIZE, gloo records too): rank 0 waits in the
+    all-gather of its dp_shard group, the others in the world's barrier (issue 44)."""
+    src = HSDP_EVAL_ON_RANK_0
+    (tmp_path / "train.py").write_text(src)
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "4",
+                           "--report-dir", str(tmp_path), "--hang-timeout-s", str(TIMEOUT),
+                           "train.py"], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                             "TORCH_FR_BUFFER_SIZE": "2000"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = (tmp_path / "hang-report.txt").read_text()
+    assert (f"rank 0: in FSDP all-gather in the forward of `model` at {_at(src, 'eval')}"
+            in report), report
+    assert "the device mesh's dp_shard dimension; in-process)" in report, report
+    lines = [line for line in report.splitlines() if line.startswith("  rank 0: #")]
+    assert len(lines) == 1 and "all_gather" in lines[0] and "mesh_dp_shard" in lines[0], lines
+    assert all(f"  rank {r}: in barrier at {_at(src, 'barrier()')}" in report
+               for r in (1, 2, 3)), report

@@ -128,6 +128,15 @@ def test_in_process_answers_take_precedence_over_files(tmp_path):
     assert "never entered" not in text
 
 
+def test_a_device_mesh_group_is_named_by_its_dimension():
+    """DeviceMesh's groups (HSDP's) are described `mesh_<dimension>` by torch."""
+    answer = fr.LastCollective(0, 13, "all_gather", "scheduled", [[72]], "3:mesh_dp_shard",
+                               "in-process")
+    assert answer.line() == ("  rank 0: #13 all_gather [72] scheduled (group 3:mesh_dp_shard, "
+                             "the device mesh's dp_shard dimension; in-process)")
+    assert fr.mesh_dimension("0:default_pg") == "" and fr.mesh_dimension("7") == ""
+
+
 def test_the_recorder_is_off_without_a_buffer_and_own_dump_never_raises(monkeypatch):
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)

@@ -60,7 +60,16 @@ class LastCollective:
     def line(self) -> str:
         sizes = ", ".join("x".join(map(str, s)) or "scalar" for s in self.input_sizes)
         return (f"  rank {self.rank}: #{self.seq} {self.op} [{sizes or 'no tensors'}] "
-                f"{self.state} (group {self.group}; {self.source})")
+                f"{self.state} (group {self.group}{mesh_dimension(self.group)}; "
+                f"{self.source})")
+
+
+def mesh_dimension(group: str) -> str:
+    """", the device mesh's dp_shard dimension" for a DeviceMesh's group (torch describes
+    them `mesh_<dimension>`: HSDP's dp_shard ranks all-gather and reduce-scatter, its
+    dp_replicate groups all-reduce the gradient shards); "" for any other group."""
+    desc = group.split(":", 1)[1] if ":" in group else ""
+    return f", the device mesh's {desc[5:]} dimension" if desc.startswith("mesh_") else ""
 
 
 def prefix_from_env(env: Mapping[str, str] | None = None) -> str:
