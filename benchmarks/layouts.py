@@ -1,13 +1,18 @@
 """The data-parallel layouts side by side on N gloo ranks (default 4): ddp (dp_replicate N),
-fsdp (dp_shard N) and HSDP (dp_replicate 2 × dp_shard N/2) — per-rank memory of the model
-states, measured with torch's trackers (`MemTracker`; `FSDPMemTracker` for FSDP2), and the
-step time (median over the timed steps, with its interquartile range), in one run.
+fsdp (dp_shard N) and HSDP (dp_replicate 2 × dp_shard N/2), and the same HSDP written by
+hand with torch alone (a 2-D DeviceMesh, `fully_shard`, torch's AdamW) — per-rank memory
+of the model states, measured with torch's trackers (`MemTracker`; `FSDPMemTracker` for
+FSDP2), and the step time (median over the timed steps, with its interquartile range), in
+one run; then Phalanx's HSDP over the hand-written one, paired by round, with a bootstrap
+interval.
 
 Each layout is its own launch: `phalanx.init(strategy=..., dp_replicate=...)`, `run.setup`
 of MiniGPT + AdamW (fp32), warm-up steps, one tracked step, then the timed steps (each
-ends with a barrier, so the slowest rank sets it).
+ends with a barrier, so the slowest rank sets it). Each round runs every layout once,
+alternating the order.
 
-    python benchmarks/layouts.py [--preset small] [--nproc 4] [--steps 10] [--json OUT]
+    python benchmarks/layouts.py [--preset small] [--nproc 4] [--steps 10] [--rounds 3]
+                                 [--json OUT]
 """
 
 from __future__ import annotations
@@ -26,54 +31,91 @@ from sharded_memory import launched  # (benchmarks/ is on the path: run as a scr
 MiB = 2 ** 20
 
 
-def layouts(n: int) -> dict[str, dict]:
-    """label → phalanx.init keywords."""
+TORCH_HSDP = "hsdp, torch only"  # the same layout by hand: DeviceMesh + fully_shard
+
+
+def layouts(n: int) -> dict[str, dict | None]:
+    """label → phalanx.init keywords (None: the hand-written torch script)."""
     return {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
-            f"hsdp 2×{n // 2}": {"strategy": "fsdp", "dp_replicate": 2}}
+            f"hsdp 2×{n // 2}": {"strategy": "fsdp", "dp_replicate": 2}, TORCH_HSDP: None}
 
 
 def worker(label: str, preset: str, steps: int, out: str) -> None:
-    import torch
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    import phalanx
     from phalanx.config.sections import build_config
     from phalanx.models import build_model
-    from phalanx.runtime.optim import adamw
 
     n = int(os.environ["WORLD_SIZE"])
-    with phalanx.init(0, **layouts(n)[label]) as run:
-        cfg = build_config({"model": {"preset": preset}})
+    cfg = build_config({"model": {"preset": preset}})
+    keywords = layouts(n)[label]
+    if keywords is None:
+        return torch_hsdp(build_model(cfg), n, steps, out)
+    import phalanx
+    from phalanx.runtime.optim import adamw
+
+    with phalanx.init(0, **keywords) as run:
         model, opt = run.setup(build_model(cfg), lambda p: adamw(
             p, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device=run.device))
-        x = torch.randint(0, 256, (2, 64))
-
-        def step():
-            _, loss = model(x, x)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-
-        for _ in range(2):
-            step()
-        tracker = FSDPMemTracker(model, opt) if run.strategy.sharded else MemTracker()
-        if not run.strategy.sharded:
-            tracker.track_external(model, opt)
-        with tracker:
-            step()
-        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-        found = {str(k).split(".")[-1]: v for k, v in peak.items()}
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            run.barrier()
-            times.append(time.perf_counter() - start)
+        found, times = measured(model, opt, steps, run.strategy.sharded)
         everyone = run.gather_objects(found)
         if run.is_main:
             Path(out).write_text(json.dumps({"label": run.strategy.label, "ranks": everyone,
                                              "times": times}))
+
+
+def torch_hsdp(model, n: int, steps: int, out: str) -> None:
+    """What a user writes without Phalanx: a (2, n/2) DeviceMesh, `fully_shard` on each
+    block then the root, torch's AdamW (its defaults otherwise)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
+    found, times = measured(model, opt, steps, sharded=True)
+    everyone = [None] * n
+    dist.all_gather_object(everyone, found)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps({"label": "torch fully_shard (2-D mesh)",
+                                         "ranks": everyone, "times": times}))
+    dist.destroy_process_group()
+
+
+def measured(model, opt, steps: int, sharded: bool) -> tuple[dict, list[float]]:
+    """Two warm-up steps, one under torch's memory tracker (its peak by category), then
+    `steps` timed ones, each ending in a barrier (the slowest rank sets it)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    x = torch.randint(0, 256, (2, 64))
+
+    def step():
+        _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(2):
+        step()
+    tracker = FSDPMemTracker(model, opt) if sharded else MemTracker()
+    if not sharded:
+        tracker.track_external(model, opt)
+    with tracker:
+        step()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return {str(k).split(".")[-1]: v for k, v in peak.items()}, times
 
 
 def state(found: dict) -> float:
@@ -98,24 +140,47 @@ def summarise(results: dict, n: int, preset: str) -> list[str]:
     return lines
 
 
+def versus_torch(rounds: list[dict], n: int) -> list[str]:
+    """Phalanx's HSDP against the hand-written one: the per-round medians' paired ratio,
+    with its bootstrap 95 % interval (phalanx.bench.stats), and the verdict "not slower"
+    (ratio <= 1.0)."""
+    from phalanx.bench.stats import ratio_interval, verdict
+
+    ours = [statistics.median(r[f"hsdp 2×{n // 2}"]["times"]) for r in rounds]
+    theirs = [statistics.median(r[TORCH_HSDP]["times"]) for r in rounds]
+    mid, low, high = ratio_interval(ours, theirs)
+    return ["", f"Phalanx's hsdp / torch-only hsdp step time: {mid:.3f} (95 % interval "
+                f"{low:.3f}–{high:.3f}, {len(rounds)} rounds, labels interleaved); not "
+                f"slower: {verdict(low, high, 1.0)}."]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="every layout once per round, in turn (paired ratios)")
     parser.add_argument("--json", default=None, help="also write the raw figures here")
     args = parser.parse_args()
     if args.nproc < 4 or args.nproc % 2:
         parser.error("--nproc must be even and at least 4 (HSDP: 2 replicas of >= 2 shards)")
-    results = {}
+    rounds: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label in layouts(args.nproc):
-            out = Path(tmp) / "result.json"
-            results[label] = launched(__file__, [label, args.preset, str(args.steps),
-                                                 str(out)], out, args.nproc)
+        for i in range(args.rounds):
+            labels = list(layouts(args.nproc))
+            rounds.append({})
+            for label in labels if i % 2 == 0 else labels[::-1]:
+                out = Path(tmp) / "result.json"
+                rounds[-1][label] = launched(__file__, [label, args.preset, str(args.steps),
+                                                        str(out)], out, args.nproc)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
-    print("\n".join(summarise(results, args.nproc, args.preset)))
+        Path(args.json).write_text(json.dumps(rounds, indent=1))
+    merged = {label: {**rounds[0][label], "times": [t for r in rounds for t in
+                                                    r[label]["times"]]}
+              for label in layouts(args.nproc)}
+    print("\n".join(summarise(merged, args.nproc, args.preset)
+                    + versus_torch(rounds, args.nproc)))
 
 
 if __name__ == "__main__":
