@@ -92,7 +92,9 @@ def test_simulation_agrees_with_the_formulas(W, layout, capsys):
 def test_hsdp_at_1024_ranks_agrees_with_the_formulas():
     """One rank of 8 replica groups of 128 (issue 44): memory as fsdp over 128 ranks, the
     communication fsdp's over the group plus the gradient shards' all-reduce across the 8
-    groups (recorded by the simulation, sized by the formulas) — no line of difference."""
+    groups (recorded by the simulation, sized by the formulas) — no line of difference.
+    (One micro-step: the simulation's memory tracker refuses a module called twice in a
+    step, so --grad-accum > 1 is not simulated; test_plan_hsdp checks its formula.)"""
     v = hsdp(8, 128)
     cfg = small()
     result = plan(cfg, 1024, device(None), 0.4, None, None, extra=(v,))
@@ -108,6 +110,18 @@ def test_hsdp_at_1024_ranks_agrees_with_the_formulas():
     shard = f.gathered_bytes(facts.param_shapes, 128, facts.reduced) // 128
     ratio = got["comm"]["by_op"]["allreduce_"] / f.ring_all_reduce_bytes(shard, 8)
     assert 1 <= ratio < 1.01, ratio  # (the gradient norm's few bytes on top)
+
+
+def test_an_hsdp_layout_with_an_fsdp_option_simulates(capsys):
+    """The layout flags chose fsdp, so fsdp's options stay valid when each simulated
+    variant's config is checked again; the hsdp row keeps --no-fsdp-reshard-after-forward."""
+    from phalanx.cli.dispatch import main
+
+    assert main(["plan", *FLAGS, "--world-size", "8", "--dp-replicate", "2", "--dp-shard",
+                 "4", "--no-fsdp-reshard-after-forward", "--simulate", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["simulated"]["variants"]
+    got = result["hsdp (2 × 4, no reshard)"]
+    assert "components" in got and got["comm"]["within"] and got["why"] == [], got
 
 
 # shapes known to differ from the formulas, each named with the one line that says why
@@ -171,7 +185,8 @@ def test_a_parameter_that_cannot_shard_gives_one_line(monkeypatch):
 @pytest.mark.parametrize("cfg, W, rank, words", [
     (small(), 8, 8, "--simulate-rank 8"),
     (small(precision="fp16"), 8, None, "fp16"),
-], ids=["rank-outside-world", "fp16"])
+    (small(grad_accum=2), 8, None, "`--grad-accum 2`"),
+], ids=["rank-outside-world", "fp16", "accumulation"])
 def test_a_wrong_setting_is_one_user_error(cfg, W, rank, words):
     with pytest.raises(UserError) as err:
         simulate(cfg, W, rank=rank)

@@ -43,23 +43,27 @@ def losses(out: Path) -> list[tuple[int, float]]:
 def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_goes(
         tmp_path, corpus_file, cache_dir):
     """One server, two legs (each training is ~20 s of CI): 4 steps logged and finished;
-    the resume to 40 steps continues the same MLflow run; then the server is stopped
+    the resume to 100 steps continues the same MLflow run; then the server is stopped
     mid-run: one warning, no stall, metrics.jsonl complete."""
     from mlflow.tracking import MlflowClient
 
-    server = Server(tmp_path / "mlflow")
+    server, proc = Server(tmp_path / "mlflow"), None
     try:
         client, out = MlflowClient(server.uri), tmp_path / "run"
         run_id = _first_leg(server, client, out, corpus_file, cache_dir)
-        proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", "40",
+        proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", "100",
                      background=True, env={"PHALANX_TRACKER_STALL_S": "3"})
-        _continued(client, run_id, out, proc)
-        server.stop()  # mid-run
+        seen = _continued(client, run_id, proc)
+        server.stop()  # mid-run: at once, before anything else is asked of it
         stopped = time.monotonic()
+        assert proc.poll() is None, "the run ended before the server was stopped"
         stdout, stderr = proc.communicate(timeout=300)
         after = time.monotonic() - stopped
     finally:
         server.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    _same_run(seen, run_id, losses(out))
     said = stdout + stderr
     assert proc.returncode == 0 and "resumed from" in said, said
     warnings = [line for line in said.splitlines() if "tracker mlflow" in line]
@@ -68,7 +72,7 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     assert len(warnings) == 1 and "no answer from the MLflow tracking server in 3 s" in \
         warnings[0], warnings
     assert after < 90, after
-    assert [s for s, _ in losses(out)] == list(range(1, 41))  # nothing lost there
+    assert [s for s, _ in losses(out)] == list(range(1, 101))  # nothing lost there
 
 
 def _logged(client, run_id: str) -> list[tuple[int, float]]:
@@ -91,19 +95,28 @@ def _first_leg(server, client, out: Path, corpus_file, cache_dir) -> str:
     return run.info.run_id
 
 
-def _continued(client, run_id: str, out: Path, proc: subprocess.Popen) -> None:
-    """The resume logs to the same MLflow run: its steps 5, 6 follow 1-4, the changed
-    setting a tag (MLflow refuses a changed param)."""
+def _continued(client, run_id: str, proc: subprocess.Popen) -> dict:
+    """What the server holds once the resume has logged steps 5 and 6 (asked each poll,
+    so that the server can be stopped the moment they are there): the runs of the
+    experiment, the run, its loss history."""
     deadline = time.monotonic() + 240
-    while len(_logged(client, run_id)) < 6:
+    while True:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        experiment = client.get_experiment_by_name("phalanx-test")
+        seen = {"runs": client.search_runs([experiment.experiment_id]),
+                "run": client.get_run(run_id), "logged": _logged(client, run_id)}
+        if len(seen["logged"]) >= 6:
+            return seen
         time.sleep(0.2)
-    experiment = client.get_experiment_by_name("phalanx-test")
-    [again] = client.search_runs([experiment.experiment_id])  # no second run
-    assert again.info.run_id == run_id
+
+
+def _same_run(seen: dict, run_id: str, mine: list[tuple[int, float]]) -> None:
+    """The resume logged to the same MLflow run: no second run, steps 5, 6 after 1-4 as
+    metrics.jsonl has them, the changed setting a tag (MLflow refuses a changed param)."""
+    assert [r.info.run_id for r in seen["runs"]] == [run_id]
+    again = seen["run"]
     assert again.data.params["run_config.train.max_steps"] == "4"  # MLflow keeps the first
-    assert again.data.tags["resumed.run_config.train.max_steps"] == "40"
-    logged, mine = _logged(client, run_id), losses(out)
+    assert again.data.tags["resumed.run_config.train.max_steps"] == "100"
+    logged = seen["logged"]
     assert [s for s, _ in logged] == list(range(1, len(logged) + 1))
-    n = min(len(logged), len(mine))  # (either may be a record ahead of the other)
-    assert n >= 5 and logged[:n] == mine[:n]
+    assert logged == mine[:len(logged)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from phalanx import cli
 from phalanx.config.flags import resolve
 from phalanx.plan import estimate
@@ -32,13 +34,24 @@ def test_hsdp_holds_what_fsdp_over_its_shard_group_holds():
 
 
 def test_hsdp_sends_fsdps_bytes_over_its_group_and_all_reduces_the_shards():
-    cfg = config("--grad-accum", "3")
-    v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
-    facts = facts_for(cfg, variant=v)
-    inside = comm_passes(cfg, facts, fsdp, 4)
-    shard = f.gathered_bytes(facts.param_shapes, 4, facts.reduced) // 4
-    assert comm_passes(cfg, facts, v, 8) == {
-        **inside, "backward": inside["backward"] + 2 * (2 - 1) / 2 * shard}
+    """The shards' all-reduce at every gradient sync: each of the 3 micro-steps by
+    default, the last only with --fsdp-grad-sync last."""
+    for sync, syncs in (("every", 3), ("last", 1)):
+        cfg = config("--grad-accum", "3", "--strategy", "fsdp", "--fsdp-grad-sync", sync)
+        v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
+        facts = facts_for(cfg, variant=v)
+        inside = comm_passes(cfg, facts, fsdp, 4)
+        shard = f.gathered_bytes(facts.param_shapes, 4, facts.reduced) // 4
+        assert comm_passes(cfg, facts, v, 8) == {
+            **inside, "backward": inside["backward"] + syncs * 2 * (2 - 1) / 2 * shard}
+
+
+def test_a_row_label_names_its_variant():
+    assert estimate.by_label("fsdp") is estimate.VARIANTS[2]
+    assert estimate.by_label("hsdp (2 × 4)") == estimate.hsdp(2, 4)
+    assert estimate.by_label("hsdp (2 × 4, no reshard)") == estimate.hsdp(2, 4, False)
+    with pytest.raises(ValueError, match="no planned variant is labelled 'hsdp'"):
+        estimate.by_label("hsdp")
 
 
 def test_the_plan_shows_the_layouts_row_and_plans_the_rest_over_the_world(capsys):

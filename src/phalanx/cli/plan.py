@@ -135,18 +135,21 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
 def layout_rows(cfg, W: int) -> tuple:
     """The HSDP row for `--dp-replicate R --dp-shard S` (checked as `phalanx train` checks
     them, for W ranks); none without layout flags or for a layout that is a 1-D row (fsdp
-    or ddp over the world). The config is left without them: the other rows are the
-    strategies over the whole world."""
+    or ddp over the world). The config is left with the strategy the flags chose and
+    without the flags (the other rows are the strategies over the whole world; that
+    strategy's options, e.g. --fsdp-bf16-reduce, stay valid when it is checked again)."""
     from phalanx.config.strategy import choose
     from phalanx.plan.estimate import hsdp
 
     if not given(requested(cfg.dist)):
         return ()
-    layout = choose(cfg.dist, W, cfg.train.grad_accum).layout
+    choice = choose(cfg.dist, W, cfg.train.grad_accum)
     for dim in DIMS:
         setattr(cfg.dist, dim, None)
-    cfg.dist.strategy = None
-    return (hsdp(layout.dp_replicate, layout.dp_shard),) if layout.hybrid else ()
+    cfg.dist.strategy = choice.name
+    layout = choice.layout
+    return (hsdp(layout.dp_replicate, layout.dp_shard,
+                 reshard=cfg.dist.fsdp_reshard_after_forward),) if layout.hybrid else ()
 
 
 def print_model_states(ns: argparse.Namespace, cfg, W: int, user) -> int:

@@ -165,20 +165,25 @@ VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsd
             Variant("fsdp (no reshard)", "fsdp", reshard=False))
 
 
-def hsdp(replicate: int, shard: int) -> Variant:
+def hsdp(replicate: int, shard: int, reshard: bool = True) -> Variant:
     """FSDP2 on a (dp_replicate, dp_shard) mesh: each replica group shards the model over
     `shard` ranks (memory: fsdp's at that width); the groups all-reduce the gradient
-    shards."""
-    return Variant(f"hsdp ({replicate} × {shard})", "fsdp", replicate=replicate)
+    shards. `reshard`: --fsdp-reshard-after-forward (the label says when it is off)."""
+    return Variant(f"hsdp ({replicate} × {shard}{'' if reshard else ', no reshard'})",
+                   "fsdp", reshard=reshard, replicate=replicate)
 
 
 def by_label(label: str) -> Variant:
-    """The variant a plan row names: one of VARIANTS, or `hsdp (R × S)`."""
+    """The variant a plan row names: one of VARIANTS, or `hsdp (R × S)` (hsdp's labels)."""
     found = next((v for v in VARIANTS if v.label == label), None)
     if found is not None:
         return found
-    replicate, shard = label.removeprefix("hsdp (").removesuffix(")").split(" × ")
-    return hsdp(int(replicate), int(shard))
+    sizes = label.removeprefix("hsdp (").removesuffix(")")
+    reshard = not sizes.endswith(", no reshard")
+    replicate, _, shard = sizes.removesuffix(", no reshard").partition(" × ")
+    if not label.startswith("hsdp (") or not (replicate.isdigit() and shard.isdigit()):
+        raise ValueError(f"no planned variant is labelled {label!r}")
+    return hsdp(int(replicate), int(shard), reshard)
 
 
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,

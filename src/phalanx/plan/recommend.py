@@ -117,9 +117,10 @@ def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
     passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
                                   muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
                                   else f.param_bytes(hidden))
-    if R > 1:  # HSDP: the replica groups all-reduce each rank's gradient shard, once per
-        # optimizer step (FSDP skips gradient sync in the micro-steps before the last)
-        passes["backward"] += f.ring_all_reduce_bytes(G // W, R)
+    if R > 1:  # HSDP: the replica groups all-reduce each rank's gradient shard at every
+        # gradient sync: each micro-step (`--fsdp-grad-sync every`), or the last only
+        syncs = cfg.train.grad_accum if cfg.dist.fsdp_grad_sync == "every" else 1
+        passes["backward"] += syncs * f.ring_all_reduce_bytes(G // W, R)
     return passes
 
 

@@ -1,8 +1,7 @@
 """`Run`: one object per process — the job's topology, its strategy — and the public
 API for training on it (setup, loader, accumulate, clip, collectives, save/load, guards).
-`phalanx.init()` (see `phalanx.runtime.init`) builds it; every strategy-specific step passes
-through to `run.strategy`.
-"""
+`phalanx.init()` (`phalanx.runtime.init`) builds it; strategy-specific steps go to
+`run.strategy`."""
 
 from __future__ import annotations
 
@@ -152,13 +151,10 @@ class Run(StepMethods, CheckpointMethods):
         t = self.topology
         return loader_for(
             dataset, batch_size, device=self.device, dp_rank=t.dp_rank, dp_size=t.dp_size,
-            seed=self.seed, all_have=self._all_have if even and self.world_size > 1 else None,
+            seed=self.seed, all_have=(lambda have: self.agree(have, "min") > 0)
+            if even and self.world_size > 1 else None,
             sampler_options={"shuffle": shuffle, "seed": seed, "stream": stream,
                              "position": position}, **dataloader_kwargs)
-
-    def _all_have(self, have: bool) -> bool:
-        """Whether every rank has a batch."""
-        return bool(self.agree(have, "min"))
 
     def accumulate(self, model: nn.Module, steps: int) -> Accumulator:
         """Gradient accumulation over `steps` micro-steps, syncing only on the last; each
@@ -175,19 +171,16 @@ class Run(StepMethods, CheckpointMethods):
         if op not in ("mean", "sum"):
             raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
         is_tensor = isinstance(value, torch.Tensor)
-        t = value.detach().clone() if isinstance(value, torch.Tensor) else \
-            torch.tensor(value, dtype=torch.float64)
-        t = t.to(self.device)
+        t = (value.detach().clone() if isinstance(value, torch.Tensor) else
+             torch.tensor(value, dtype=torch.float64)).to(self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         if op == "mean":
             t = t / self.world_size
         return t if is_tensor else t.item()
 
     def agree(self, value: float | bool | torch.Tensor, op: str = "max") -> float:
-        """One number every rank agrees on: `value` (a number or a one-element tensor)
-        reduced over the ranks by "max", "min" or "sum" in one small all-reduce — none at
-        world size 1 — and read on the host. A collective: every rank calls it at the same
-        point."""
+        """`value` (a number or 1-element tensor) reduced by "max", "min" or "sum" over the
+        ranks in one all-reduce (none at world size 1), read on the host: a collective."""
         ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
         if op not in ops:
             raise ValueError(f"op must be one of {', '.join(ops)}, got {op!r}")
