@@ -20,8 +20,9 @@ def fake_world(world_size: int, rank: int = 0, per_machine: int | None = None
     """The fake process group of `world_size` ranks, this process rank `rank`, and the
     launcher variables `phalanx.init` reads (it then reuses the group: it creates one
     only when none is initialised); `per_machine` ranks on each machine (None: one
-    machine holds them all — no layout note about groups spanning machines). Afterwards the group is destroyed and the variables,
-    torch's thread count and `sys.excepthook` (which `phalanx.init` chains) restored."""
+    machine holds them all — no layout note about groups spanning machines). Afterwards
+    the group is destroyed and the variables, torch's thread count and `sys.excepthook`
+    (which `phalanx.init` chains) restored."""
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore

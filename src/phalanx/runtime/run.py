@@ -29,6 +29,7 @@ from phalanx.report.sink import MetricsSink, reduce_values, tensorboard_note
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.runtime.clip_and_step import StepMethods
 from phalanx.runtime.clip_and_step import derive_seed as derive_seed  # (its old home)
+from phalanx.runtime.collectives import CollectiveMethods
 from phalanx.runtime.memory_history import plain_failure
 from phalanx.runtime.save_resume import CheckpointMethods
 from phalanx.strategies.base import Strategy
@@ -38,7 +39,7 @@ from phalanx.strategies.topology import Topology
 
 
 @dataclass
-class Run(StepMethods, CheckpointMethods):
+class Run(StepMethods, CheckpointMethods, CollectiveMethods):
     """This process's place in the job, and the public API for training on it."""
 
     topology: Topology
@@ -165,39 +166,7 @@ class Run(StepMethods, CheckpointMethods):
         return Accumulator(self.strategy, model, steps, self.precision,
                            seed=self._seed_micro_step)
 
-    # -- collectives and output -----------------------------------------------------
-    def all_reduce(self, value: float | torch.Tensor, op: str = "mean"):
-        """Sum or mean of `value` over all ranks; a float in, a float out."""
-        if op not in ("mean", "sum"):
-            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
-        is_tensor = isinstance(value, torch.Tensor)
-        t = (value.detach().clone() if isinstance(value, torch.Tensor) else
-             torch.tensor(value, dtype=torch.float64)).to(self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        if op == "mean":
-            t = t / self.world_size
-        return t if is_tensor else t.item()
-
-    def agree(self, value: float | bool | torch.Tensor, op: str = "max") -> float:
-        """`value` (a number or 1-element tensor) reduced by "max", "min" or "sum" over the
-        ranks in one all-reduce (none at world size 1), read on the host: a collective."""
-        ops = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
-        if op not in ops:
-            raise ValueError(f"op must be one of {', '.join(ops)}, got {op!r}")
-        t = torch.as_tensor(value).detach().to(self.device, torch.float64).reshape(1)
-        if self.world_size > 1:
-            dist.all_reduce(t, op=ops[op])
-        return t.item()
-
-    def all_reduce_mean(self, value: float | torch.Tensor):
-        return self.all_reduce(value, "mean")
-
-    def all_reduce_sum(self, value: float | torch.Tensor):
-        return self.all_reduce(value, "sum")
-
-    def barrier(self) -> None:
-        dist.barrier()
-
+    # -- output -----------------------------------------------------------------
     def log(self, step: int, reduce: str | None = "mean", **metrics: float | torch.Tensor):
         """Write `metrics` at `step` to `log_dir`/metrics.jsonl and TensorBoard
         (`log_dir`/tb/, when installed), from rank 0. `reduce` ("mean", "sum", "max",
@@ -233,18 +202,6 @@ class Run(StepMethods, CheckpointMethods):
         if self._sink is not None:
             self._sink.close()
             self._sink = None
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank `src`'s (picklable) object, on every rank."""
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's (picklable) `obj`, in rank order, on every rank."""
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
 
     # -- guards -----------------------------------------------------------------------
     def check_consistency(self, model: nn.Module) -> None:
