@@ -28,22 +28,31 @@ def mark(rank):  # the test times the report from the last rank's last mark
 
 '''
 
-# an FSDP2 model, a helper in another file that evaluates it (EVALUATION below)
-FSDP2_MODEL = '''from torch.distributed.fsdp import fully_shard
+def fsdp2_model(mesh: str = "") -> str:
+    """An FSDP2 model and a helper in another file that evaluates it (EVALUATION below);
+    `mesh`: the shape of a 2-D (dp_replicate, dp_shard) device mesh to shard it on (HSDP),
+    or none (FSDP over the world)."""
+    on = ", mesh=mesh" if mesh else ""
+    imports = "from torch.distributed.device_mesh import init_device_mesh\n" if mesh else ""
+    build = (f'mesh = init_device_mesh("cpu", {mesh}, '
+             f'mesh_dim_names=("dp_replicate", "dp_shard"))\n' if mesh else "")
+    return imports + f'''from torch.distributed.fsdp import fully_shard
 
 from evaluation import evaluate
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-torch.manual_seed(0)
+{build}torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 for layer in (model[0], model[2]):
-    fully_shard(layer)
-fully_shard(model)
+    fully_shard(layer{on})
+fully_shard(model{on})
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 '''
 
-FSDP2_EVAL_ON_RANK_0 = MARK + FSDP2_MODEL + '''for epoch in range(3):
+
+FSDP2_MODEL = fsdp2_model()
+EVAL_ON_RANK_0_EACH_EPOCH = '''for epoch in range(3):
     for step in range(2):
         loss = model(torch.randn(4, 8)).sum()
         loss.backward()
@@ -55,6 +64,8 @@ FSDP2_EVAL_ON_RANK_0 = MARK + FSDP2_MODEL + '''for epoch in range(3):
     dist.barrier()
 dist.destroy_process_group()
 '''
+
+FSDP2_EVAL_ON_RANK_0 = MARK + FSDP2_MODEL + EVAL_ON_RANK_0_EACH_EPOCH
 
 EVALUATION = '''import torch
 
@@ -246,29 +257,7 @@ def test_an_abort_where_the_ranks_met_cites_lint_for_where_they_parted(tmp_path)
             f"{_at(src, 'if rank == 0').split(':')[1]}: the other ranks never join it") in last
 
 
-HSDP_EVAL_ON_RANK_0 = MARK + '''from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-for layer in (model[0], model[2]):
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(2):
-    model(torch.randn(4, 8)).sum().backward()
-    opt.step()
-    opt.zero_grad()
-mark(rank)
-if rank == 0:
-    with torch.no_grad():
-        print("eval", model(torch.randn(4, 8)).sum().item())
-dist.barrier()
-dist.destroy_process_group()
-'''
+HSDP_EVAL_ON_RANK_0 = MARK + fsdp2_model(mesh="(2, 2)") + EVAL_ON_RANK_0_EACH_EPOCH
 
 
 def test_an_hsdp_hang_names_the_mesh_dimension_rank_0_waits_in(tmp_path):
@@ -277,6 +266,7 @@ def test_an_hsdp_hang_names_the_mesh_dimension_rank_0_waits_in(tmp_path):
     all-gather of its dp_shard group, the others in the world's barrier (issue 44)."""
     src = HSDP_EVAL_ON_RANK_0
     (tmp_path / "train.py").write_text(src)
+    (tmp_path / "evaluation.py").write_text(EVALUATION)
     proc = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "4",
                            "--report-dir", str(tmp_path), "--hang-timeout-s", str(TIMEOUT),
                            "train.py"], capture_output=True, text=True, timeout=180,
@@ -284,8 +274,8 @@ def test_an_hsdp_hang_names_the_mesh_dimension_rank_0_waits_in(tmp_path):
                                              "TORCH_FR_BUFFER_SIZE": "2000"})
     assert proc.returncode == 1, proc.stderr[-2000:]
     report = (tmp_path / "hang-report.txt").read_text()
-    assert (f"rank 0: in FSDP all-gather in the forward of `model` at {_at(src, 'eval')}"
-            in report), report
+    assert ("rank 0: in FSDP all-gather in the forward of `model` at evaluation.py:6 in "
+            f"evaluate(), under `if rank == 0:` at {_at(src, 'if rank == 0')}" in report), report
     assert "the device mesh's dp_shard dimension; in-process)" in report, report
     lines = [line for line in report.splitlines() if line.startswith("  rank 0: #")]
     assert len(lines) == 1 and "all_gather" in lines[0] and "mesh_dp_shard" in lines[0], lines

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from phalanx import cli
 from phalanx.config.flags import resolve
 from phalanx.plan import estimate
@@ -44,14 +42,6 @@ def test_hsdp_sends_fsdps_bytes_over_its_group_and_all_reduces_the_shards():
         shard = f.gathered_bytes(facts.param_shapes, 4, facts.reduced) // 4
         assert comm_passes(cfg, facts, v, 8) == {
             **inside, "backward": inside["backward"] + syncs * 2 * (2 - 1) / 2 * shard}
-
-
-def test_a_row_label_names_its_variant():
-    assert estimate.by_label("fsdp") is estimate.VARIANTS[2]
-    assert estimate.by_label("hsdp (2 × 4)") == estimate.hsdp(2, 4)
-    assert estimate.by_label("hsdp (2 × 4, no reshard)") == estimate.hsdp(2, 4, False)
-    with pytest.raises(ValueError, match="no planned variant is labelled 'hsdp'"):
-        estimate.by_label("hsdp")
 
 
 def test_the_plan_shows_the_layouts_row_and_plans_the_rest_over_the_world(capsys):

@@ -120,7 +120,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
 
     if ns.json:
         if ns.simulate:  # stored in the result, printed with it
-            run_simulate(ns, cfg, W, result)
+            run_simulate(ns, cfg, W, result, extra)
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
@@ -128,7 +128,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.measure:
         print_measured(result)
     if ns.simulate:
-        run_simulate(ns, cfg, W, result)
+        run_simulate(ns, cfg, W, result, extra)
     return 0
 
 

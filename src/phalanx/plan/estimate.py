@@ -173,19 +173,6 @@ def hsdp(replicate: int, shard: int, reshard: bool = True) -> Variant:
                    "fsdp", reshard=reshard, replicate=replicate)
 
 
-def by_label(label: str) -> Variant:
-    """The variant a plan row names: one of VARIANTS, or `hsdp (R × S)` (hsdp's labels)."""
-    found = next((v for v in VARIANTS if v.label == label), None)
-    if found is not None:
-        return found
-    sizes = label.removeprefix("hsdp (").removesuffix(")")
-    reshard = not sizes.endswith(", no reshard")
-    replicate, _, shard = sizes.removesuffix(", no reshard").partition(" × ")
-    if not label.startswith("hsdp (") or not (replicate.isdigit() and shard.isdigit()):
-        raise ValueError(f"no planned variant is labelled {label!r}")
-    return hsdp(int(replicate), int(shard), reshard)
-
-
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             s: int = f.FP32) -> dict[str, dict[str, int]]:
     """{moment: {component: bytes}} for the step's candidate peaks (see the module doc):

@@ -169,7 +169,7 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
              rank: int | None = None, steps: int = 1, real_limit: int = REAL_LIMIT,
              predicted: dict | None = None) -> dict:
     """{"world_size", "variants": {label: figures (with its "rank"), or {"skipped": why}
-    or {"failed": the one line}}}: each variant run as one rank of `world_size` in this
+    or {"failed": the one line}, each with its "variant"}}: each variant run as one rank of `world_size` in this
     process (see the module doc) — `rank`, or None: the rank the plan describes
     (`fullest_rank`).
     `predicted`: the plan's rows by label, to decide whether DDP/ZeRO fit `real_limit`
@@ -196,7 +196,7 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
             out["variants"][v.label] = {"skipped": (
                 f"not simulated: {v.label} runs on real tensors (DDP's reducer reads its "
                 f"parameters' data) and its planned peak, {row['peak'] / 2**30:.1f} GiB, "
-                f"is over the {real_limit / 2**30:.0f} GiB allowed here")}
+                f"is over the {real_limit / 2**30:.0f} GiB allowed here"), "variant": v}
             continue
         start = time.perf_counter()
         with fake_world(world_size, r, cfg.dist.nproc_per_node):
@@ -206,7 +206,7 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
                 raise
             except Exception as exc:  # the one line: what failed, where
                 found = {"failed": _one_line(exc, v, world_size, r)}
-        out["variants"][v.label] = {**found, "fake": fake, "rank": r,
+        out["variants"][v.label] = {**found, "variant": v, "fake": fake, "rank": r,
                                     "seconds": time.perf_counter() - start}
     return out
 
@@ -248,19 +248,18 @@ def check_world(world_size: int, rank: int | None) -> None:
                         f"0 … {world_size - 1}.")
 
 
-def run_simulate(ns, cfg, world_size: int, plan_result: dict) -> None:
-    """Simulate every planned variant at `world_size`, compare with `plan_result`'s rows,
-    and print (or, with `--json`, store the comparison in plan_result["simulated"])."""
+def run_simulate(ns, cfg, world_size: int, plan_result: dict,
+                 extra: tuple[Variant, ...] = ()) -> None:
+    """Simulate every planned variant (VARIANTS and the `extra` layouts planned beside
+    them) at `world_size`, compare with `plan_result`'s rows, and print (or, with `--json`, store the comparison in plan_result["simulated"])."""
     from phalanx.plan.simulate_report import compare_all, print_simulated
 
     if plan_result.get("model") != "MiniGPT":
         raise UserError("`--simulate` runs MiniGPT's training steps only (not yet a "
                         "`--model` factory's); measure your model on the local ranks with "
                         "`phalanx plan --model … --measure`.")
-    from phalanx.plan.estimate import by_label
-
     rows = {r["strategy"]: r for r in plan_result["rows"]}
-    found = simulate(cfg, world_size, tuple(map(by_label, rows)),
+    found = simulate(cfg, world_size, VARIANTS + tuple(extra),
                      rank=getattr(ns, "simulate_rank", None), predicted=rows)
     plan_result["simulated"] = compare_all(cfg, found, rows)
     if not getattr(ns, "json", False):

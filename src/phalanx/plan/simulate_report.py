@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from phalanx.plan import formulas as f
 from phalanx.plan.compare import COMPARED, NEGLIGIBLE
-from phalanx.plan.estimate import VARIANTS, by_label
+from phalanx.plan.estimate import VARIANTS, Variant
 
 BAND = 0.10  # simulated and predicted agree within 10 %
 ALL_REDUCE = ("allreduce_", "all_reduce", "allreduce_coalesced_")
@@ -25,26 +25,24 @@ def sent_bytes(op: str, nbytes: int, W: int) -> float:
     return (2.0 if op in ALL_REDUCE else 1.0) * (W - 1) / W * nbytes
 
 
-def group_size(label: str, op: str, W: int) -> int:
+def group_size(v: Variant, op: str, W: int) -> int:
     """The ranks a collective of `op` spans: the world, or under HSDP a replica group's
     dp_shard ranks (FSDP's all-gathers and reduce-scatters) and the dp_replicate groups
     (the gradient shards' all-reduce; the few small all-reduces of the step, such as the
     gradient norm's, counted with it)."""
-    v = by_label(label)
     if v.replicate == 1:
         return W
     return v.replicate if op in ALL_REDUCE else v.shard_ranks(W)
 
 
-def predicted_comm(cfg, label: str, W: int) -> float:
+def predicted_comm(cfg, v: Variant, W: int) -> float:
     """The planner's bytes per rank per optimizer step (what its table's comm says)."""
     from phalanx.plan.recommend import comm_passes, facts_for
 
-    v = by_label(label)
     return sum(comm_passes(cfg, facts_for(cfg, variant=v), v, W).values())
 
 
-def compare_variant(cfg, label: str, sim: dict, row: dict, W: int, rank: int) -> dict:
+def compare_variant(cfg, v: Variant, sim: dict, row: dict, W: int, rank: int) -> dict:
     """{"components": {name: {"predicted", "simulated", "ratio", "within"}}, "moment",
     "predicted_moment", "comm", "why": [lines], "note"}."""
     comps = {}
@@ -57,8 +55,8 @@ def compare_variant(cfg, label: str, sim: dict, row: dict, W: int, rank: int) ->
                        or p == s}
     by_op: dict[str, float] = defaultdict(float)
     for op, n in sim["collectives"]:
-        by_op[op] += sent_bytes(op, n, group_size(label, op, W))
-    pc = predicted_comm(cfg, label, W)
+        by_op[op] += sent_bytes(op, n, group_size(v, op, W))
+    pc = predicted_comm(cfg, v, W)
     total = sum(by_op.values())
     comm = {"predicted": pc, "simulated": total, "ratio": total / pc if pc else None,
             "by_op": dict(by_op),
@@ -67,7 +65,7 @@ def compare_variant(cfg, label: str, sim: dict, row: dict, W: int, rank: int) ->
            "comm": comm, "note": sim.get("note", ""), "fake": sim.get("fake", False),
            "checkpoint": {"simulated": sim.get("checkpoint"),
                           "even_share": _checkpoint_share(cfg, W)}}
-    out["why"] = explain(cfg, label, out, sim, W, rank)
+    out["why"] = explain(cfg, v, out, sim, W, rank)
     return out
 
 
@@ -81,20 +79,21 @@ def _checkpoint_share(cfg, W: int) -> float:
     return (f.param_bytes(facts.param_shapes) + optimizer_bytes(facts, ddp, 1)) / W
 
 
-def explain(cfg, label: str, cmp: dict, sim: dict, W: int, rank: int) -> list[str]:
+def explain(cfg, v: Variant, cmp: dict, sim: dict, W: int, rank: int) -> list[str]:
     """One line per cause found for a difference over BAND; a plain "not explained" line
     for a component no known cause covers."""
+    label = v.label
     off = [n for n, c in cmp["components"].items() if not c["within"]]
     lines: list[str] = []
     if "no repeated blocks" in cmp["note"]:
         lines.append(f"{label}: {cmp['note']} — the planner assumed per-block gathering")
     covered: set[str] = set()
-    W = by_label(label).shard_ranks(W)  # (HSDP: a replica group's ranks split each one)
+    W = v.shard_ranks(W)  # (HSDP: a replica group's ranks split each one)
     short = {n: s for n, s in sim.get("shards", {}).items() if s[1] != -(-s[0] // W)}
     if short and set(off) & {"parameters", "gradients", "optimizer", "peak"}:
         lines.append(_shard_line(label, short, W, rank))
         covered |= {"parameters", "gradients", "optimizer", "peak"}
-    padded = _padding(cfg, label, W)
+    padded = _padding(cfg, v, W)
     if padded and (set(off) & {"activations", "peak"} or not cmp["comm"]["within"]):
         lines.append(padded)  # the gathered blocks kept since forward (no reshard) too
         covered |= {"activations", "peak", "parameters"}
@@ -133,13 +132,12 @@ def _shard_line(label: str, shards: dict, W: int, rank: int) -> str:
             f"⌈d0/W⌉ rows on every rank")
 
 
-def _padding(cfg, label: str, W: int) -> str | None:
+def _padding(cfg, v: Variant, W: int) -> str | None:
     """FSDP gathers and reduces padded tensors (⌈d0/W⌉·W rows each): a line when that
     makes one block's collective buffers over BAND/2 larger than its parameters (the
     planner counts them padded too: `formulas.gathered_bytes`)."""
     from phalanx.plan.recommend import facts_for
 
-    v = by_label(label)
     if not v.sharded:
         return None
     facts = facts_for(cfg, variant=v)
@@ -148,7 +146,7 @@ def _padding(cfg, label: str, W: int) -> str | None:
     if padded <= (1 + BAND / 2) * exact:
         return None
     whole = W * f.param_bytes(facts.param_shapes, W, sharded=True)
-    return (f"{label}: at {W} ranks FSDP's collectives move padded tensors (each parameter "
+    return (f"{v.label}: at {W} ranks FSDP's collectives move padded tensors (each parameter "
             f"⌈d0/{W}⌉·{W} rows): one block's gather or reduce-scatter buffer is "
             f"{_mib(padded)}, its parameters {_mib(exact)}; the whole model "
             f"{_mib(whole)} vs {_mib(f.param_bytes(facts.param_shapes))} (the planner "
@@ -189,11 +187,11 @@ def compare_all(cfg, found: dict, rows: dict) -> dict:
     out = {"world_size": W, "variants": {}}
     for label, sim in found["variants"].items():
         if "skipped" in sim or "failed" in sim:
-            out["variants"][label] = sim
+            out["variants"][label] = {k: x for k, x in sim.items() if k != "variant"}
         else:
-            out["variants"][label] = {**compare_variant(cfg, label, sim, rows[label], W,
-                                                        sim["rank"]), "rank": sim["rank"],
-                                      "seconds": sim.get("seconds")}
+            out["variants"][label] = {**compare_variant(cfg, sim["variant"], sim,
+                                                        rows[label], W, sim["rank"]),
+                                      "rank": sim["rank"], "seconds": sim.get("seconds")}
     return out
 
 
