@@ -55,3 +55,18 @@ def test_the_plan_shows_the_layouts_row_and_plans_the_rest_over_the_world(capsys
     assert cli.main([*argv, "--dp-shard", "-1"]) == 0  # fsdp over the world: its row
     rows = [r["strategy"] for r in json.loads(capsys.readouterr().out)["rows"]]
     assert rows == ["ddp", "zero", "fsdp", "fsdp (no reshard)"]
+
+
+def test_fsdp_reduce_scatters_once_per_step_when_it_syncs_on_the_last_micro_step_only():
+    """`--fsdp-grad-sync last` turns FSDP's gradient sync off for all but the last
+    micro-step: one reduce-scatter per optimizer step, the all-gathers still every
+    micro-step."""
+    fsdp = estimate.VARIANTS[2]
+    every = config("--grad-accum", "3", "--strategy", "fsdp", "--fsdp-grad-sync", "every")
+    last = config("--grad-accum", "3", "--strategy", "fsdp", "--fsdp-grad-sync", "last")
+    facts = facts_for(every, variant=fsdp)
+    gather = f.ring_all_gather_bytes(f.gathered_bytes(facts.param_shapes, 4, facts.gathered), 4)
+    scatter = f.ring_all_gather_bytes(f.gathered_bytes(facts.param_shapes, 4, facts.reduced), 4)
+    assert comm_passes(every, facts, fsdp, 4)["backward"] == 3 * gather + 3 * scatter
+    assert comm_passes(last, facts, fsdp, 4)["backward"] == 3 * gather + scatter
+    assert comm_passes(last, facts, fsdp, 4)["forward"] == 3 * gather

@@ -114,13 +114,13 @@ def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
     P = f.gathered_bytes(shapes, W, facts.gathered) if v.sharded else f.param_bytes(shapes)
     G = f.gathered_bytes(shapes, W, facts.reduced) if v.sharded else f.param_bytes(shapes)
     hidden = [p for p, c in zip(shapes, facts.copies()) if c == f.MUON_COPIES]
+    # FSDP's gradient syncs: each micro-step (`--fsdp-grad-sync every`), or the last only
+    syncs = cfg.train.grad_accum if cfg.dist.fsdp_grad_sync == "every" else 1
     passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
                                   muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
-                                  else f.param_bytes(hidden))
+                                  else f.param_bytes(hidden), syncs=syncs)
     if R > 1:  # HSDP: the replica groups all-reduce each rank's gradient shard at every
-        # gradient sync: each micro-step (`--fsdp-grad-sync every`), or the last only
-        syncs = cfg.train.grad_accum if cfg.dist.fsdp_grad_sync == "every" else 1
-        passes["backward"] += syncs * f.ring_all_reduce_bytes(G // W, R)
+        passes["backward"] += syncs * f.ring_all_reduce_bytes(G // W, R)  # gradient sync
     return passes
 
 

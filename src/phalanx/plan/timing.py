@@ -30,7 +30,8 @@ class StepTime:
 
 
 def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: int,
-                  W: int, accum: int, muon_bytes: int = 0) -> dict[str, float]:
+                  W: int, accum: int, muon_bytes: int = 0, syncs: int | None = None
+                  ) -> dict[str, float]:
     """Bytes each rank sends per optimizer step, by the pass that can hide them; what
     moves follows from what the strategy shards (its spec's `shards`).
 
@@ -39,7 +40,8 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
     sharded (zero), each rank updates its share and broadcasts it: (W−1)/W·P. Sharded
     parameters (fsdp), per micro-step: all-gather (W−1)/W·P in forward, again in
     backward when parameters are resharded after forward, and reduce-scatter
-    (W−1)/W·G in backward; with `--optimizer muon` each rank also all-gathers the
+    (W−1)/W·G in backward at each of the `syncs` gradient syncs (default: every
+    micro-step; 1 under `--fsdp-grad-sync last`, which skips all but the last); with `--optimizer muon` each rank also all-gathers the
     hidden matrices' updates in the optimizer step, (W−1)/W·M (M = `muon_bytes`), which
     hides behind nothing.
     """
@@ -51,8 +53,10 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
         return {"forward": 0.0, "backward": f.ring_all_reduce_bytes(grad_bytes, W),
                 "exposed": after}
     gather = f.ring_all_gather_bytes(param_bytes, W)
-    backward = (gather if reshard else 0.0) + f.ring_all_gather_bytes(grad_bytes, W)
-    return {"forward": accum * gather, "backward": accum * backward,
+    syncs = accum if syncs is None else syncs
+    backward = accum * (gather if reshard else 0.0) + \
+        syncs * f.ring_all_gather_bytes(grad_bytes, W)  # (a reduce-scatter's bytes)
+    return {"forward": accum * gather, "backward": backward,
             "exposed": f.ring_all_gather_bytes(muon_bytes, W)}
 
 
