@@ -9,6 +9,7 @@ import ast
 from collections.abc import Sequence
 
 from phalanx.lint.engine import Context, dotted
+from phalanx.lint.syntax import walk
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 Binding = tuple[int, ast.expr | None]  # (line, the value bound, if known)
@@ -91,7 +92,7 @@ def _names(target: ast.AST) -> list[str]:
 def parameters(scope: ast.AST) -> set[str]:
     if not isinstance(scope, FUNCTIONS):
         return set()
-    return {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+    return {a.arg for a in walk(scope.args) if isinstance(a, ast.arg)}
 
 
 def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Binding]]:
@@ -111,7 +112,7 @@ def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bind
         owner = next((a for a in ctx.ancestors(use) if isinstance(a, ast.ClassDef)), ctx.tree)
         functions = ctx.memo.setdefault("functions_in", {})
         if owner not in functions:  # (walked once per class, not once per name asked)
-            functions[owner] = [f for f in ast.walk(owner) if isinstance(f, FUNCTIONS)]
+            functions[owner] = [f for f in walk(owner) if isinstance(f, FUNCTIONS)]
         outer = [b for f in functions[owner] for b in bindings(f.body, name, cache)]
     return ("outer", outer) if outer else ("none", [])
 

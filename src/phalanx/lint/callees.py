@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, dotted, keyword, last, whether_distributed
+from phalanx.lint.syntax import walk
 
 DCP = "torch.distributed.checkpoint"
 DCP_CALLS = {"get_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
@@ -96,5 +97,5 @@ def _uniform(ctx: Context, part: ast.expr) -> bool:
     if not isinstance(part, (ast.Compare, ast.Name, ast.Attribute)) or ctx.rank_dependent(part) \
             or whether_distributed(part):
         return False
-    words = [getattr(n, "id", getattr(n, "attr", "")).lower() for n in ast.walk(part)]
+    words = [getattr(n, "id", getattr(n, "attr", "")).lower() for n in walk(part)]
     return not any(w in word for word in words for w in WORLD_WORDS)

@@ -43,15 +43,24 @@ def _target(ctx: Context, node: ast.AST, suffixes: dict[str, str], file: str) ->
     return None
 
 
+def _references(ctx: Context) -> list[ast.AST]:
+    """The names and attributes `ctx` reads through what it imports (`f`, `utils.f`): the
+    only nodes `_target` can match, found once per file (it is asked once per file that
+    the file imports)."""
+    cache = ctx.memo.setdefault("imported_references", {})
+    if "found" not in cache:
+        cache["found"] = [n for n in ctx.nodes if isinstance(n, (ast.Name, ast.Attribute))
+                          and isinstance(n.ctx, ast.Load) and dotted(n).split(".")[0]
+                          in ctx.imported]
+    return cache["found"]
+
+
 def _sites(ctx: Context, file: str, suffixes: dict[str, str]) -> dict[str, list[Site]]:
     found: dict[str, list[Site]] = {}
     if any(local == "*" and suffixes.get(o.rpartition(".")[0]) == file
            for local, o in ctx.imported.items()):
         return {"*": [UNKNOWN]}
-    for node in ctx.nodes:
-        if not isinstance(node, (ast.Name, ast.Attribute)) or \
-                not isinstance(node.ctx, ast.Load):
-            continue
+    for node in _references(ctx):
         name = _target(ctx, node, suffixes, file)
         if name is None:
             continue

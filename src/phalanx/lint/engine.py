@@ -26,6 +26,7 @@ from phalanx.lint.syntax import (  # noqa: F401  (re-exported: the rules import 
     rank_call,
     rank_dependent,
     subtree,
+    walk,
     whether_distributed,
 )
 
@@ -75,11 +76,9 @@ class Context:
         self.module_prefix_stripped: bool | None = None  # by any linted file (None: unknown)
         self.tree = ast.parse(source, filename=path)
         self.lines = source.splitlines()
-        self.nodes = subtree(self.tree)  # every node, walked once
         self.parents: dict[ast.AST, ast.AST] = {}
-        for parent in self.nodes:
-            for child in ast.iter_child_nodes(parent):
-                self.parents[child] = parent
+        self.nodes = walk(self.tree, self.parents)  # every node, walked once
+        self.tree._phalanx_subtree = self.nodes  # type: ignore[attr-defined]  # (subtree's)
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self._by_name: dict[str, list[ast.Call]] = {}
         for call in self.calls:
@@ -176,11 +175,12 @@ class Context:
             assigns = [n for n in self.nodes if isinstance(n, ast.Assign)
                        and (_plain(n.value) or _rank_named(n))
                        and not whether_distributed(n.value)]
+            properties = [f for f in self.nodes if _a_property(f)]
             for _ in range(3):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
                 self._rank_names |= {dotted(t) for n in assigns
                                      if self._holds_rank(n) for t in n.targets
                                      if isinstance(t, (ast.Name, ast.Attribute))}
-                self._rank_names |= {f"self.{getattr(f, 'name', '')}" for f in self.nodes
+                self._rank_names |= {f"self.{getattr(f, 'name', '')}" for f in properties
                                      if _rank_property(self, f)}
         return self._rank_names
 
@@ -201,7 +201,7 @@ class Context:
             return True
         names = self._rank_names if self._rank_names is not None else self.rank_names
         return bool(names) and any(isinstance(n, (ast.Name, ast.Attribute))
-                                   and dotted(n) in names for n in ast.walk(expr))
+                                   and dotted(n) in names for n in walk(expr))
 
     def rank_guards(self, node: ast.AST, callers: bool = True) -> list[Guard]:
         """Every rank condition `node` runs under, nearest first: enclosing rank-dependent
@@ -224,7 +224,7 @@ class Context:
 def calls_in(statements: list[ast.stmt]) -> Iterator[ast.Call]:
     """Every call inside `statements` (nested blocks included)."""
     for statement in statements:
-        for node in ast.walk(statement):
+        for node in walk(statement):
             if isinstance(node, ast.Call):
                 yield node
 
@@ -241,14 +241,19 @@ def _plain(value: ast.AST) -> bool:
         or rank_call(dotted(value)))
 
 
+def _a_property(func: ast.AST) -> bool:
+    """A function decorated `@property` (or `cached_property`)."""
+    return isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+        dotted(d) in ("property", "functools.cached_property", "cached_property")
+        for d in func.decorator_list)
+
+
 def _rank_property(ctx: Context, func: ast.AST) -> bool:
     """`@property def is_saver(self): return self.rank == 0`: a value it returns is a
     plain rank read or test."""
-    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not any(
-            dotted(d) in ("property", "functools.cached_property", "cached_property")
-            for d in func.decorator_list):
+    if not _a_property(func):
         return False
-    values = [r.value for r in ast.walk(func) if isinstance(r, ast.Return)]
+    values = [r.value for r in walk(func) if isinstance(r, ast.Return)]
     return any(v is not None and _plain(v) and not whether_distributed(v)
                and ctx.rank_dependent(v) for v in values)
 

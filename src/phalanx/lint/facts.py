@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
-from phalanx.lint.syntax import subtree
+from phalanx.lint.syntax import subtree, walk
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,
@@ -97,7 +97,7 @@ def per_rank_value(value: ast.AST) -> bool:
     `devices[rank]`, `os.environ["LOCAL_RANK"]`) or a launcher's per-process variable
     (`os.environ["SLURM_LOCALID"]`)."""
     return rank_dependent(value) or any(
-        isinstance(n, ast.Constant) and n.value in PER_PROCESS_ENV for n in ast.walk(value))
+        isinstance(n, ast.Constant) and n.value in PER_PROCESS_ENV for n in walk(value))
 
 
 def holds(ctx: Context, fact: str) -> bool:
@@ -255,7 +255,7 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
                     trees[name] = ast.parse(text, filename=name)
                 except (SyntaxError, ValueError, RecursionError):
                     continue
-                walks[name] = list(ast.walk(trees[name]))
+                walks[name] = list(walk(trees[name]))
             own[name] = facts_of_tree(trees[name])
     return ProjectFacts(own, {f: imported_files(f, t, files, walks.get(f))
                               for f, t in texts.items()},

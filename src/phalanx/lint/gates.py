@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from phalanx.lint.syntax import subtree
+from phalanx.lint.syntax import subtree, walk
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 UNKNOWN: Any = object()
@@ -165,7 +165,7 @@ def _conditions(ctx: Context, func: ast.AST, call: ast.Call, params: set[str]
 
 
 def _reads(test: ast.expr, params: set[str]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(test))
+    return any(isinstance(n, ast.Name) and n.id in params for n in walk(test))
 
 
 def _leaves(block: list[ast.stmt]) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.lint.libraries import process_decorator
-from phalanx.lint.syntax import dotted, last, subtree, whether_distributed
+from phalanx.lint.syntax import dotted, last, subtree, walk, whether_distributed
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -93,7 +93,7 @@ def _real_rank_test(test: ast.expr) -> bool:
     """A test that lets some ranks past: not "distributed at all?" (`rank is None`,
     `local_rank == -1`), nor a split of work over ranks (`i % world != rank: continue`)."""
     return not whether_distributed(test) and not any(isinstance(n, ast.BinOp)
-                                                      for n in ast.walk(test))
+                                                      for n in walk(test))
 
 
 def own_guards(ctx: Context, node: ast.AST) -> list[Guard]:

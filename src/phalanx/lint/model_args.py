@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.syntax import dotted, subtree
+from phalanx.lint.syntax import dotted, subtree, walk
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 RUNS_MODEL = {"forward": "forward", "state_dict": "state_dict"}  # p.<method>() → what
@@ -38,7 +38,7 @@ def takers(tree: ast.Module) -> dict[str, tuple[tuple[int, str, str], ...]]:
 
 def _targets(node: ast.AST) -> list[ast.AST]:
     if isinstance(node, ast.Assign):
-        return [n for t in node.targets for n in ast.walk(t)]
+        return [n for t in node.targets for n in walk(t)]
     return [node.target]  # type: ignore[attr-defined]
 
 

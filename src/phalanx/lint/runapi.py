@@ -40,7 +40,15 @@ RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "at_step", "end_log"
 
 def run_receivers(ctx: Context) -> set[str]:
     """Names holding Phalanx's `Run`: assigned (or `with ... as`) from `phalanx.init(...)`
-    or an `init` imported from phalanx; and `run` in a file that imports phalanx."""
+    or an `init` imported from phalanx; and `run` in a file that imports phalanx. (Found
+    once per file: several analyses ask.)"""
+    cache = ctx.memo.setdefault("run_receivers", {})
+    if "found" not in cache:
+        cache["found"] = _receivers(ctx)
+    return cache["found"]
+
+
+def _receivers(ctx: Context) -> set[str]:
     found = {"run"} if any(o == "phalanx" or o.startswith("phalanx.")
                            for o in ctx.imported.values()) else set()
     for node in ctx.nodes:

@@ -44,12 +44,34 @@ def is_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def walk(node: ast.AST, parents: dict[ast.AST, ast.AST] | None = None) -> list[ast.AST]:
+    """Every node under `node`, itself first, in `ast.walk`'s order (breadth first), as a
+    list: `ast.walk` without its two generators per node (the lint's hottest loop);
+    `parents`, when given, gets each child's parent."""
+    found = [node]
+    AST = ast.AST
+    for parent in found:  # (grows as it goes: breadth first)
+        for name in parent._fields:
+            value = getattr(parent, name, None)
+            if isinstance(value, AST):
+                found.append(value)
+                if parents is not None:
+                    parents[value] = parent
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, AST):
+                        found.append(item)
+                        if parents is not None:
+                            parents[item] = parent
+    return found
+
+
 def subtree(node: ast.AST) -> list[ast.AST]:
     """Every node under `node`, itself first, in `ast.walk`'s order: walked once per node
     and kept on it (several rules and the call-graph rounds ask for a function's nodes)."""
     found = getattr(node, "_phalanx_subtree", None)
     if found is None:
-        found = list(ast.walk(node))
+        found = walk(node)
         node._phalanx_subtree = found  # type: ignore[attr-defined]
     return found
 
@@ -57,7 +79,7 @@ def subtree(node: ast.AST) -> list[ast.AST]:
 def rank_dependent(test: ast.AST) -> bool:
     """`test` reads a rank: a rank-named name or attribute, `get_rank()` (`rank_call`),
     `"RANK"`."""
-    for node in ast.walk(test):
+    for node in walk(test):
         if isinstance(node, ast.Name) and node.id.lower() in RANK_NAMES:
             return True
         if isinstance(node, ast.Attribute) and node.attr.lower() in RANK_NAMES:
@@ -74,4 +96,4 @@ def whether_distributed(test: ast.AST) -> bool:
     return any(isinstance(n, ast.Constant) and n.value is None or
                isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub)
                or isinstance(n, ast.Constant) and n.value == -1 and not isinstance(n.value, bool)
-               for n in ast.walk(test))
+               for n in walk(test))

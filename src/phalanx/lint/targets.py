@@ -14,6 +14,7 @@ import ast
 from phalanx.lint.bindings import may_reach, parameters
 from phalanx.lint.engine import Context, dotted, last
 from phalanx.lint.guards import argument, call_sites
+from phalanx.lint.syntax import walk
 
 PRIVATE = {"BytesIO", "StringIO", "TemporaryDirectory", "mkdtemp", "NamedTemporaryFile",
            "TemporaryFile", "SpooledTemporaryFile", "mkstemp"}
@@ -27,7 +28,7 @@ def own_target(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = DEPTH) -> 
         return False
     if ctx.rank_dependent(expr):
         return True
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.Call) and (last(dotted(node)) in PRIVATE
                                            or rank_path_function(ctx, node)):
             return True
@@ -37,7 +38,7 @@ def own_target(ctx: Context, expr: ast.AST, at: ast.AST, depth: int = DEPTH) -> 
 def _names(ctx: Context, expr: ast.AST) -> list[ast.expr]:
     """The names and attributes `expr` reads as values (not a call's callable)."""
     found: list[ast.expr] = []
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
             parent = ctx.parents.get(node)
             if not (isinstance(parent, ast.Call) and parent.func is node):
@@ -101,5 +102,5 @@ def rank_path_function(ctx: Context, value: ast.AST) -> bool:
     return owner is not None and any(
         isinstance(f, FUNCTIONS) and f.name == name
         and any(isinstance(r, ast.Return) and r.value is not None
-                and ctx.rank_dependent(r.value) for r in ast.walk(f))
+                and ctx.rank_dependent(r.value) for r in walk(f))
         for f in getattr(owner, "body", []))

@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 from phalanx.lint.bindings import may_reach
 from phalanx.lint.engine import Context, dotted, last
+from phalanx.lint.syntax import walk
 
 DEPTH = 4  # rebindings followed back through their own values
 
@@ -37,7 +38,7 @@ def _holds(ctx: Context, expr: ast.expr, use: ast.AST, wrappers: Collection[str]
     for _, value in found:
         if value is None or _wraps(value, wrappers) or _wrapping_helper(ctx, value, wrappers):
             return True
-        mentions = [n for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))
+        mentions = [n for n in walk(value) if isinstance(n, (ast.Name, ast.Attribute))
                     and dotted(n) == name]
         if any(holds_wrapper(ctx, n, n, wrappers, depth - 1) for n in mentions):
             return True
@@ -47,7 +48,7 @@ def _holds(ctx: Context, expr: ast.expr, use: ast.AST, wrappers: Collection[str]
 def _wrapping_helper(ctx: Context, value: ast.expr, wrappers: Collection[str]) -> bool:
     """`value` calls a function of this file (`f(...)`, `self.f(...)`) that wraps a model
     itself: `model = create_fsdp_model(model)`."""
-    names = {last(dotted(n)) for n in ast.walk(value) if isinstance(n, ast.Call) and (
+    names = {last(dotted(n)) for n in walk(value) if isinstance(n, ast.Call) and (
         isinstance(n.func, ast.Name) or dotted(n.func).startswith(("self.", "cls.")))}
     return bool(names) and any(
         isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name in names
@@ -56,4 +57,4 @@ def _wrapping_helper(ctx: Context, value: ast.expr, wrappers: Collection[str]) -
 
 def _wraps(value: ast.AST, wrappers: Collection[str]) -> bool:
     return any(isinstance(n, ast.Call) and last(dotted(n)) in wrappers
-               for n in ast.walk(value))
+               for n in walk(value))

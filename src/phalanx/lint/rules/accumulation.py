@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.syntax import walk
 
 OPTIMIZER_NAMES = ("opt", "optim", "optimizer", "optimiser", "scaler", "grad_scaler")
 OPTIMIZER_MAKERS = ("Optimizer", "GradScaler", "ZeroRedundancyOptimizer")
@@ -58,7 +59,7 @@ def _accumulation_guards(ctx: Context) -> list[tuple[ast.If, ast.AST]]:
                 break
             if isinstance(parent, ast.If) and any(isinstance(n, ast.BinOp) and
                                                   isinstance(n.op, ast.Mod)
-                                                  for n in ast.walk(parent.test)):
+                                                  for n in walk(parent.test)):
                 loop = _loop_of(ctx, parent)
                 if loop is not None and all(parent is not g for g, _ in found):
                     found.append((parent, loop))
@@ -89,7 +90,7 @@ def _steps_every_time(ctx: Context, call: ast.Call, loop: ast.AST) -> bool:
             block = getattr(parent, name, None)
             if isinstance(block, list) and child in block and any(
                     _steps_optimizer(ctx, c) and _unconditional(ctx, c, block)
-                    for stmt in block for c in ast.walk(stmt) if isinstance(c, ast.Call)):
+                    for stmt in block for c in walk(stmt) if isinstance(c, ast.Call)):
                 return True
         if parent is loop:
             return False
@@ -174,13 +175,13 @@ def _off_by_one(ctx: Context):
 
 
 def _divided(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in ast.walk(node))
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) for n in walk(node))
 
 
 def _divided_before(ctx: Context, name: str, call: ast.Call) -> bool:
     """`loss = ... / K` or `loss /= K` on the backward's path."""
     for stmt in ctx.before(call):
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if isinstance(node, ast.AugAssign) and dotted(node.target) == name \
                     and isinstance(node.op, ast.Div):
                 return True
@@ -193,15 +194,15 @@ def _divided_before(ctx: Context, name: str, call: ast.Call) -> bool:
 def _returns_divided(func: ast.AST) -> bool:
     """A function whose returned value is divided: `return loss / k`, or a name it
     divides (`loss = loss / k`, `loss /= k`) returned."""
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.Return) and node.value is not None:
             if _divided(node.value):
                 return True
-            names = {dotted(n) for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            names = {dotted(n) for n in walk(node.value) if isinstance(n, ast.Name)}
             if any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Div)
                    and dotted(a.target) in names or isinstance(a, ast.Assign)
                    and _divided(a.value) and any(dotted(t) in names for t in a.targets)
-                   for a in ast.walk(func)):
+                   for a in walk(func)):
                 return True
     return False
 
@@ -209,7 +210,7 @@ def _returns_divided(func: ast.AST) -> bool:
 def _from_dividing_helper(ctx: Context, name: str, call: ast.Call) -> bool:
     """`loss = compute_loss(...)` (or `loss, logs = ...`) on the backward's path, with
     `compute_loss` a function of this file whose returns are divided."""
-    assigns = [n for stmt in ctx.before(call) for n in ast.walk(stmt)
+    assigns = [n for stmt in ctx.before(call) for n in walk(stmt)
                if isinstance(n, ast.Assign) and any(
                    dotted(t) == name or isinstance(t, ast.Tuple)
                    and any(dotted(e) == name for e in t.elts) for t in n.targets)]
@@ -236,7 +237,7 @@ def _undivided_accumulation(ctx: Context):
                 _divided_before(ctx, dotted(loss), call)
                 or _from_dividing_helper(ctx, dotted(loss), call))):
             continue
-        mod = next(n for n in ast.walk(guard.test) if isinstance(n, ast.BinOp)
+        mod = next(n for n in walk(guard.test) if isinstance(n, ast.BinOp)
                    and isinstance(n.op, ast.Mod))
         every = ast.unparse(mod.right)
         yield call, (f"(the optimizer steps every `{every}` micro-steps; each backward adds its "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, last
+from phalanx.lint.syntax import walk
 
 DEPRECATED_AMP = {"torch.cuda.amp.autocast", "torch.cuda.amp.GradScaler"}
 OLD_TORCH_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
@@ -14,7 +15,7 @@ def _scalers(ctx: Context) -> set[str]:
     """Names bound to a GradScaler (`scaler`, `self.scaler`)."""
     return {dotted(target) for node in ctx.nodes if isinstance(node, ast.Assign)
             and any(isinstance(n, ast.Call) and dotted(n).endswith("GradScaler")
-                    for n in ast.walk(node.value))  # also `GradScaler() if amp else None`
+                    for n in walk(node.value))  # also `GradScaler() if amp else None`
             for target in node.targets} - {""}
 
 
@@ -96,7 +97,7 @@ def old_torch_fallback(ctx: Context, node: ast.AST) -> bool:
     handler, or a branch of an `if` that asks for the torch version or `hasattr`."""
     for parent in ctx.ancestors(node):
         if isinstance(parent, ast.ExceptHandler) and parent.type is not None and {
-                last(dotted(n)) for n in ast.walk(parent.type)} & OLD_TORCH_ERRORS:
+                last(dotted(n)) for n in walk(parent.type)} & OLD_TORCH_ERRORS:
             return True
         if isinstance(parent, (ast.If, ast.IfExp)) and node is not parent.test and \
                 _version_test(parent.test):
@@ -105,7 +106,7 @@ def old_torch_fallback(ctx: Context, node: ast.AST) -> bool:
 
 
 def _version_test(test: ast.AST) -> bool:
-    for n in ast.walk(test):
+    for n in walk(test):
         if isinstance(n, ast.Call) and last(dotted(n)) == "hasattr":
             return True
         name = n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")

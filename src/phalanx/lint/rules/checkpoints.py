@@ -7,6 +7,7 @@ import re
 
 from phalanx.lint.bindings import may_reach, parameters
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, keyword, last
+from phalanx.lint.syntax import walk
 from phalanx.lint.targets import own_target
 
 
@@ -39,7 +40,7 @@ PREFIX = re.compile(r"^\^?module\\?\.$")
 def strips_module_prefix(tree: ast.AST) -> bool:
     """The code strips DDP's `module.` prefix somewhere: the string "module." given to
     `replace`/`startswith`/`removeprefix`/`lstrip`/`len`/`re.sub`, or sliced off."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and last(dotted(node)) in STRIPS and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str)
                 and PREFIX.match(a.value) for a in node.args):
@@ -63,8 +64,8 @@ def _saving_functions(ctx: Context) -> set[str]:
         for func in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             params = parameters(func)
             if any(_is_save(c, found) and any(isinstance(n, ast.Name) and n.id in params
-                                               for a in c.args for n in ast.walk(a))
-                   for c in ast.walk(func) if isinstance(c, ast.Call)):
+                                               for a in c.args for n in walk(a))
+                   for c in walk(func) if isinstance(c, ast.Call)):
                 found.add(func.name)
     return found
 
@@ -92,7 +93,7 @@ def _reaches_save(ctx: Context, call: ast.Call, savers: set[str]) -> bool:
         return False
     names = {dotted(t) for t in parent.targets} - {""}
     return any(_is_save(c, savers) and any(dotted(n) in names for a in [*c.args, *(
-        k.value for k in c.keywords)] for n in ast.walk(a))
+        k.value for k in c.keywords)] for n in walk(a))
         for c in calls_in(ctx.after(parent)))
 
 

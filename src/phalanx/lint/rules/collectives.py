@@ -29,6 +29,7 @@ from phalanx.lint.libraries import (
 )
 from phalanx.lint.model_args import describe, handed, takers
 from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
+from phalanx.lint.syntax import walk
 from phalanx.lint.wrapping import holds_wrapper
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -330,7 +331,7 @@ def _joins_before_exit(guard: Guard, callee: str) -> bool:
         return False
     leaving = guard.cond.orelse if guard.holds else guard.cond.body
     return any(isinstance(n, ast.Call) and last(dotted(n)) == callee
-               for s in leaving for n in ast.walk(s))
+               for s in leaving for n in walk(s))
 
 
 def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
@@ -344,7 +345,7 @@ def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
                 ctx.rank_dependent(parent.test):
             other = parent.orelse if child in parent.body else parent.body
             if any(isinstance(n, ast.Call) and last(dotted(n)) == callee
-                   for s in other for n in ast.walk(s)):
+                   for s in other for n in walk(s)):
                 return True
         child = parent
     return False
@@ -355,7 +356,7 @@ def _paired(ctx: Context, call: ast.Call, guard: Guard, callee: str) -> bool:
     collective under another rank condition in the same function (or the other side of
     the same one: `if rank != 0: barrier(); return` … `barrier()`): each rank joins one."""
     scope = ctx.function_of(call)
-    for other in ast.walk(scope):
+    for other in walk(scope):
         if isinstance(other, ast.Call) and other is not call and last(dotted(other)) == callee:
             theirs = ctx.rank_guard(other, callers=False)
             if theirs is None:

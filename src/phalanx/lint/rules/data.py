@@ -8,6 +8,7 @@ import re
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, holds
 from phalanx.lint.rules.collectives import collective_functions
+from phalanx.lint.syntax import walk
 
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
 WORLD_NAMES = {"world", "num_replicas", "num_shards", "num_processes", "num_nodes"}
@@ -50,7 +51,7 @@ def _read_by_one_rank(ctx: Context, call: ast.Call) -> bool:
         return False
     name = dotted(parent.targets[0])
     scope = ctx.function_of(call) if isinstance(parent.targets[0], ast.Name) else ctx.tree
-    uses = [n for n in ast.walk(scope) if isinstance(n, (ast.Name, ast.Attribute))
+    uses = [n for n in walk(scope) if isinstance(n, (ast.Name, ast.Attribute))
             and isinstance(n.ctx, ast.Load) and dotted(n) == name
             and not (isinstance(p := ctx.parents.get(n), ast.Call) and dotted(p) == "len")]
     return bool(name) and bool(uses) and all(ctx.rank_condition(u) is not None for u in uses)
@@ -67,7 +68,7 @@ def _replicated(ctx: Context, call: ast.Call) -> bool:
     gathered = _gathered_names(ctx, scope)
     values = [dataset]
     if isinstance(dataset, ast.Name):
-        values += [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+        values += [n.value for n in walk(scope) if isinstance(n, ast.Assign)
                    and any(dotted(t) == dataset.id for t in n.targets)]
     return any(_gathers(ctx, v, gathered) for v in values)
 
@@ -75,9 +76,9 @@ def _replicated(ctx: Context, call: ast.Call) -> bool:
 def _gathered_names(ctx: Context, scope: ast.AST) -> set[str]:
     """Names in `scope` holding all-gathered data: the output list of an all_gather, and
     names assigned from a gathering call or from other gathered names."""
-    gathered = {dotted(c.args[0]) for c in ast.walk(scope) if isinstance(c, ast.Call)
+    gathered = {dotted(c.args[0]) for c in walk(scope) if isinstance(c, ast.Call)
                 and last(dotted(c)) in ALL_GATHERS and c.args} - {""}
-    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign)]
+    assigns = [n for n in walk(scope) if isinstance(n, ast.Assign)]
     for _ in range(3):  # `feats = gather(x)`, then `val = feats`, `ds = TensorDataset(val)`
         for node in assigns:
             if _gathers(ctx, node.value, gathered):
@@ -95,7 +96,7 @@ def _gathers(ctx: Context, expr: ast.AST, gathered: set[str]) -> bool:
         helpers = ctx._gathering = {  # type: ignore[attr-defined]
             f for f, what in collective_functions(ctx).items()
             if what.split(" ", 1)[0] in ALL_GATHERS}
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.Name) and node.id in gathered:
             return True
         if isinstance(node, ast.Call) and ("all_gather" in last(dotted(node)).lower()
@@ -114,7 +115,7 @@ def _partitioned(ctx: Context, call: ast.Call) -> bool:
         return False
     values = [dataset]
     if isinstance(dataset, ast.Name):
-        values += [n.value for n in ast.walk(ctx.function_of(call)) if isinstance(n, ast.Assign)
+        values += [n.value for n in walk(ctx.function_of(call)) if isinstance(n, ast.Assign)
                    and any(dotted(t) == dataset.id for t in n.targets)]
     return any(_by_rank_or_world(ctx, v) for v in values)
 
@@ -122,7 +123,7 @@ def _partitioned(ctx: Context, call: ast.Call) -> bool:
 def _by_rank_or_world(ctx: Context, expr: ast.AST) -> bool:
     if ctx.rank_dependent(expr):
         return True
-    for node in ast.walk(expr):
+    for node in walk(expr):
         name = (node.attr if isinstance(node, ast.Attribute) else
                 node.id if isinstance(node, ast.Name) else
                 node.arg if isinstance(node, ast.keyword) else None) or ""
@@ -152,7 +153,7 @@ def _only_value(ctx: Context, name: str, scope: ast.AST) -> ast.expr | None:
     """What `name` is bound to in `scope`, when that is one plain assignment and the
     name is never changed in place (`name[k] = v`, `name.update(...)`)."""
     values = []
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Assign) and any(dotted(t) == name for t in node.targets):
             values.append(node.value)
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
@@ -209,7 +210,7 @@ def _for_evaluation(ctx: Context, sampler: ast.Call) -> bool:
     if any(EVAL_WORDS & {w.lower() for w in WORD_PARTS.findall(n)} for n in named):
         return True
     loops = [n for n in ctx.nodes if isinstance(n, (ast.For, ast.AsyncFor)) and any(
-        dotted(m) in loader_names for m in ast.walk(n.iter))]
+        dotted(m) in loader_names for m in walk(n.iter))]
     return bool(loops) and all(_without_grad(ctx, loop) for loop in loops)
 
 
@@ -255,7 +256,7 @@ def _rank_zero_first(ctx: Context, call: ast.Call) -> bool:
 def _barrier_functions(ctx: Context) -> set[str]:
     """Names of this file's functions that wait at a barrier, and `barrier` itself."""
     return {"barrier"} | {f.name for f in ctx.nodes if isinstance(f, ast.FunctionDef) and any(
-        isinstance(c, ast.Call) and "barrier" in last(dotted(c)) for c in ast.walk(f))}
+        isinstance(c, ast.Call) and "barrier" in last(dotted(c)) for c in walk(f))}
 
 
 def _guarded_barrier(ctx: Context, stmt: ast.stmt, waits: set[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
+from phalanx.lint.syntax import walk
 
 MEAN_WORDS = ("loss", "mean", "avg", "average", "acc", "ppl", "perplexity", "metric")
 REPORTS = {"print", "log", "info", "debug", "warning", "add_scalar", "add_scalars",
@@ -26,15 +27,15 @@ def _divides(stmt: ast.stmt, name: str) -> bool:
         return True  # reassigned: whatever it holds now is not the raw sum
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and dotted(n.func.value) == name and n.func.attr in ("div_", "mul_", "mean")
-               for n in ast.walk(stmt))
+               for n in walk(stmt))
 
 
 def _reported(ctx: Context, stmt: ast.stmt, name: str) -> ast.AST | None:
     """Where `name` is printed or logged as it is (not divided on the way)."""
-    for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+    for call in (n for n in walk(stmt) if isinstance(n, ast.Call)):
         if last(dotted(call)) not in REPORTS:
             continue
-        for node in ast.walk(call):
+        for node in walk(call):
             if isinstance(node, ast.Name) and node.id == name and not any(
                     isinstance(a, ast.BinOp) for a in _up_to(ctx, node, call)):
                 return node

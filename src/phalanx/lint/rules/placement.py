@@ -9,6 +9,7 @@ from phalanx.lint.engine import Context, Rule, dotted, keyword, last, whether_di
 from phalanx.lint.facts import distributed, distributed_program, holds, uses_rpc
 from phalanx.lint.rules.collectives import COLLECTIVES
 from phalanx.lint.rules.setup import builds_nccl, current_device_used, device_picked_before
+from phalanx.lint.syntax import walk
 
 MULTI_PROCESS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP",
                  "fully_shard", "init_process_group"}
@@ -66,7 +67,7 @@ def _sides(branch: ast.If | ast.IfExp) -> tuple[list[ast.AST], list[ast.AST]]:
 
 def _runs_distributed(statements: list[ast.AST]) -> bool:
     return any(isinstance(c, ast.Call) and last(dotted(c)) in MULTI_PROCESS
-               for s in statements for c in ast.walk(s))
+               for s in statements for c in walk(s))
 
 
 def _switch_key(test: ast.AST) -> tuple[str, bool]:
@@ -87,7 +88,7 @@ def _switches(ctx: Context) -> dict[str, bool]:
         if not isinstance(branch, ast.If):
             continue
         body, orelse = (any(isinstance(c, ast.Call) and last(dotted(c)) in DISTRIBUTED_WORK
-                            for s in side for c in ast.walk(s)) for side in _sides(branch))
+                            for s in side for c in walk(s)) for side in _sides(branch))
         if body == orelse:
             continue
         test = branch.test
@@ -107,7 +108,7 @@ def _moves(node: ast.AST) -> TypeGuard[ast.Call]:
 
 def _moved_before(ctx: Context, name: str, line: int, scope: ast.AST) -> bool:
     """`name.to(...)` / `.cuda()` before `line`, or `name = <something>.to(...)`."""
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if getattr(node, "lineno", line + 1) > line:
             continue
         if _moves(node) and isinstance(node.func, ast.Attribute) \
@@ -142,7 +143,7 @@ def _wrap_before_move(ctx: Context):
 def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
     """The last assignment to `name` before `line` calls a class (`Net(...)`) that is not
     told a device (`Net(device)`, `Net(rank)` may place itself)."""
-    assigns = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+    assigns = [n for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
                and any(dotted(t) == name for t in n.targets)]
     if not assigns:
         return False
@@ -154,7 +155,7 @@ def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
 
 def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
     return any(_moves(n) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) == name
-               and n.lineno > line for n in ast.walk(scope))
+               and n.lineno > line for n in walk(scope))
 
 
 def _hard_coded_device(ctx: Context):
@@ -220,7 +221,7 @@ def _partly_moved_batch(ctx: Context):
         names = _batch_names(loop)
         if len(names) < 2:
             continue
-        body = [n for stmt in loop.body for n in ast.walk(stmt)]
+        body = [n for stmt in loop.body for n in walk(stmt)]
         moved = _moved_names(body) & set(names)
         if not moved:
             continue
@@ -270,7 +271,7 @@ def _side(expr: ast.AST, device: set[str], host: dict[str, str]) -> str:
     """"device" when `expr` uses a device value (or moves one), the unmoved batch name
     it is computed from when it uses only host values, else ""."""
     origin = ""
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if _moves(node) or dotted(node) in device and isinstance(node, (ast.Name,
                                                                         ast.Attribute)):
             return "device"
@@ -281,7 +282,7 @@ def _side(expr: ast.AST, device: set[str], host: dict[str, str]) -> str:
 
 def _shape_only(name: ast.Name, expr: ast.AST) -> bool:
     """`y.shape`, `y.size(0)`, `len(y)`: the tensor's size, not its values."""
-    for parent in ast.walk(expr):
+    for parent in walk(expr):
         if isinstance(parent, ast.Attribute) and parent.value is name:
             return parent.attr in SHAPE_ATTRS
         if isinstance(parent, ast.Call) and name in parent.args:
@@ -296,7 +297,7 @@ def _mixed(node: ast.AST, device: set[str], host: dict[str, str]) -> list[ast.Na
     sides = [_side(o, device, host) for o in operands]
     if "device" not in sides:
         return []
-    return [next(n for n in ast.walk(o) if isinstance(n, ast.Name) and n.id in host)
+    return [next(n for n in walk(o) if isinstance(n, ast.Name) and n.id in host)
             for o, side in zip(operands, sides) if side not in ("", "device")]
 
 
@@ -337,7 +338,7 @@ def _assigned_moved(target: ast.expr, value: ast.expr) -> set[str]:
     if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and \
             len(target.elts) == len(value.elts):
         return {n for t, v in zip(target.elts, value.elts) for n in _assigned_moved(t, v)}
-    if not any(_moves(n) for n in ast.walk(value)):
+    if not any(_moves(n) for n in walk(value)):
         return set()
     while isinstance(target, ast.Subscript):  # batch[k] = batch[k].to(d)
         target = target.value

@@ -22,6 +22,7 @@ from typing import TypeGuard
 from phalanx.lint.bindings import reaching
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.guards import call_sites
+from phalanx.lint.syntax import walk
 
 GLOBAL_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}
 LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}
@@ -32,7 +33,7 @@ JOB_WIDE = {"save", "save_pretrained", "SummaryWriter", "init", "log_artifact", 
 def _kind(expr: ast.AST) -> str | None:
     """'global' / 'local' when `expr` is a rank of that kind read from its source."""
     found = None
-    for node in ast.walk(expr):
+    for node in walk(expr):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             return None  # rank % n: already a per-node index, or deliberately not one
         if isinstance(node, ast.Call) and last(dotted(node)) in GLOBAL_CALLS | LOCAL_CALLS:

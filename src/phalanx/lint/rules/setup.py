@@ -7,6 +7,7 @@ import ast
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, fake_group, holds, references, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
+from phalanx.lint.syntax import walk
 
 # DistributedDataParallel's keywords, torch 2.6 to 2.13.
 DDP_KEYWORDS = {"module", "device_ids", "output_device", "dim", "broadcast_buffers", "init_sync",
@@ -207,7 +208,7 @@ def _unknown_ddp_keyword(ctx: Context):
 def _reduces(ctx: Context, scope: ast.AST, helpers: dict[str, str]) -> bool:
     """Whether `scope` runs (or calls a helper that runs) a reduction/gather, or calls
     something named like one (`reduce_mean`, `gather_metrics`, `sync_loss`)."""
-    for node in ast.walk(scope):
+    for node in walk(scope):
         if isinstance(node, ast.Call):
             name = last(dotted(node))
             if name in COLLECTIVES or name in helpers or \
@@ -223,7 +224,7 @@ def _rank0_metrics(ctx: Context):
     for call in ctx.calls_named(*LOGGERS):
         cond = ctx.rank_condition(call)
         metric = next((n.id for arg in [*call.args, *(k.value for k in call.keywords)]
-                       for n in ast.walk(arg) if isinstance(n, ast.Name)
+                       for n in walk(arg) if isinstance(n, ast.Name)
                        and any(w in n.id.lower() for w in METRIC_WORDS)), None)
         if cond is None or metric is None or _reduces(ctx, ctx.function_of(call), helpers):
             continue

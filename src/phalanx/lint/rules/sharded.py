@@ -9,6 +9,7 @@ import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.facts import named_elsewhere
+from phalanx.lint.syntax import walk
 
 FSDP1 = {"FullyShardedDataParallel", "FSDP"}
 LOW = {"float16", "bfloat16", "half", "bf16", "fp16"}
@@ -29,10 +30,10 @@ def _wraps(ctx: Context) -> list[tuple[str, ast.Call]]:
 def _optimizer_before_wrap(ctx: Context):
     for name, wrap in _wraps(ctx):
         scope = ctx.function_of(wrap)
-        for call in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
+        for call in (n for n in walk(scope) if isinstance(n, ast.Call)):
             if call.lineno < wrap.lineno and "optim" in dotted(call) and any(
                     isinstance(a, ast.Call) and dotted(a) == f"{name}.parameters"
-                    for a in ast.walk(call)):
+                    for a in walk(call)):
                 yield call, (f"(built at line {call.lineno} on `{name}.parameters()`; "
                              f"`{last(dotted(wrap))}` at line {wrap.lineno} replaces them "
                              f"with flat or sharded ones, which this optimizer never updates)")
@@ -81,7 +82,7 @@ def _names(target: ast.expr) -> list[str]:
 def _read(ctx: Context, name: str, targets: list[ast.expr]) -> bool:
     """`name` is read in this file (outside the assignment's own targets) or named in
     another linted file (lint.facts.named_elsewhere)."""
-    skip = {id(n) for t in targets for n in ast.walk(t)}
+    skip = {id(n) for t in targets for n in walk(t)}
     for node in ctx.nodes:
         load = isinstance(getattr(node, "ctx", None), ast.Load) and id(node) not in skip
         if load and (isinstance(node, ast.Name) and node.id == name or
