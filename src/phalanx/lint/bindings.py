@@ -9,7 +9,7 @@ import ast
 from collections.abc import Sequence
 
 from phalanx.lint.engine import Context, dotted
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import children, subtree, walk
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 Binding = tuple[int, ast.expr | None]  # (line, the value bound, if known)
@@ -68,7 +68,7 @@ def _all_bindings(stmts: Sequence[ast.AST]) -> dict[str, list[Binding]]:
         node = todo.pop()
         if isinstance(node, (*FUNCTIONS, ast.Lambda, ast.ClassDef)):
             continue
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(children(node))
         for target, value in _pairs(node):
             line = getattr(node, "lineno", getattr(target, "lineno", 0))
             for name in _names(target):
@@ -112,7 +112,7 @@ def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bind
         owner = next((a for a in ctx.ancestors(use) if isinstance(a, ast.ClassDef)), ctx.tree)
         functions = ctx.memo.setdefault("functions_in", {})
         if owner not in functions:  # (walked once per class, not once per name asked)
-            functions[owner] = [f for f in walk(owner) if isinstance(f, FUNCTIONS)]
+            functions[owner] = [f for f in subtree(owner) if isinstance(f, FUNCTIONS)]
         outer = [b for f in functions[owner] for b in bindings(f.body, name, cache)]
     return ("outer", outer) if outer else ("none", [])
 

@@ -76,12 +76,20 @@ def _sites(ctx: Context, file: str, suffixes: dict[str, str]) -> dict[str, list[
     return found
 
 
+def _attributes(ctx: Context) -> set[str]:
+    """The attribute names `ctx` uses (`x.name`), found once per file."""
+    cache = ctx.memo.setdefault("attribute_names", {})
+    if "found" not in cache:
+        cache["found"] = {n.attr for n in ctx.nodes if isinstance(n, ast.Attribute)}
+    return cache["found"]
+
+
 def _elsewhere(ctx: Context | None, name: str, file: str) -> bool:
     """In a file that does not import `file`, `name` is another function: one the file
     defines at its top level, or imports from a module that is neither `file` nor a
     package `file` is in (which could re-export it) — and it is never used as an
     attribute (`x.name`: possibly `file`'s, through a module object)."""
-    if ctx is None or any(isinstance(n, ast.Attribute) and n.attr == name for n in ctx.nodes):
+    if ctx is None or name in _attributes(ctx):
         return False
     if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
            and n.name == name for n in ctx.tree.body):

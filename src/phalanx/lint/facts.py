@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
-from phalanx.lint.syntax import subtree, walk
+from phalanx.lint.syntax import children, subtree, walk
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,
@@ -144,7 +144,7 @@ def init_functions(tree: ast.AST) -> frozenset[str]:
             found.add(func)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             func = "" if node.decorator_list else node.name
-        todo += [(child, func) for child in ast.iter_child_nodes(node)]
+        todo += [(child, func) for child in children(node)]
     return frozenset(found)
 
 

@@ -44,6 +44,18 @@ def is_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def children(node: ast.AST) -> list[ast.AST]:
+    """`node`'s direct children, in `ast.iter_child_nodes`' order, as a list."""
+    found: list[ast.AST] = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, ast.AST):
+            found.append(value)
+        elif isinstance(value, list):
+            found += [item for item in value if isinstance(item, ast.AST)]
+    return found
+
+
 def walk(node: ast.AST, parents: dict[ast.AST, ast.AST] | None = None) -> list[ast.AST]:
     """Every node under `node`, itself first, in `ast.walk`'s order (breadth first), as a
     list: `ast.walk` without its two generators per node (the lint's hottest loop);

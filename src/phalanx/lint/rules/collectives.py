@@ -299,13 +299,10 @@ def _rank_only(ctx: Context, forward: bool):
     if not (ctx.mentions(*COLLECTIVES, *WRAPPERS, *DCP_CALLS, *RUN_COLLECTIVES, "full_tensor",
                          "consolidate_state_dict", *libraries) or ctx.project):
         return
-    (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
-    runs, helpers = run_receivers(ctx), {**forwards, **definite}
-    for call in ctx.calls:
-        callee = last(dotted(call))
-        what = _runs(ctx, call, models, helpers, runs=runs, gates=gates)
-        if what is None or _forward_only(ctx, call, models, runs, forwards, definite) != forward:
+    for call, what, only_forward in _running(ctx):
+        if only_forward != forward:
             continue
+        callee = last(dotted(call))
         if (callee in COLLECTIVES or dcp_call(ctx, call)) and own_group(call):
             continue  # only its group's members join: the guard may hold alike for them
         guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself
@@ -314,6 +311,21 @@ def _rank_only(ctx: Context, forward: bool):
             continue
         shown = what if "`" in what else f"`{what}`"
         yield call, f"({shown} {guard.describe()}: the other ranks never join it)"
+
+
+def _running(ctx: Context) -> list[tuple[ast.Call, str, bool]]:
+    """(call, the collective it runs, whether that is only a DDP forward) for every call
+    of the file that runs one: found once for both `_rank_only` rules."""
+    (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
+    runs, helpers = run_receivers(ctx), {**forwards, **definite}
+    key = (tuple(sorted(helpers.items())), tuple(sorted(forwards)),
+           tuple(sorted((k, id(v)) for k, v in gates.items())))
+    memo = ctx.memo.setdefault("running", {})
+    if key not in memo:
+        memo[key] = [(call, what, _forward_only(ctx, call, models, runs, forwards, definite))
+                     for call in ctx.calls if (what := _runs(
+                         ctx, call, models, helpers, runs=runs, gates=gates)) is not None]
+    return memo[key]
 
 
 def _rank_only_collective(ctx: Context):
