@@ -110,11 +110,25 @@ def reaching(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Bind
         outer = bindings(list(ctx.tree.body), name, cache)
     else:
         owner = next((a for a in ctx.ancestors(use) if isinstance(a, ast.ClassDef)), ctx.tree)
-        functions = ctx.memo.setdefault("functions_in", {})
-        if owner not in functions:  # (walked once per class, not once per name asked)
-            functions[owner] = [f for f in subtree(owner) if isinstance(f, FUNCTIONS)]
-        outer = [b for f in functions[owner] for b in bindings(f.body, name, cache)]
+        owners = ctx.memo.setdefault("bindings_in", {})
+        if owner not in owners:  # (gathered once per class, not once per name asked)
+            owners[owner] = _in_functions(owner, cache)
+        outer = list(owners[owner].get(name, ()))
     return ("outer", outer) if outer else ("none", [])
+
+
+def _in_functions(owner: ast.AST, cache: dict) -> dict[str, list[Binding]]:
+    """Every name bound in the functions of `owner` (a class, or the module) → its
+    bindings, function by function in `ast.walk`'s order."""
+    merged: dict[str, list[Binding]] = {}
+    for f in subtree(owner):
+        if isinstance(f, FUNCTIONS):
+            for stmt in f.body:
+                if stmt not in cache:
+                    cache[stmt] = _all_bindings([stmt])
+                for name, found in cache[stmt].items():
+                    merged.setdefault(name, []).extend(found)
+    return merged
 
 
 def may_reach(ctx: Context, expr: ast.expr, use: ast.AST) -> tuple[str, list[Binding]]:

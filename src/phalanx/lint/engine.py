@@ -103,6 +103,7 @@ class Context:
         self._caller_guards: dict | None = None  # lint.guards.caller_guards (cached)
         self._call_index: dict | None = None  # lint.guards._index (cached)
         self._rank_names: set[str] | None = None
+        self._rank_tests: dict[ast.AST, bool] | None = None  # rank_dependent's answers
         self.external: dict[str, list] = {}  # calls from other linted files: lint.callers
         self.gates: dict[str, Gate] = {}  # the other files' helpers seen: lint.gates
         self.takers: dict[str, tuple] = {}  # the other files' model-running helpers seen
@@ -182,6 +183,7 @@ class Context:
                                      if isinstance(t, (ast.Name, ast.Attribute))}
                 self._rank_names |= {f"self.{getattr(f, 'name', '')}" for f in properties
                                      if _rank_property(self, f)}
+            self._rank_tests = {}  # (the names are known: rank_dependent may remember)
         return self._rank_names
 
     def _holds_rank(self, assign: ast.Assign) -> bool:
@@ -196,12 +198,19 @@ class Context:
             passed_rank(self, func, assign.value.id)
 
     def rank_dependent(self, expr: ast.AST) -> bool:
-        """`rank_dependent`, also through this file's names that hold a rank."""
-        if rank_dependent(expr):
-            return True
-        names = self._rank_names if self._rank_names is not None else self.rank_names
-        return bool(names) and any(isinstance(n, (ast.Name, ast.Attribute))
-                                   and dotted(n) in names for n in walk(expr))
+        """`rank_dependent`, also through this file's names that hold a rank (once per
+        expression when those are known: the guard analyses ask again and again)."""
+        known = self._rank_tests
+        if known is not None and expr in known:
+            return known[expr]
+        found = rank_dependent(expr)
+        if not found:
+            names = self._rank_names if self._rank_names is not None else self.rank_names
+            found = bool(names) and any(isinstance(n, (ast.Name, ast.Attribute))
+                                        and dotted(n) in names for n in walk(expr))
+        if self._rank_tests is not None:
+            self._rank_tests[expr] = found
+        return found
 
     def rank_guards(self, node: ast.AST, callers: bool = True) -> list[Guard]:
         """Every rank condition `node` runs under, nearest first: enclosing rank-dependent
