@@ -105,6 +105,14 @@ def chosen_rules(select: str, ignore: str):
             and not any(r.code.startswith(c) for c in skipped)]
 
 
+def _left_out(rules) -> dict[str, str]:
+    """The opt-in rules a default run left out (not those `--ignore` named), with why."""
+    from phalanx.lint.rules import OPT_IN, STANDING
+
+    ran = {r.code for r in rules}
+    return {code: STANDING[code][1] for code in sorted(OPT_IN) if code not in ran}
+
+
 def _skip(path: Path, why: str) -> None:
     print(f"phalanx lint: skipped `{path}`{why}.", file=sys.stderr)
 
@@ -239,7 +247,8 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     findings = [f for c in found for f in c.findings]
     run = report.Run(files=len(found), lines=sum(c.lines for c in found),
                      seconds=time.perf_counter() - started,
-                     skipped=len(checked) - len(found), rules=rules)
+                     skipped=len(checked) - len(found), rules=rules,
+                     opt_in={} if ns.select else _left_out(rules))
     output = {"text": lambda: report.text(findings, run),
               "json": lambda: report.as_json(findings, run),
               "sarif": lambda: report.sarif(findings, rules)}[ns.format]()

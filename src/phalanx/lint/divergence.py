@@ -66,7 +66,11 @@ def citation(findings: list[Finding], short=str, limit: int = 2) -> str:
     shown = "; ".join(f"{short(f.path)}:{f.line} ({f.code}): {_detail(f)}"
                       for f in findings[:limit])
     more = f" (and {len(findings) - limit} more)" if len(findings) > limit else ""
-    return f"`phalanx lint` finds where the ranks part: {shown}{more}."
+    from phalanx.lint.rules import OPT_IN
+
+    opt_in = sorted({f.code for f in findings[:limit]} & OPT_IN)  # (not in a default run)
+    how = f"`phalanx lint --select {','.join(opt_in)}`" if opt_in else "`phalanx lint`"
+    return f"{how} finds where the ranks part: {shown}{more}."
 
 
 def _detail(finding: Finding) -> str:

@@ -22,6 +22,7 @@ class Run:
     seconds: float = 0.0
     skipped: int = 0
     rules: list[Rule] = field(default_factory=list)
+    opt_in: dict[str, str] = field(default_factory=dict)  # not run by default: code → why
 
 
 def _plural(n: int, word: str) -> str:
@@ -49,7 +50,21 @@ def text(findings: list[Finding], run: Run) -> str:
     lines = [f"{f.path}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}\n"
              f"    fix: {f.fix}" for f in findings]
     lines.append(summary(findings, run))
+    if run.opt_in:
+        lines.append(opt_in_line(run.opt_in))
     return "\n".join(lines)
+
+
+def opt_in_line(opt_in: dict[str, str]) -> str:
+    """The rules a default run left out, each with its held-out evidence (right/judged)."""
+    from phalanx.lint.rules.evidence import HELD_OUT, MANUAL
+
+    def short(code: str) -> str:
+        right, false = HELD_OUT.get(code, (0, 0))
+        return "by design" if code in MANUAL else f"{right}/{right + false} right"
+    listed = ", ".join(f"{code} {short(code)}" for code in sorted(opt_in))
+    return (f"opt-in, for their precision on code Phalanx was not tuned on: {listed} "
+            f"(`--select CODE` or `--select ALL` runs them; `--explain CODE` says why)")
 
 
 def as_json(findings: list[Finding], run: Run) -> str:
@@ -60,7 +75,8 @@ def as_json(findings: list[Finding], run: Run) -> str:
              for code in sorted(severity)}
     return json.dumps({"files": run.files, "lines": run.lines,
                        "seconds": round(run.seconds, 3), "skipped": run.skipped,
-                       "rules": rules, "findings": [asdict(f) for f in findings]}, indent=2)
+                       "rules": rules, "opt_in": run.opt_in,
+                       "findings": [asdict(f) for f in findings]}, indent=2)
 
 
 def _sarif_result(f: Finding) -> dict:
@@ -92,7 +108,10 @@ def sarif(findings: list[Finding], rules: list[Rule]) -> str:
 
 
 def explain(rule: Rule) -> str:
-    return (f"{rule.code} ({rule.severity}): {rule.message}\nFix: {rule.fix}\n\n"
+    from phalanx.lint.rules import STANDING
+
+    return (f"{rule.code} ({rule.severity}): {rule.message}\nFix: {rule.fix}\n"
+            f"By default: {STANDING[rule.code][1]}\n\n"
             f"Wrong:\n{_indent(rule.wrong)}\n\nRight:\n{_indent(rule.right)}\n")
 
 
@@ -102,11 +121,17 @@ def _indent(code: str) -> str:
 
 def rules_markdown(rules: list[Rule]) -> str:
     """docs/lint-rules.md: every rule with its fix and both examples."""
+    from phalanx.lint.rules import STANDING
+
     out = ["# `phalanx lint` rules", "",
            "Generated from the rules themselves (`phalanx lint --explain CODE` prints one); "
            "the examples are also the tests' fixtures. Suppress a finding on its line with "
-           "`# phalanx: ignore[CODE]`.", "", "| code | severity | what |", "|---|---|---|"]
-    out += [f"| [{r.code}](#{r.code.lower()}) | {r.severity} | {r.message} |" for r in rules]
+           "`# phalanx: ignore[CODE]`. \"By default\" is whether a plain `phalanx lint` runs "
+           "the rule, from its precision on code Phalanx was not tuned on "
+           "(`src/phalanx/lint/rules/evidence.py`).", "",
+           "| code | severity | by default | what |", "|---|---|---|---|"]
+    out += [f"| [{r.code}](#{r.code.lower()}) | {r.severity} | {STANDING[r.code][1]} | "
+            f"{r.message} |" for r in rules]
     for r in rules:
         out += ["", f"## {r.code}", "", f"**{r.severity}** — {r.message}", "", f"Fix: {r.fix}",
                 "", "Wrong:", "```python", r.wrong, "```", "Right:", "```python", r.right, "```"]

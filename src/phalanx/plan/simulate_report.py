@@ -64,7 +64,7 @@ def compare_variant(cfg, v: Variant, sim: dict, row: dict, W: int, rank: int) ->
     out = {"components": comps, "moment": sim["moment"], "predicted_moment": row["moment"],
            "comm": comm, "note": sim.get("note", ""), "fake": sim.get("fake", False),
            "checkpoint": {"simulated": sim.get("checkpoint"),
-                          "even_share": _checkpoint_share(cfg, W)}}
+                          "even_share": _checkpoint_share(cfg, W), "copies": v.replicate}}
     out["why"] = explain(cfg, v, out, sim, W, rank)
     return out
 
@@ -230,9 +230,22 @@ def print_simulated(result: dict) -> None:
         console.print(f"{label}: rank {v['rank']}, peak at {v['moment']} (plan: "
                       f"{v['predicted_moment']})")
         ck = v["checkpoint"]
-        console.print("  checkpoint: " + (ck["simulated"] if isinstance(ck["simulated"], str)
-                      else f"this rank writes {_mib(ck['simulated'])} (DCP's local save "
-                           f"plan); 1/{result['world_size']} of the whole is "
-                           f"{_mib(ck['even_share'])}"))
+        console.print("  checkpoint: " + _checkpoint_line(ck, result["world_size"]))
         for line in v["why"]:
             console.print(f"  why: {line}")
+
+
+def _checkpoint_line(ck: dict, W: int) -> str:
+    """What this rank's DCP local save plan holds, beside an even 1/W share; under HSDP
+    every replica group plans the whole (R copies), which DCP's cross-rank step (not run
+    here) deduplicates and spreads over the ranks."""
+    if isinstance(ck["simulated"], str):
+        return ck["simulated"]
+    line = (f"this rank writes {_mib(ck['simulated'])} (DCP's local save plan); 1/{W} of "
+            f"the whole is {_mib(ck['even_share'])}")
+    copies = ck.get("copies", 1)
+    if copies > 1:
+        line += (f" — the plan holds its replica group's share of each of the {copies} "
+                 f"copies' tensors; DCP's global planning (not simulated) keeps one copy "
+                 f"and spreads the writes: about {_mib(ck['simulated'] / copies)}")
+    return line

@@ -1,6 +1,6 @@
 """Rule families; `ALL` in code order. `OPT_IN`: rules that run only when `--select`
-names them (by code or prefix, or `ALL`) — advice whose precision on real code does not
-earn it a place in every run."""
+names them (by code or prefix, or `ALL`) — advice whose precision on code Phalanx was not
+tuned on does not earn it a place in every run (`STANDING`, from rules/evidence.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from phalanx.lint.rules import (
                                 setup,
                                 sharded,
 )
+from phalanx.lint.rules.evidence import standing
 
 FAMILIES = (placement, data, collectives, accumulation, checkpoints, amp, setup, ranks, metrics,
             sharded)
 ALL = sorted((rule for family in FAMILIES for rule in family.RULES), key=lambda r: r.code)
 BY_CODE = {rule.code: rule for rule in ALL}
-# find_unused_parameters; rank-0 metric; torch.load without map_location (0 of 5 judged
-# true on public code: RNG, scheduler and CPU-saved states); an explicit
-# weights_only=False (a deliberate choice, judged false on a run's own caches)
-OPT_IN = frozenset({"PX703", "PX705", "PX501", "PX502", "PX704"})
 # "hygiene": style, deprecation or cleanup that never deadlocks, crashes or computes a wrong
 # result (nn.DataParallel, the deprecated torch.cuda.amp, no destroy_process_group,
 # find_unused_parameters); every other rule is "analysis" (flow of collectives, ranks,
 # devices, data). benchmarks/lint_study.py reports the two classes' precision apart.
 HYGIENE = frozenset({"PX101", "PX603", "PX702", "PX703"})
+# Whether each rule runs by default, and why: its precision on held-out code (evidence.py)
+STANDING = {r.code: standing(r.code, r.severity, r.code in HYGIENE) for r in ALL}
+OPT_IN = frozenset(code for code, (on, _) in STANDING.items() if not on)
