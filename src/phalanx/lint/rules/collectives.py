@@ -314,8 +314,7 @@ def _rank_only(ctx: Context, forward: bool):
 
 
 def _running(ctx: Context) -> list[tuple[ast.Call, str, bool]]:
-    """(call, the collective it runs, whether that is only a DDP forward) for every call
-    of the file that runs one: found once for both `_rank_only` rules."""
+    """(call, what it runs, whether only a DDP forward): found once for both rules."""
     (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
     runs, helpers = run_receivers(ctx), {**forwards, **definite}
     key = (tuple(sorted(helpers.items())), tuple(sorted(forwards)),
