@@ -70,3 +70,58 @@ def test_fsdp_reduce_scatters_once_per_step_when_it_syncs_on_the_last_micro_step
     assert comm_passes(every, facts, fsdp, 4)["backward"] == 3 * gather + 3 * scatter
     assert comm_passes(last, facts, fsdp, 4)["backward"] == 3 * gather + scatter
     assert comm_passes(last, facts, fsdp, 4)["forward"] == 3 * gather
+
+
+def test_links_between_machines_time_each_group_at_its_slowest_link():
+    """With --inter-node-busbw-gbs, groups that cross machines move at that speed: fsdp
+    over 32 ranks of 8 per machine entirely; HSDP (4 × 8) keeps its shard group inside a
+    machine and only its replica all-reduce crosses."""
+    from phalanx.plan.recommend import comm_groups, link_seconds
+
+    cfg = config("--nproc-per-node", "8")
+    fast, slow = 400e9, 50e9
+    v, fsdp = estimate.hsdp(4, 8), estimate.VARIANTS[2]
+    inner, across = comm_groups(cfg, facts_for(cfg, variant=v), v, 32)
+    got = link_seconds(inner, across, v, 32, 8, fast, slow)
+    assert got["backward"] == inner["backward"] / fast + across["backward"] / slow
+    assert got["forward"] == inner["forward"] / fast
+    inner, across = comm_groups(cfg, facts_for(cfg, variant=fsdp), fsdp, 32)
+    assert across == {}
+    assert link_seconds(inner, across, fsdp, 32, 8, fast, slow)["forward"] == \
+        inner["forward"] / slow
+    odd = estimate.hsdp(8, 4)  # shard groups of 4 inside machines of 8: still inside
+    inner, across = comm_groups(cfg, facts_for(cfg, variant=odd), odd, 32)
+    assert link_seconds(inner, across, odd, 32, 8, fast, slow)["forward"] == \
+        inner["forward"] / fast
+    wide = estimate.hsdp(2, 16)  # shard groups of 16 span two machines of 8
+    inner, across = comm_groups(cfg, facts_for(cfg, variant=wide), wide, 32)
+    assert link_seconds(inner, across, wide, 32, 8, fast, slow)["forward"] == \
+        inner["forward"] / slow
+
+
+def test_the_plan_recommends_hsdp_when_the_network_between_machines_is_slow(capsys):
+    argv = ["plan", "--n-layer", "4", "--n-embd", "256", "--n-head", "4", "--block-size",
+            "256", "--world-size", "32", "--nproc-per-node", "8", "--gpu", "h100",
+            "--dp-replicate", "4", "--dp-shard", "8", "--json"]
+    assert cli.main(argv) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert cli.main([*argv, "--inter-node-busbw-gbs", "25"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    rows = {r["strategy"]: r["time"] for r in two["rows"]}
+    before = {r["strategy"]: r["time"] for r in one["rows"]}
+    assert rows["fsdp"]["comm_s"] > 5 * before["fsdp"]["comm_s"]  # all of it crosses
+    assert rows["hsdp (4 × 8)"]["comm_s"] < rows["fsdp"]["comm_s"] / 3
+    assert rows["fsdp"]["comm_bytes"] == before["fsdp"]["comm_bytes"]  # the same bytes
+    assert two["inter_busbw"] == 25e9 and two["per_machine"] == 8
+    assert two["recommendation"].startswith("hsdp (4 × 8): it fits"), two["recommendation"]
+    assert not one["recommendation"].startswith("hsdp"), one["recommendation"]
+
+
+def test_links_between_machines_need_machines(capsys):
+    argv = ["plan", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--block-size",
+            "64", "--world-size", "8", "--gpu", "h100", "--inter-node-busbw-gbs", "50"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "this plan has one machine (8 ranks, --nproc-per-node not given)" in err
+    assert cli.main([*argv[:-1], "0", "--nproc-per-node", "4"]) == 2
+    assert "must be positive" in capsys.readouterr().err

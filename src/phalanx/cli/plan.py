@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the device's dense peak in TFLOP/s (default: the GPU table's)")
     g.add_argument("--busbw-gbs", type=float, default=None, metavar="X",
                    help="all-reduce bus bandwidth in GB/s (default: the GPU table's)")
+    g.add_argument("--inter-node-busbw-gbs", type=float, default=None, metavar="X",
+                   help="bus bandwidth between machines, GB/s (with --nproc-per-node: "
+                        "ranks per machine): each group's collectives are timed at its "
+                        "slowest link, so HSDP's row (--dp-replicate/--dp-shard) shows "
+                        "what keeping FSDP inside a machine saves")
     g.add_argument("--busbw-from", default=None, metavar="FILE",
                    help="read the bus bandwidth from `phalanx doctor --json` output")
     g.add_argument("--model-states", action="store_true",
@@ -108,7 +113,8 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
                     checkpointed=cfg.model.activation_checkpointing)
     if ns.model_states:
         return print_model_states(ns, cfg, W, user)
-    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, user, extra)
+    inter = _inter_node(ns, cfg, W)
+    result = plan(cfg, W, dev, ns.mfu, peak_flops, busbw, user, extra, inter)
     if ns.measure:
         from phalanx.plan.compare import measure_locally
 
@@ -130,6 +136,22 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.simulate:
         run_simulate(ns, cfg, W, result, extra)
     return 0
+
+
+def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
+    """`--inter-node-busbw-gbs` in bytes/s, checked: it needs machines to be between."""
+    if ns.inter_node_busbw_gbs is None:
+        return None
+    if not ns.inter_node_busbw_gbs > 0:
+        raise UserError(f"`--inter-node-busbw-gbs {ns.inter_node_busbw_gbs:g}` must be "
+                        f"positive, e.g. 50 (400 Gb/s InfiniBand per GPU).")
+    per_machine = cfg.dist.nproc_per_node
+    if not per_machine or per_machine >= W:
+        raise UserError(f"`--inter-node-busbw-gbs` times the links between machines, and "
+                        f"this plan has one machine ({W} ranks, --nproc-per-node "
+                        f"{per_machine or 'not given'}): give --nproc-per-node below the "
+                        f"world size (e.g. `--nproc-per-node 8 --world-size 32`).")
+    return ns.inter_node_busbw_gbs * 1e9
 
 
 def layout_rows(cfg, W: int) -> tuple:

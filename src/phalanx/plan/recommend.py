@@ -53,7 +53,8 @@ def parameter_count(cfg) -> int:
 
 
 def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
-         busbw: float | None, user=None, extra: tuple[estimate.Variant, ...] = ()) -> dict:
+         busbw: float | None, user=None, extra: tuple[estimate.Variant, ...] = (),
+         inter: float | None = None) -> dict:
     """Every variant's memory at its peak, whether it fits, its largest micro-batch and
     step time; and a recommendation. `user`: a `plan.user_model.UserModel` (`--model`),
     traced at the planned micro-batch and precision; else MiniGPT's formulas. `extra`:
@@ -72,7 +73,7 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
                                                           checkpointed)
                if scalable else None}
         if peak_flops and busbw:
-            row["time"] = _time(cfg, facts, v, W, mfu, peak_flops, busbw)
+            row["time"] = _time(cfg, facts, v, W, mfu, peak_flops, busbw, inter)
         rows.append(row)
     vocab, vocab_note = planned_vocab(cfg)
     out = {"model": "yours" if user else "MiniGPT", "world_size": W, "device": dev.name,
@@ -81,7 +82,8 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
            "parameters": user.n_params if user else parameter_count(cfg),
            "budget_bytes": budget, "activation_checkpointing": checkpointed,
            "precision": cfg.train.precision, "micro_batch": B,
-           "mfu": mfu, "peak_flops": peak_flops, "busbw": busbw, "rows": rows,
+           "mfu": mfu, "peak_flops": peak_flops, "busbw": busbw, "inter_busbw": inter,
+           "per_machine": cfg.dist.nproc_per_node or W, "rows": rows,
            "recommendation": recommend(rows, budget)}
     if user:
         out["user_notes"] = [n for n in (user.scale_note(B), user.flops_note(B),
@@ -106,28 +108,57 @@ def _precision_note(precision: str) -> str | None:
 
 
 def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
-    """The bytes one rank sends per optimizer step, by pass (`timing.comm_per_pass`).
-    FSDP moves its parameters and gradients in their mixed-precision dtypes (bf16/fp16
-    gathers, the reduce dtype's gradients), dim 0 padded to a multiple of W
-    (`formulas.gathered_bytes`); ddp/zero move fp32 (autocast keeps them)."""
+    """The bytes one rank sends per optimizer step, by pass (`timing.comm_per_pass`): the
+    collectives inside a replica group and, under HSDP, the all-reduce across the groups
+    (`comm_groups`), together."""
+    inner, across = comm_groups(cfg, facts, v, W)
+    return {k: inner[k] + across.get(k, 0.0) for k in inner}
+
+
+def comm_groups(cfg, facts, v, W: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(bytes per pass over the ranks that shard a parameter — the whole world for a 1-D
+    strategy —, bytes per pass across HSDP's replica groups). FSDP moves its parameters
+    and gradients in their mixed-precision dtypes (bf16/fp16 gathers, the reduce dtype's
+    gradients), dim 0 padded to a multiple of W (`formulas.gathered_bytes`); ddp/zero
+    move fp32 (autocast keeps them)."""
     shapes, R, W = facts.param_shapes, v.replicate, v.shard_ranks(W)
     P = f.gathered_bytes(shapes, W, facts.gathered) if v.sharded else f.param_bytes(shapes)
     G = f.gathered_bytes(shapes, W, facts.reduced) if v.sharded else f.param_bytes(shapes)
     hidden = [p for p, c in zip(shapes, facts.copies()) if c == f.MUON_COPIES]
     # FSDP's gradient syncs: each micro-step (`--fsdp-grad-sync every`), or the last only
     syncs = cfg.train.grad_accum if cfg.dist.fsdp_grad_sync == "every" else 1
-    passes = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
-                                  muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
-                                  else f.param_bytes(hidden), syncs=syncs)
-    if R > 1:  # HSDP: the replica groups all-reduce each rank's gradient shard at every
-        passes["backward"] += syncs * f.ring_all_reduce_bytes(G // W, R)  # gradient sync
-    return passes
+    inner = timing.comm_per_pass(v.strategy, v.reshard, G, P, W, cfg.train.grad_accum,
+                                 muon_bytes=f.gathered_bytes(hidden, W) if v.sharded
+                                 else f.param_bytes(hidden), syncs=syncs)
+    # HSDP: the replica groups all-reduce each rank's gradient shard at every gradient sync
+    across = {"backward": syncs * f.ring_all_reduce_bytes(G // W, R)} if R > 1 else {}
+    return inner, across
 
 
-def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float) -> dict:
-    passes = comm_passes(cfg, facts, v, W)
+def link_seconds(inner: dict[str, float], across: dict[str, float], v, W: int,
+                 per_machine: int, busbw: float, inter: float) -> dict[str, float]:
+    """Seconds per pass when machines of `per_machine` ranks talk at `inter` bytes/s and
+    ranks inside one at `busbw`: a group's ring runs at its slowest link. The ranks that
+    shard a parameter are consecutive (S of them: the world for a 1-D strategy), so they
+    cross machines when S > per_machine or S does not divide it; HSDP's replica groups
+    (every S-th rank) cross as soon as the world does."""
+    S = v.shard_ranks(W)
+    inner_bw = inter if S > per_machine or per_machine % S else busbw
+    across_bw = inter if W > per_machine else busbw
+    return {k: inner[k] / inner_bw + across.get(k, 0.0) / across_bw for k in inner}
+
+
+def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
+          inter: float | None = None) -> dict:
+    """The step time at `busbw`; with `inter` (bytes/s between machines of
+    --nproc-per-node ranks) each group's collectives at its slowest link."""
+    inner, across = comm_groups(cfg, facts, v, W)
+    passes = {k: inner[k] + across.get(k, 0.0) for k in inner}
+    per_machine = cfg.dist.nproc_per_node or W
+    seconds = link_seconds(inner, across, v, W, per_machine, busbw, inter) \
+        if inter and W > per_machine else None
     t = timing.step_time(facts.flops_per_token, facts.tokens * cfg.train.grad_accum,
-                         peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W))
+                         peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W), seconds)
     return {"compute_s": t.compute_s, "optimizer_s": t.optimizer_s,
             "comm_bytes": t.comm_bytes, "comm_s": t.comm_s, "exposed_s": t.exposed_s,
             "step_s": t.step_s}

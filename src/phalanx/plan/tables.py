@@ -96,7 +96,10 @@ OPTIMIZER_TERM = {
 
 def _print_time(out, result: dict) -> None:
     table = _table(f"step time at MFU {result['mfu']:g}, {result['peak_flops'] / 1e12:g} "
-                   f"TFLOP/s peak, bus bandwidth {result['busbw'] / 1e9:g} GB/s",
+                   f"TFLOP/s peak, bus bandwidth {result['busbw'] / 1e9:g} GB/s"
+                   + (f" in a machine of {result['per_machine']} ranks, "
+                      f"{result['inter_busbw'] / 1e9:g} GB/s between machines"
+                      if result.get("inter_busbw") else ""),
                    "compute: forward and backward; optimizer "
                    f"{result['optimizer']}: {OPTIMIZER_TERM[result['optimizer']]}; comm "
                    "MB: sent per rank per optimizer step; exposed: the communication left "

@@ -61,15 +61,16 @@ def comm_per_pass(strategy: str, reshard: bool, grad_bytes: int, param_bytes: in
 
 
 def step_time(flops_per_token: int, tokens_per_rank: int, peak_flops: float, mfu: float,
-              passes: dict[str, float], busbw: float, optimizer_flops: float = 0.0
-              ) -> StepTime:
+              passes: dict[str, float], busbw: float, optimizer_flops: float = 0.0,
+              seconds: dict[str, float] | None = None) -> StepTime:
     """compute = flops_per_token · tokens / (peak · MFU); the optimizer step's own FLOPs
     at the same rate, a term of their own (Muon's Newton–Schulz,
     `formulas.newton_schulz_flops`; AdamW's elementwise update: 0); each pass's
-    communication (bytes / busbw) is exposed beyond that pass's compute
-    (`formulas.exposed_seconds`)."""
+    communication (bytes / busbw, or the `seconds` given: links of two speeds) is exposed
+    beyond that pass's compute (`formulas.exposed_seconds`)."""
     compute = f.compute_seconds(flops_per_token, tokens_per_rank, peak_flops, mfu)
-    seconds = {k: v / busbw for k, v in passes.items()}
+    if seconds is None:
+        seconds = {k: v / busbw for k, v in passes.items()}
     exposed = (f.exposed_seconds(seconds["forward"], compute / 3, 1.0) +
                f.exposed_seconds(seconds["backward"], 2 * compute / 3, 1.0) +
                seconds["exposed"])
