@@ -58,6 +58,8 @@ class ModelFacts:
     state_copies: tuple[int, ...] = ()
     optim_groups: tuple[int, ...] = ()
     buffers: int = 0  # bytes of buffers every rank holds whole (rotary tables)
+    grad_accum: int = 1  # micro-steps per optimizer step (`--grad-accum`)
+    grad_sync_every: bool = True  # FSDP reduce-scatters each micro-step (else the last)
 
     def copies(self) -> list[int]:
         return list(self.state_copies) or [f.ADAMW_COPIES] * len(self.param_shapes)
@@ -194,6 +196,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     else:
         base = {"parameters": P + facts.buffers, "gradients": P,
                 "optimizer": optimizer_bytes(facts, variant, W, s), "communication": 0}
+    held = _held_gradients(facts, variant, W, s)  # from the earlier micro-steps
+    base["gradients"] += held
     per_block = facts.block_input if checkpointed else facts.block_saved
     saved = L * per_block + facts.head_saved
     kept = L if sharded and not variant.reshard else 0  # blocks gathered since forward
@@ -210,7 +214,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         in_use = (L - k) if kept else 1
         out[f"block {L - 1 - k} backward"] = {
             **base, "parameters": base["parameters"] + (in_use * block if sharded else 0),
-            "gradients": base["gradients"] + (k * block_shard if sharded else 0),
+            "gradients": base["gradients"] + (k * block_shard if sharded and not held
+                                              else 0),  # (shards held: added in place)
             "communication": _fsdp_in_flight(facts, variant, k, W) if sharded else 0,
             "activations": alive + facts.logits + facts.block_grads_in_flight}
     if checkpointed:  # the last block's forward: every block's input kept, and under
@@ -219,9 +224,23 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             **base, "parameters": base["parameters"] + (block if sharded else 0),
             "activations": L * (facts.block_input + facts.cast_cache)
             + facts.block_forward_peak}
-    out["optimizer step"] = {**base, "gradients": shard if sharded else base["gradients"],
+    out["optimizer step"] = {**base, "gradients": shard if sharded else P,
                              "activations": facts.logits}
     return out
+
+
+def _held_gradients(facts: ModelFacts, variant: Variant, W: int, s: int = f.FP32) -> int:
+    """Gradients kept from the earlier micro-steps of an accumulation window, alive through
+    the last one's backward: ddp/zero's own (autograd's, beside DDP's buckets; the last
+    micro-step's sync makes them bucket views), FSDP's shards (`--fsdp-grad-sync every`:
+    later micro-steps add into them), or its unsharded gradients (`last`)."""
+    if facts.grad_accum == 1:
+        return 0
+    if not variant.sharded:
+        return f.param_bytes(facts.param_shapes, s=s)
+    if facts.grad_sync_every:
+        return f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
+    return f.param_bytes(facts.param_shapes, s=facts.gathered)
 
 
 def optimizer_bytes(facts: ModelFacts, variant: Variant, W: int, s: int = f.FP32) -> int:

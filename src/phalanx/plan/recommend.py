@@ -6,6 +6,8 @@ user's model (`--model`) comes traced (phalanx.plan.user_model)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
 from phalanx.plan import estimate, timing
 from phalanx.plan import formulas as f
@@ -35,13 +37,19 @@ def facts_for(cfg, micro_batch: int | None = None,
     m = cfg.model
     s = 4 if cfg.train.precision == "fp32" else 2
     low = s < 4 and variant is not None and variant.sharded  # FSDP: parameters gathered
-    return estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size,
+    return accumulating(cfg, estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size,
                                   planned_vocab(cfg)[0],
                                   micro_batch or cfg.train.micro_batch_size, m.bias, s,
                                   params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce,
                                   rope=m.rope, tied=m.tie_embeddings,
                                   qk_norm=m.qk_norm, softcap=m.logit_softcap > 0,
-                                  optimizer=cfg.train.optimizer)
+                                  optimizer=cfg.train.optimizer))
+
+
+def accumulating(cfg, facts: estimate.ModelFacts) -> estimate.ModelFacts:
+    """`facts` for the config's gradient accumulation (what earlier micro-steps leave)."""
+    return replace(facts, grad_accum=cfg.train.grad_accum,
+                   grad_sync_every=cfg.dist.fsdp_grad_sync == "every")
 
 
 def parameter_count(cfg) -> int:
@@ -95,7 +103,7 @@ def _facts_of(cfg, v, user):
     """micro-batch → the variant's facts: the user's trace (FSDP's: 2-byte gathered
     parameters under bf16/fp16), or MiniGPT's formulas."""
     if user is not None:
-        return lambda b: user.facts(b, sharded=v.sharded)
+        return lambda b: accumulating(cfg, user.facts(b, sharded=v.sharded))
     return lambda b: facts_for(cfg, b, v)
 
 

@@ -90,7 +90,7 @@ def _tracked_steps(run, cfg, model, opt, vocab: int, recorder, steps: int) -> di
     recorder.log.clear()
     with tracker:
         for _ in range(steps):
-            micro_steps(model, acc, data, run.precision)
+            micro_steps(model, acc, data, run.precision, between=tracker.reset_mod_stats)
             optimizer_step(run, model, opt, t.grad_clip)
     out = components(tracker.get_tracker_snapshot("peak")[run.device], has_buckets(model))
     out["moment"] = _moment(tracker, run.device, out["peak"])
@@ -180,12 +180,6 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
         raise UserError("`--simulate` runs fp32 or bf16 steps: fp16's loss scaler reads "
                         "the gradients' values to skip steps, and simulated tensors hold "
                         "none. Simulate with `--precision bf16` (the same memory).")
-    if cfg.train.grad_accum > 1:
-        raise UserError(f"`--simulate` runs one micro-step per optimizer step: torch's "
-                        f"memory tracker refuses a module called twice in a step "
-                        f"(`--grad-accum {cfg.train.grad_accum}`). Simulate with "
-                        f"`--grad-accum 1`; the plan's table (without `--simulate`) counts "
-                        f"{cfg.train.grad_accum} micro-steps.")
     out: dict = {"world_size": world_size, "variants": {}}
     for v in variants:
         gc.collect()  # the previous variant's model and optimizer (cycles in DDP's)

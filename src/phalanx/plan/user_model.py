@@ -136,7 +136,9 @@ class UserModel:
             blocks = {"block_saved": t.block_saved, "block_input": ck.block_input,
                       "head_saved": max(0, ck.saved - self.n_blocks * ck.block_input)}
         return ModelFacts(self.shapes, self.block_shapes, self.root_shapes, self.n_blocks,
-                          **blocks, logits=t.output, loss_grads=grads,
+                          block_saved=blocks["block_saved"],
+                          block_input=blocks["block_input"], head_saved=blocks["head_saved"],
+                          logits=t.output, loss_grads=grads,
                           block_grads_in_flight=0, flops_per_token=per_token,
                           tokens=tokens, gathered=2 if low else f.FP32,
                           state_copies=self.copies, optim_groups=self.groups)

@@ -29,11 +29,15 @@ class StepOutcome:
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision,
-                timing=None) -> torch.Tensor:
+                timing=None, between: Callable[[], object] | None = None) -> torch.Tensor:
     """Forward and backward over one accumulation window; returns the mean local loss.
-    `timing()`: a context that times data loading and forward (StragglerWatch)."""
+    `timing()`: a context that times data loading and forward (StragglerWatch);
+    `between()`: called between two micro-steps (the planner's memory tracker clears its
+    per-module records there: it refuses a module run twice)."""
     total = torch.zeros((), device=next(model.parameters()).device)
-    for _ in range(acc.steps):
+    for i in range(acc.steps):
+        if i and between is not None:
+            between()
         with acc.micro_step():  # under the run's precision (autocast)
             with timing() if timing is not None else contextlib.nullcontext():
                 with record_function("phalanx::data"):
