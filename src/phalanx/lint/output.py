@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from phalanx.lint.engine import SEVERITIES, Finding, Rule
@@ -55,14 +56,14 @@ def text(findings: list[Finding], run: Run) -> str:
     return "\n".join(lines)
 
 
-def opt_in_line(opt_in: dict[str, str]) -> str:
+def opt_in_line(codes: Iterable[str]) -> str:
     """The rules a default run left out, each with its held-out evidence (right/judged)."""
     from phalanx.lint.rules.evidence import HELD_OUT, MANUAL
 
     def short(code: str) -> str:
         right, false = HELD_OUT.get(code, (0, 0))
         return "by design" if code in MANUAL else f"{right}/{right + false} right"
-    listed = ", ".join(f"{code} {short(code)}" for code in sorted(opt_in))
+    listed = ", ".join(f"{code} {short(code)}" for code in sorted(codes))
     return (f"opt-in, for their precision on code Phalanx was not tuned on: {listed} "
             f"(`--select CODE` or `--select ALL` runs them; `--explain CODE` says why)")
 

@@ -37,13 +37,14 @@ def facts_for(cfg, micro_batch: int | None = None,
     m = cfg.model
     s = 4 if cfg.train.precision == "fp32" else 2
     low = s < 4 and variant is not None and variant.sharded  # FSDP: parameters gathered
-    return accumulating(cfg, estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size,
-                                  planned_vocab(cfg)[0],
-                                  micro_batch or cfg.train.micro_batch_size, m.bias, s,
-                                  params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce,
-                                  rope=m.rope, tied=m.tie_embeddings,
-                                  qk_norm=m.qk_norm, softcap=m.logit_softcap > 0,
-                                  optimizer=cfg.train.optimizer))
+    facts = estimate.minigpt_facts(m.n_layer, m.n_head, m.n_embd, m.block_size,
+                                   planned_vocab(cfg)[0],
+                                   micro_batch or cfg.train.micro_batch_size, m.bias, s,
+                                   params_low=low, reduce_low=cfg.dist.fsdp_bf16_reduce,
+                                   rope=m.rope, tied=m.tie_embeddings,
+                                   qk_norm=m.qk_norm, softcap=m.logit_softcap > 0,
+                                   optimizer=cfg.train.optimizer)
+    return accumulating(cfg, facts)
 
 
 def accumulating(cfg, facts: estimate.ModelFacts) -> estimate.ModelFacts:
@@ -119,7 +120,11 @@ def comm_passes(cfg, facts, v, W: int) -> dict[str, float]:
     """The bytes one rank sends per optimizer step, by pass (`timing.comm_per_pass`): the
     collectives inside a replica group and, under HSDP, the all-reduce across the groups
     (`comm_groups`), together."""
-    inner, across = comm_groups(cfg, facts, v, W)
+    return together(*comm_groups(cfg, facts, v, W))
+
+
+def together(inner: dict[str, float], across: dict[str, float]) -> dict[str, float]:
+    """Bytes per pass inside a replica group plus those across the groups."""
     return {k: inner[k] + across.get(k, 0.0) for k in inner}
 
 
@@ -161,7 +166,7 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
     """The step time at `busbw`; with `inter` (bytes/s between machines of
     --nproc-per-node ranks) each group's collectives at its slowest link."""
     inner, across = comm_groups(cfg, facts, v, W)
-    passes = {k: inner[k] + across.get(k, 0.0) for k in inner}
+    passes = together(inner, across)
     per_machine = cfg.dist.nproc_per_node or W
     seconds = link_seconds(inner, across, v, W, per_machine, busbw, inter) \
         if inter and W > per_machine else None

@@ -169,9 +169,9 @@ def simulate(cfg, world_size: int, variants: tuple[Variant, ...] = VARIANTS,
              rank: int | None = None, steps: int = 1, real_limit: int = REAL_LIMIT,
              predicted: dict | None = None) -> dict:
     """{"world_size", "variants": {label: figures (with its "rank"), or {"skipped": why}
-    or {"failed": the one line}, each with its "variant"}}: each variant run as one rank of `world_size` in this
-    process (see the module doc) — `rank`, or None: the rank the plan describes
-    (`fullest_rank`).
+    or {"failed": the one line}, each with its "variant"}}: each variant run as one rank
+    of `world_size` in this process (see the module doc) — `rank`, or None: the rank the
+    plan describes (`fullest_rank`).
     `predicted`: the plan's rows by label, to decide whether DDP/ZeRO fit `real_limit`
     on real tensors; None: they run on real tensors whatever their size."""
     from phalanx.config.sections import from_dict
@@ -245,7 +245,8 @@ def check_world(world_size: int, rank: int | None) -> None:
 def run_simulate(ns, cfg, world_size: int, plan_result: dict,
                  extra: tuple[Variant, ...] = ()) -> None:
     """Simulate every planned variant (VARIANTS and the `extra` layouts planned beside
-    them) at `world_size`, compare with `plan_result`'s rows, and print (or, with `--json`, store the comparison in plan_result["simulated"])."""
+    them) at `world_size`, compare with `plan_result`'s rows, and print (or, with
+    `--json`, store the comparison in plan_result["simulated"])."""
     from phalanx.plan.simulate_report import compare_all, print_simulated
 
     if plan_result.get("model") != "MiniGPT":
