@@ -262,7 +262,7 @@ def _rank_property(ctx: Context, func: ast.AST) -> bool:
     plain rank read or test."""
     if not _a_property(func):
         return False
-    values = [r.value for r in walk(func) if isinstance(r, ast.Return)]
+    values = [r.value for r in subtree(func) if isinstance(r, ast.Return)]
     return any(v is not None and _plain(v) and not whether_distributed(v)
                and ctx.rank_dependent(v) for v in values)
 

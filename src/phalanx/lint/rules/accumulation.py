@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 
 OPTIMIZER_NAMES = ("opt", "optim", "optimizer", "optimiser", "scaler", "grad_scaler")
 OPTIMIZER_MAKERS = ("Optimizer", "GradScaler", "ZeroRedundancyOptimizer")
@@ -194,7 +194,7 @@ def _divided_before(ctx: Context, name: str, call: ast.Call) -> bool:
 def _returns_divided(func: ast.AST) -> bool:
     """A function whose returned value is divided: `return loss / k`, or a name it
     divides (`loss = loss / k`, `loss /= k`) returned."""
-    for node in walk(func):
+    for node in subtree(func):
         if isinstance(node, ast.Return) and node.value is not None:
             if _divided(node.value):
                 return True
@@ -202,7 +202,7 @@ def _returns_divided(func: ast.AST) -> bool:
             if any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Div)
                    and dotted(a.target) in names or isinstance(a, ast.Assign)
                    and _divided(a.value) and any(dotted(t) in names for t in a.targets)
-                   for a in walk(func)):
+                   for a in subtree(func)):
                 return True
     return False
 

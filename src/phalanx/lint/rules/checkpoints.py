@@ -7,7 +7,7 @@ import re
 
 from phalanx.lint.bindings import may_reach, parameters
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, keyword, last
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 from phalanx.lint.targets import own_target
 
 
@@ -65,7 +65,7 @@ def _saving_functions(ctx: Context) -> set[str]:
             params = parameters(func)
             if any(_is_save(c, found) and any(isinstance(n, ast.Name) and n.id in params
                                                for a in c.args for n in walk(a))
-                   for c in walk(func) if isinstance(c, ast.Call)):
+                   for c in subtree(func) if isinstance(c, ast.Call)):
                 found.add(func.name)
     return found
 

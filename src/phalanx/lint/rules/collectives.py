@@ -367,7 +367,7 @@ def _paired(ctx: Context, call: ast.Call, guard: Guard, callee: str) -> bool:
     collective under another rank condition in the same function (or the other side of
     the same one: `if rank != 0: barrier(); return` … `barrier()`): each rank joins one."""
     scope = ctx.function_of(call)
-    for other in walk(scope):
+    for other in subtree(scope):
         if isinstance(other, ast.Call) and other is not call and last(dotted(other)) == callee:
             theirs = ctx.rank_guard(other, callers=False)
             if theirs is None:

@@ -8,7 +8,7 @@ import re
 from phalanx.lint.engine import Context, Rule, calls_in, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, holds
 from phalanx.lint.rules.collectives import collective_functions
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 
 SHARDERS = {"setup_dataloaders", "prepare", "prepare_data_loader"}  # Fabric, Accelerate
 WORLD_NAMES = {"world", "num_replicas", "num_shards", "num_processes", "num_nodes"}
@@ -51,7 +51,7 @@ def _read_by_one_rank(ctx: Context, call: ast.Call) -> bool:
         return False
     name = dotted(parent.targets[0])
     scope = ctx.function_of(call) if isinstance(parent.targets[0], ast.Name) else ctx.tree
-    uses = [n for n in walk(scope) if isinstance(n, (ast.Name, ast.Attribute))
+    uses = [n for n in subtree(scope) if isinstance(n, (ast.Name, ast.Attribute))
             and isinstance(n.ctx, ast.Load) and dotted(n) == name
             and not (isinstance(p := ctx.parents.get(n), ast.Call) and dotted(p) == "len")]
     return bool(name) and bool(uses) and all(ctx.rank_condition(u) is not None for u in uses)
@@ -68,7 +68,7 @@ def _replicated(ctx: Context, call: ast.Call) -> bool:
     gathered = _gathered_names(ctx, scope)
     values = [dataset]
     if isinstance(dataset, ast.Name):
-        values += [n.value for n in walk(scope) if isinstance(n, ast.Assign)
+        values += [n.value for n in subtree(scope) if isinstance(n, ast.Assign)
                    and any(dotted(t) == dataset.id for t in n.targets)]
     return any(_gathers(ctx, v, gathered) for v in values)
 
@@ -76,9 +76,9 @@ def _replicated(ctx: Context, call: ast.Call) -> bool:
 def _gathered_names(ctx: Context, scope: ast.AST) -> set[str]:
     """Names in `scope` holding all-gathered data: the output list of an all_gather, and
     names assigned from a gathering call or from other gathered names."""
-    gathered = {dotted(c.args[0]) for c in walk(scope) if isinstance(c, ast.Call)
+    gathered = {dotted(c.args[0]) for c in subtree(scope) if isinstance(c, ast.Call)
                 and last(dotted(c)) in ALL_GATHERS and c.args} - {""}
-    assigns = [n for n in walk(scope) if isinstance(n, ast.Assign)]
+    assigns = [n for n in subtree(scope) if isinstance(n, ast.Assign)]
     for _ in range(3):  # `feats = gather(x)`, then `val = feats`, `ds = TensorDataset(val)`
         for node in assigns:
             if _gathers(ctx, node.value, gathered):
@@ -153,7 +153,7 @@ def _only_value(ctx: Context, name: str, scope: ast.AST) -> ast.expr | None:
     """What `name` is bound to in `scope`, when that is one plain assignment and the
     name is never changed in place (`name[k] = v`, `name.update(...)`)."""
     values = []
-    for node in walk(scope):
+    for node in subtree(scope):
         if isinstance(node, ast.Assign) and any(dotted(t) == name for t in node.targets):
             values.append(node.value)
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):

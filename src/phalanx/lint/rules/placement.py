@@ -9,7 +9,7 @@ from phalanx.lint.engine import Context, Rule, dotted, keyword, last, whether_di
 from phalanx.lint.facts import distributed, distributed_program, holds, uses_rpc
 from phalanx.lint.rules.collectives import COLLECTIVES
 from phalanx.lint.rules.setup import builds_nccl, current_device_used, device_picked_before
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 
 MULTI_PROCESS = {"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP",
                  "fully_shard", "init_process_group"}
@@ -108,7 +108,7 @@ def _moves(node: ast.AST) -> TypeGuard[ast.Call]:
 
 def _moved_before(ctx: Context, name: str, line: int, scope: ast.AST) -> bool:
     """`name.to(...)` / `.cuda()` before `line`, or `name = <something>.to(...)`."""
-    for node in walk(scope):
+    for node in subtree(scope):
         if getattr(node, "lineno", line + 1) > line:
             continue
         if _moves(node) and isinstance(node.func, ast.Attribute) \
@@ -143,7 +143,7 @@ def _wrap_before_move(ctx: Context):
 def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
     """The last assignment to `name` before `line` calls a class (`Net(...)`) that is not
     told a device (`Net(device)`, `Net(rank)` may place itself)."""
-    assigns = [n for n in walk(scope) if isinstance(n, ast.Assign) and n.lineno < line
+    assigns = [n for n in subtree(scope) if isinstance(n, ast.Assign) and n.lineno < line
                and any(dotted(t) == name for t in n.targets)]
     if not assigns:
         return False
@@ -155,7 +155,7 @@ def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
 
 def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
     return any(_moves(n) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) == name
-               and n.lineno > line for n in walk(scope))
+               and n.lineno > line for n in subtree(scope))
 
 
 def _hard_coded_device(ctx: Context):

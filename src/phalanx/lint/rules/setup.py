@@ -7,7 +7,7 @@ import ast
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
 from phalanx.lint.facts import distributed, fake_group, holds, references, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 
 # DistributedDataParallel's keywords, torch 2.6 to 2.13.
 DDP_KEYWORDS = {"module", "device_ids", "output_device", "dim", "broadcast_buffers", "init_sync",
@@ -208,7 +208,7 @@ def _unknown_ddp_keyword(ctx: Context):
 def _reduces(ctx: Context, scope: ast.AST, helpers: dict[str, str]) -> bool:
     """Whether `scope` runs (or calls a helper that runs) a reduction/gather, or calls
     something named like one (`reduce_mean`, `gather_metrics`, `sync_loss`)."""
-    for node in walk(scope):
+    for node in subtree(scope):
         if isinstance(node, ast.Call):
             name = last(dotted(node))
             if name in COLLECTIVES or name in helpers or \

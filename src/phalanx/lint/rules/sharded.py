@@ -9,7 +9,7 @@ import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.facts import named_elsewhere
-from phalanx.lint.syntax import walk
+from phalanx.lint.syntax import subtree, walk
 
 FSDP1 = {"FullyShardedDataParallel", "FSDP"}
 LOW = {"float16", "bfloat16", "half", "bf16", "fp16"}
@@ -30,7 +30,7 @@ def _wraps(ctx: Context) -> list[tuple[str, ast.Call]]:
 def _optimizer_before_wrap(ctx: Context):
     for name, wrap in _wraps(ctx):
         scope = ctx.function_of(wrap)
-        for call in (n for n in walk(scope) if isinstance(n, ast.Call)):
+        for call in (n for n in subtree(scope) if isinstance(n, ast.Call)):
             if call.lineno < wrap.lineno and "optim" in dotted(call) and any(
                     isinstance(a, ast.Call) and dotted(a) == f"{name}.parameters"
                     for a in walk(call)):
