@@ -251,8 +251,8 @@ def test_an_abort_where_the_ranks_met_cites_lint_for_where_they_parted(tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "exited with code -6 (killed by signal 6) in FSDP all-gather" in last, last
-    assert (f"`phalanx lint` finds where the ranks part: {_at(src, 'evaluate(model')} "
-            f"(PX301): the forward of the FSDP model `model` in `evaluate()` (all-gathers "
+    assert (f"`phalanx lint --select PX303` finds where the ranks part: "
+            f"{_at(src, 'evaluate(model')} (PX303): the forward of the FSDP model `model` in `evaluate()` (all-gathers "
             f"parameters) under `if rank == 0 and step % 2 == 1:` at line "
             f"{_at(src, 'if rank == 0').split(':')[1]}: the other ranks never join it") in last
 

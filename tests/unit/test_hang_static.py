@@ -35,7 +35,8 @@ for step in range(6):
 '''
 EVALUATION = "def evaluate(net, batch):\n    return net(batch).sum().item()\n"
 BACKWARD = 13  # where the ranks met (rank 1's backward)
-PARTED = ("`phalanx lint` finds where the ranks part: train.py:15 (PX301): the forward of the "
+PARTED = ("`phalanx lint --select PX303` finds where the ranks part: train.py:15 (PX303): the "
+          "forward of the "
           "FSDP model `model` in `evaluate()` (all-gathers parameters) under `if rank == 0:` "
           "at line 14: the other ranks never join it.")
 

@@ -200,10 +200,12 @@ def test_the_guides_real_mistakes_are_found():
     # PX701 not for a loopback MASTER_ADDR (seed003_block03:9, 'localhost'); PX603 also
     # through `from torch.cuda.amp import GradScaler, autocast` (seed000_block37,
     # seed002_block08, seed003_block00: two each, the deprecated API under another name)
-    assert counts == {"error": 3, "warning": 32, "info": 3}
+    # seed003_block05's FULL_STATE_DICT on rank 0 runs on FSDP's group, which the proof
+    # does not know: PX303 (a warning), not PX301
+    assert counts == {"error": 2, "warning": 33, "info": 3}
     fsdp = path.parent / "seed003_block05.py"  # FULL_STATE_DICT gathered on rank 0 only
-    assert ("PX301", 77) in {(f.code, f.line) for f in lint_source(str(fsdp), fsdp.read_text(),
-                                                                      ALL)}
+    assert ("PX303", 77) in {(f.code, f.line) for f in lint_source(str(fsdp), fsdp.read_text(),
+                                                                      ALL)}  # FSDP's group
 
 
 @pytest.mark.parametrize("code, source", [
@@ -346,8 +348,11 @@ def test_hidden_collectives_under_a_rank_condition(line, hidden):
     source = ("import torch.distributed as dist\nimport torch.distributed.checkpoint as dcp\n"
               "model = DDP(net.to(dev), device_ids=[local_rank])\nsharded = FSDP(net2)\n"
               f"if dist.get_rank() == 0:\n{line}\n")
-    rules = [BY_CODE["PX301"], BY_CODE["PX302"]]  # a DDP forward: PX302 (only with buffers)
-    code = "PX302" if "model(batch)" in line else "PX301"
+    rules = [BY_CODE["PX301"], BY_CODE["PX302"], BY_CODE["PX303"]]
+    # a DDP forward: PX302 (only with buffers); DCP's save on the default group is a proven
+    # collective (PX301); a wrapped model's forward or state_dict, a DTensor's gather and
+    # ZeRO's consolidation run on the wrapper's group, which the proof does not know (PX303)
+    code = "PX302" if "model(batch)" in line else "PX301" if "dcp.save" in line else "PX303"
     found = lint_source("h.py", source, rules)
     assert [(f.line, f.code, hidden in f.message) for f in found] == [(6, code, True)]
     quiet = source.replace("device_ids=[local_rank])", "device_ids=[local_rank], "
@@ -370,9 +375,11 @@ def test_helpers_of_other_linted_files_are_followed(tmp_path):
         "import torch.distributed as dist\nfrom utils import mean_loss\n\n"
         "if dist.get_rank() == 0:\n    print(mean_loss(loss))\n    cache.update(x)\n"
         "    stats.mean_loss(loss)\n")
-    both = json.loads(lint(str(tmp_path), "--format", "json").stdout)["findings"]
+    both = json.loads(lint(str(tmp_path), "--format", "json", "--select", "PX301,PX303")
+                      .stdout)["findings"]
     assert [(Path(f["path"]).name, f["line"], f["code"]) for f in both] == \
-        [("train.py", 5, "PX301")] and "in utils.py" in both[0]["message"]
+        [("train.py", 5, "PX303")] and "in utils.py" in both[0]["message"]  # (not proven
+    # across files: the proof follows this file's helpers only)
     alone = lint(str(tmp_path / "train.py"))
     assert alone.returncode == 0
 

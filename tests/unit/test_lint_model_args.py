@@ -56,12 +56,12 @@ def codes(tmp_path: Path, call: str, wrap: str = "fully_shard(model)",
     train = tmp_path / "train.py"
     return [(f.code, f.line, f.message) for f in
             lint_source(str(train), train.read_text(), ALL, project)
-            if f.code in ("PX301", "PX302")]
+            if f.code in ("PX301", "PX302", "PX303")]
 
 
 def test_an_fsdp_model_evaluated_on_rank_0_in_another_files_helper(tmp_path: Path):
     [(code, line, message)] = codes(tmp_path, "evaluate(model, torch.randn(4, 8))")
-    assert (code, line) == ("PX301", 14)
+    assert (code, line) == ("PX303", 14)  # a model's forward: not a proven collective
     assert "the forward of the FSDP model `model` in `evaluate()` (all-gathers parameters)" \
         in message and "under `if rank == 0 and step % 2 == 1:` at line 13" in message
 
@@ -69,12 +69,12 @@ def test_an_fsdp_model_evaluated_on_rank_0_in_another_files_helper(tmp_path: Pat
 def test_by_keyword_and_through_a_module(tmp_path: Path):
     found = codes(tmp_path, "ev.evaluate(batch=None, net=model)",
                   imports="import evaluation as ev\n")
-    assert [c for c, _, _ in found] == ["PX301"]
+    assert [c for c, _, _ in found] == ["PX303"]
 
 
 def test_an_fsdp_state_dict_asked_by_a_helper(tmp_path: Path):
     [(code, _, message)] = codes(tmp_path, "shard_names(model)")
-    assert code == "PX301" and "`model.state_dict()` of an FSDP model" in message
+    assert code == "PX303" and "`model.state_dict()` of an FSDP model" in message
 
 
 def test_silent_where_nothing_runs_the_model(tmp_path: Path):
@@ -101,9 +101,10 @@ def test_the_citation_a_report_adds(tmp_path: Path):
     files = [str(tmp_path / "train.py"), str(tmp_path / "evaluation.py"),  # file are left out
              str(tmp_path / "pipe.py"), str(tmp_path / "missing.py"), str(tmp_path / "train.py")]
     found = parting_findings(files)
-    assert [(f.code, Path(f.path).name, f.line) for f in found] == [("PX301", "train.py", 14)]
+    assert [(f.code, Path(f.path).name, f.line) for f in found] == [("PX303", "train.py", 14)]
     said = citation(found, short=lambda p: Path(p).name)
-    assert said == ("`phalanx lint` finds where the ranks part: train.py:14 (PX301): the "
+    assert said == ("`phalanx lint --select PX303` finds where the ranks part: train.py:14 "
+                    "(PX303): the "
                     "forward of the FSDP model `model` in `evaluate()` (all-gathers "
                     "parameters) under `if rank == 0 and step % 2 == 1:` at line 13: the "
                     "other ranks never join it."), said

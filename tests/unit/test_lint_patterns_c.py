@@ -53,28 +53,28 @@ def save_all(state):
     ("save_state(state, 'a.pt', **options)", [9]),
 ])
 def test_a_constant_argument_closes_the_helpers_collective(call, lines):
-    assert found("PX301", SAVE_STATE.format(call=call)) == lines
+    assert found("PX303", SAVE_STATE.format(call=call)) == lines
 
 
 def test_gates_of_early_exits_methods_and_helpers_of_helpers():
     early = ("def sync(x, quiet=False):\n    if not quiet:\n        return\n"
              "    dist.barrier()\n"
              "if dist.get_rank() == 0:\n    sync(1)\n")
-    assert found("PX301", early) == []
-    assert found("PX301", early.replace("sync(1)", "sync(1, quiet=True)")) == [8]
+    assert found("PX303", early) == []
+    assert found("PX303", early.replace("sync(1)", "sync(1, quiet=True)")) == [8]
     method = ("class C:\n    def save(self, x, sync=True):\n        if sync is True:\n"
               "            dist.barrier()\n    def run(self):\n"
               "        if dist.get_rank() == 0:\n            self.save(1, False)\n")
-    assert found("PX301", method) == []
-    assert found("PX301", method.replace("self.save(1, False)", "self.save(1)")) == [9]
+    assert found("PX303", method) == []
+    assert found("PX303", method.replace("self.save(1, False)", "self.save(1)")) == [9]
     chained = ("def save(x, sync=True):\n    if sync:\n        dist.barrier()\n"
                "def write(x):\n    save(x, sync=False)\n"
                "if dist.get_rank() == 0:\n    write(1)\n")
-    assert found("PX301", chained) == []
-    assert found("PX301", chained.replace("sync=False", "sync=True")) == [9]
+    assert found("PX303", chained) == []
+    assert found("PX303", chained.replace("sync=False", "sync=True")) == [9]
     rebound = ("def save(x, sync=True):\n    sync = sync or x\n    if sync:\n"
                "        dist.barrier()\nif dist.get_rank() == 0:\n    save(1, sync=False)\n")
-    assert found("PX301", rebound) == [8]  # the parameter is rebound: unknown
+    assert found("PX303", rebound) == [8]  # the parameter is rebound: unknown
 
 
 def test_gates_across_linted_files(tmp_path, capsys):
@@ -83,7 +83,7 @@ def test_gates_across_linted_files(tmp_path, capsys):
     train = ("import torch.distributed as dist\nfrom ckpt import save\n\n"
              "if dist.get_rank() == 0:\n    save(1, synchronize=False)\n"
              "if dist.get_rank() == 0:\n    save(1)\n")
-    assert project(tmp_path, capsys, "PX301", {"ckpt.py": helper, "train.py": train}) == \
+    assert project(tmp_path, capsys, "PX303", {"ckpt.py": helper, "train.py": train}) == \
         [("train.py", 7)]
 
 
@@ -237,12 +237,12 @@ def test_a_forward_before_the_ddp_wrap_is_a_plain_modules():
 def test_an_fsdp_state_dict_before_the_wrap_is_no_collective():
     source = INIT + "model = Net()\nif dist.get_rank() == 0:\n" \
         "    sd = model.state_dict()\nmodel = FSDP(model)\n"
-    assert found("PX301", source) == []
-    assert found("PX301", source + "if dist.get_rank() == 0:\n    sd = model.state_dict()\n") \
+    assert found("PX303", source) == []
+    assert found("PX303", source + "if dist.get_rank() == 0:\n    sd = model.state_dict()\n") \
         == [9]
     helper = INIT + "def shard(model):\n    model = FSDP(model)\n    return model\n" \
         "model = shard(Net())\nif dist.get_rank() == 0:\n    sd = model.state_dict()\n"
-    assert found("PX301", helper) == [9]  # wrapped by a helper of this file
+    assert found("PX303", helper) == [9]  # wrapped by a helper of this file
 
 
 # -- 4. accumulation judged per branch ------------------------------------------------

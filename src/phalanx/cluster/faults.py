@@ -112,7 +112,7 @@ def fault_point(phase: str, step: int, model=None) -> None:
             if _FIRED.get(key, 0) >= int(spec["times"]):
                 continue
             _FIRED[key] = _FIRED.get(key, 0) + 1
-            _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX301] (planted)
+            _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX303] (planted)
 
 
 def _fire(action: str, phase: str, step: int, model) -> None:

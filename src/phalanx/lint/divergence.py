@@ -18,7 +18,7 @@ from pathlib import Path
 
 from phalanx.lint.engine import Finding, lint_source
 
-PARTING = ("PX301", "PX302")  # the rules whose findings explain ranks that parted
+PARTING = ("PX301", "PX303", "PX302")  # the rules whose findings explain ranks that parted
 MAX_BYTES = 2_000_000  # a report lints the stack's files, not a generated blob
 
 
@@ -84,4 +84,4 @@ def _detail(finding: Finding) -> str:
         text = text[len(rule.message):].strip()
         if text.startswith("(") and text.endswith(")"):
             text = text[1:-1]
-    return text.rstrip(".")
+    return text.split("; not proven:")[0].rstrip(".")  # (the job itself shows it parted)

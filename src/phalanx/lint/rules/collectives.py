@@ -20,7 +20,7 @@ import ast
 from phalanx.lint.callees import DCP_CALLS, dcp_call, opens_for_all, own_group
 from phalanx.lint.engine import Context, Rule, dotted, keyword, last, subtree
 from phalanx.lint.gates import Gate, gate_of
-from phalanx.lint.guards import Guard
+from phalanx.lint.joining import joins_before_exit, other_branch_joins, paired
 from phalanx.lint.libraries import (
     ACCELERATOR_COLLECTIVES,
     FABRIC_COLLECTIVES,
@@ -28,8 +28,8 @@ from phalanx.lint.libraries import (
     library_receivers,
 )
 from phalanx.lint.model_args import describe, handed, takers
+from phalanx.lint.proof import prove
 from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
-from phalanx.lint.syntax import walk
 from phalanx.lint.wrapping import holds_wrapper
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -305,12 +305,28 @@ def _rank_only(ctx: Context, forward: bool):
         callee = last(dotted(call))
         if (callee in COLLECTIVES or dcp_call(ctx, call)) and own_group(call):
             continue  # only its group's members join: the guard may hold alike for them
-        guard = ctx.rank_guard(call, callers=False)  # a guarded caller is reported itself
-        if guard is None or opens_for_all(ctx, guard.test, guard.holds) or _other_branch_joins(ctx, call, callee) \
-                or _paired(ctx, call, guard, callee) or _joins_before_exit(guard, callee):
+        guards = ctx.rank_guards(call, callers=False)  # a guarded caller is reported itself
+        guard = guards[0] if guards else None
+        if guard is None or opens_for_all(ctx, guard.test, guard.holds) or other_branch_joins(ctx, call, callee) \
+                or paired(ctx, call, guard, callee) or joins_before_exit(guard, callee):
             continue
         shown = what if "`" in what else f"`{what}`"
-        yield call, f"({shown} {guard.describe()}: the other ranks never join it)"
+        yield call, f"({shown} {guard.describe()}: the other ranks never join it)", guards
+
+
+def _rank_only_proof(ctx: Context) -> list[tuple[ast.Call, str, tuple[int | None, str]]]:
+    """PX301's candidates, each with its proof: (the rank proven to skip it, or None and
+    the term not proven; lint.proof)."""
+    memo = ctx.memo.setdefault("rank_only_proof", {})
+    if "found" not in memo:
+        (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
+        helpers, runs = {**forwards, **definite}, run_receivers(ctx)
+
+        def joins(call: ast.Call) -> bool:
+            return _runs(ctx, call, models, helpers, runs=runs, gates=gates) is not None
+        memo["found"] = [(call, message, prove(ctx, call, guards, COLLECTIVES, joins))
+                         for call, message, guards in _rank_only(ctx, forward=False)]
+    return memo["found"]
 
 
 def _running(ctx: Context) -> list[tuple[ast.Call, str, bool]]:
@@ -328,66 +344,40 @@ def _running(ctx: Context) -> list[tuple[ast.Call, str, bool]]:
 
 
 def _rank_only_collective(ctx: Context):
-    yield from _rank_only(ctx, forward=False)
+    for call, message, (rank, _) in _rank_only_proof(ctx):
+        if rank is not None:
+            yield call, message.replace("the other ranks never join it",
+                                        f"rank {rank} never reaches it and runs no "
+                                        f"collective in its place")
+
+
+def _rank_only_suspected(ctx: Context):
+    for call, message, (rank, why) in _rank_only_proof(ctx):
+        if rank is None:
+            yield call, f"{message[:-1]}; not proven: {why})"
 
 
 def _rank_only_forward(ctx: Context):
-    yield from _rank_only(ctx, forward=True)
-
-
-def _joins_before_exit(guard: Guard, callee: str) -> bool:
-    """`if rank != 0: dist.barrier(); return` … `dist.barrier()`: the ranks that leave
-    join the same collective on their way out."""
-    if guard.kind != "return" or not isinstance(guard.cond, ast.If):
-        return False
-    leaving = guard.cond.orelse if guard.holds else guard.cond.body
-    return any(isinstance(n, ast.Call) and last(dotted(n)) == callee
-               for s in leaving for n in walk(s))
-
-
-def _other_branch_joins(ctx: Context, call: ast.Call, callee: str) -> bool:
-    """`if rank == src: broadcast(x, src) else: broadcast(y, src)` — every rank joins: at
-    some enclosing rank condition, the other branch calls the same collective (or helper)."""
-    child: ast.AST = call
-    for parent in ctx.ancestors(call):
-        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return False
-        if isinstance(parent, ast.If) and child is not parent.test and \
-                ctx.rank_dependent(parent.test):
-            other = parent.orelse if child in parent.body else parent.body
-            if any(isinstance(n, ast.Call) and last(dotted(n)) == callee
-                   for s in other for n in walk(s)):
-                return True
-        child = parent
-    return False
-
-
-def _paired(ctx: Context, call: ast.Call, guard: Guard, callee: str) -> bool:
-    """"Rank 0 first": `if rank > 0: barrier()` … `if rank == 0: barrier()` — the same
-    collective under another rank condition in the same function (or the other side of
-    the same one: `if rank != 0: barrier(); return` … `barrier()`): each rank joins one."""
-    scope = ctx.function_of(call)
-    for other in subtree(scope):
-        if isinstance(other, ast.Call) and other is not call and last(dotted(other)) == callee:
-            theirs = ctx.rank_guard(other, callers=False)
-            if theirs is None:
-                continue
-            if theirs.cond is guard.cond and theirs.holds != guard.holds:
-                return True
-            if theirs.cond is not guard.cond and \
-                    ast.unparse(theirs.test) != ast.unparse(guard.test):
-                return True
-    return False
+    for call, message, _ in _rank_only(ctx, forward=True):
+        yield call, message
 
 
 RULES = [
-    Rule("PX301", "error", "A collective reachable only on some ranks: a deadlock.",
+    Rule("PX301", "error", "A collective proven reachable only on some ranks: a deadlock.",
          "Run the collective on every rank; keep only the printing/saving under the rank "
          "condition.",
          "def log_metrics(loss):\n    dist.all_reduce(loss)\n    print(loss.item())\n\n"
-         "if rank == 0:\n    log_metrics(loss)  # <-",
+         "rank = dist.get_rank()\nif rank == 0:\n    log_metrics(loss)  # <-",
          "def log_metrics(loss):\n    dist.all_reduce(loss)\n    return loss.item()\n\n"
-         "value = log_metrics(loss)\nif rank == 0:\n    print(value)", _rank_only_collective),
+         "rank = dist.get_rank()\nvalue = log_metrics(loss)\nif rank == 0:\n    print(value)",
+         _rank_only_collective),
+    Rule("PX303", "warning", "A collective that may be reachable only on some ranks: the "
+         "analysis could not prove it (PX301 is the proven case).",
+         "Check that every rank reaches the collective; if the condition is the same on "
+         "every rank, or the call runs no collective here, nothing is wrong.",
+         "if args.rank == 0:  # a parameter: not known to be the global rank\n"
+         "    dist.barrier()  # <-",
+         "dist.barrier()\nif args.rank == 0:\n    print('saved')", _rank_only_suspected),
     Rule("PX302", "warning", "A DDP model's forward reachable only on some ranks: a deadlock "
          "when the model has buffers (DDP broadcasts them at every forward) or when it "
          "rebuilds its buckets.",
