@@ -237,12 +237,13 @@ def test_a_forward_before_the_ddp_wrap_is_a_plain_modules():
 def test_an_fsdp_state_dict_before_the_wrap_is_no_collective():
     source = INIT + "model = Net()\nif dist.get_rank() == 0:\n" \
         "    sd = model.state_dict()\nmodel = FSDP(model)\n"
-    assert found("PX303", source) == []
-    assert found("PX303", source + "if dist.get_rank() == 0:\n    sd = model.state_dict()\n") \
+    assert found("PX301", source) == [] and found("PX303", source) == []
+    # after `FSDP(model)` on the default group: proven
+    assert found("PX301", source + "if dist.get_rank() == 0:\n    sd = model.state_dict()\n") \
         == [9]
     helper = INIT + "def shard(model):\n    model = FSDP(model)\n    return model\n" \
         "model = shard(Net())\nif dist.get_rank() == 0:\n    sd = model.state_dict()\n"
-    assert found("PX303", helper) == [9]  # wrapped by a helper of this file
+    assert found("PX301", helper) == [9]  # wrapped by a helper of this file, on the world
 
 
 # -- 4. accumulation judged per branch ------------------------------------------------

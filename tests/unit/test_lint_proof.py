@@ -106,3 +106,49 @@ def test_the_message_names_the_rank_or_the_term_not_proven():
                           [BY_CODE["PX303"]])
     assert "not proven: `args.rank == 0` is not known to send rank 0 or rank 1 the other " \
            "way" in unknown[0].message
+
+
+FSDP_HEAD = "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+
+
+@pytest.mark.parametrize("wrap, tier", [
+    ("model = FSDP(net)", "PX301"),
+    ("model = FSDP(net, sharding_strategy=ShardingStrategy.FULL_SHARD)", "PX301"),
+    # a group of its own, or HSDP's per-machine groups: not proven
+    ("model = FSDP(net, process_group=pg)", "PX303"),
+    ("model = FSDP(net, pg)", "PX303"),
+    ("model = FSDP(net, device_mesh=mesh)", "PX303"),
+    ("model = FSDP(net, sharding_strategy=ShardingStrategy.HYBRID_SHARD)", "PX303"),
+])
+def test_an_fsdp_models_state_dict_on_rank_0_is_proven_only_on_the_default_group(wrap, tier):
+    source = FSDP_HEAD + f"{wrap}\nif dist.get_rank() == 0:\n    sd = model.state_dict()\n"
+    assert tiers(source) == [tier], wrap
+
+
+def test_a_local_state_dict_is_no_proof():
+    source = FSDP_HEAD + ("from torch.distributed.fsdp import StateDictType\n"
+                          "model = FSDP(net)\nFSDP.set_state_dict_type(model, "
+                          "StateDictType.LOCAL_STATE_DICT)\nif dist.get_rank() == 0:\n"
+                          "    sd = model.state_dict()\n")
+    assert "PX301" not in tiers(source)
+
+
+def test_an_fsdp2_forward_on_the_default_mesh_is_proven_and_its_state_dict_is_not():
+    head = "from torch.distributed.fsdp import fully_shard\nfully_shard(model)\n"
+    assert tiers(head + "if dist.get_rank() == 0:\n    out = model(x)\n") == ["PX301"]
+    assert "PX301" not in tiers(head + "if dist.get_rank() == 0:\n    sd = model.state_dict()\n")
+    mesh = head.replace("fully_shard(model)", "fully_shard(model, mesh=mesh)")
+    assert "PX301" not in tiers(mesh + "if dist.get_rank() == 0:\n    out = model(x)\n")
+
+
+def test_an_fsdp_model_built_by_a_helper_of_the_file():
+    """The guides' FSDP example: `model = create_fsdp_model(model)` returns the name the
+    helper wrapped; its full state dict on rank 0 is proven — not when the helper wraps on
+    a group of its own, nor when the name is rebound after the call."""
+    helper = FSDP_HEAD + ("def wrap(net):\n    model = FSDP(net{extra})\n    return model\n"
+                          "def main(net):\n    model = build(net)\n    model = wrap(model)\n"
+                          "    if dist.get_rank() == 0:\n        sd = model.state_dict()\n")
+    assert tiers(helper.format(extra="")) == ["PX301"]
+    assert "PX301" not in tiers(helper.format(extra=", process_group=pg"))
+    rebound = helper.format(extra="") + "    model = other\n"
+    assert "PX301" not in tiers(rebound)

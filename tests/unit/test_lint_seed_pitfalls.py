@@ -48,9 +48,6 @@ PLANTED = {
              "for epoch in range(3):\n    for x in loader:\n        pass\n" + TAIL,
     "PX301": DDP_HEAD + "loss = torch.ones(1, device=device)\n"
              "if dist.get_rank() == 0:\n    dist.all_reduce(loss)\n    print(loss)\n" + TAIL,
-    "PX303": DDP_HEAD + "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
-             "model = FSDP(net.to(device))\nif dist.get_rank() == 0:\n"
-             "    torch.save(model.state_dict(), 'model.pt')\n" + TAIL,
     "PX401": DDP_HEAD + "model = DDP(net.to(device), device_ids=[local_rank])\n"
              "for i, (x, y) in enumerate(loader):\n"
              "    loss = criterion(model(x), y) / 4\n    loss.backward()\n"

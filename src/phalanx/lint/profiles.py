@@ -15,7 +15,6 @@ SEED_PITFALLS = (
     ("`sampler=` with `shuffle=True`", "PX202"),
     ("DistributedSampler without set_epoch", "PX203"),
     ("a collective reached on rank 0 only", "PX301"),
-    ("an FSDP full state dict gathered on rank 0 only", "PX303"),
     ("gradient accumulation without no_sync", "PX401"),
     ("an accumulated loss not divided by the micro-steps", "PX404"),
     ("torch.load without map_location", "PX501"),

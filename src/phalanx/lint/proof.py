@@ -16,11 +16,13 @@ PX301 is reported only when all three terms are proven:
    Then whenever the call runs, it runs on some ranks and not on that one.
 2. **The call is a collective over every rank**: a `torch.distributed` collective without
    a `group` (point-to-point `send`/`recv` are not collectives), DCP's `save`/`load`
-   without a `process_group`, a collective of Phalanx's `Run` (each of its methods says
-   whether it runs one), Accelerate's or Fabric's (one that runs on every call), or a
-   function of the same file called by its name whose body reaches one of these on its
-   straight path from the entry (no branch, loop or exit before or around it) — so a
-   helper whose collective sits behind a parameter proves nothing.
+   without a `process_group`, the forward or `state_dict()` of an FSDP model that every
+   wrap in the file shards over the default group (lint.fsdp_world), a collective of
+   Phalanx's `Run` (each of its methods says whether it runs one), Accelerate's or
+   Fabric's (one that runs on every call), or a function of the same file called by its
+   name whose body reaches one of these on its straight path from the entry (no branch,
+   loop or exit before or around it) — so a helper whose collective sits behind a
+   parameter proves nothing.
 3. **The skipped rank joins no matching collective there**: the other side of the guard
    calls nothing that runs a collective, nothing of the same file, nothing named like a
    collective (the rule's earlier checks already leave out `if rank == 0: broadcast(…)
@@ -37,6 +39,7 @@ from collections.abc import Callable
 
 from phalanx.lint.callees import dcp_call
 from phalanx.lint.engine import Context, dotted, keyword, last
+from phalanx.lint.fsdp_world import fsdp_collective
 from phalanx.lint.guards import Guard
 from phalanx.lint.libraries import library_receivers
 from phalanx.lint.runapi import run_call, run_receivers
@@ -61,13 +64,13 @@ LEAVES = (ast.Return, ast.Raise, ast.Break, ast.Continue)
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def prove(ctx: Context, call: ast.Call, guards: list[Guard],
-          collectives: set[str], joins: Callable[[ast.Call], bool]) -> tuple[int | None, str]:
+def prove(ctx: Context, call: ast.Call, guards: list[Guard], collectives: set[str],
+          joins: Callable[[ast.Call], bool], models: dict[str, str]) -> tuple[int | None, str]:
     """(the rank proven to skip `call`, "") when PX301's three terms hold under one of its
     `guards`; else (None, the first term not proven, in words). `collectives`: the direct
     collectives' names; `joins(c)`: whether call `c` may run a collective (the rule's own
-    analysis)."""
-    if not _proven_collective(ctx, call, collectives, DEPTH):
+    analysis); `models`: the names holding a wrapped model where `call` is."""
+    if not _proven_collective(ctx, call, collectives, DEPTH, models):
         return None, ("what it calls is not proven to run a collective over every rank (a "
                       "helper whose collective may not run, a subgroup, a library method "
                       "or a model's forward)")
@@ -290,9 +293,11 @@ def _declared_global(ctx: Context, name: str) -> bool:
 
 
 def _proven_collective(ctx: Context, call: ast.Call, collectives: set[str],
-                       depth: int) -> bool:
+                       depth: int, models: dict[str, str]) -> bool:
     """`call` runs a collective over every rank whenever it runs (term 2)."""
     func, callee = call.func, last(dotted(call))
+    if fsdp_collective(ctx, call, models):
+        return True
     if callee in collectives and _torch_distributed_call(ctx, call):
         return _world(keyword(call, "group"))
     if callee in ("save", "load") and dcp_call(ctx, call):  # DCP's, on the default group
@@ -307,7 +312,8 @@ def _proven_collective(ctx: Context, call: ast.Call, collectives: set[str],
         return False
     helper = _local_function(ctx, call)
     return depth > 0 and helper is not None and any(
-        _proven_collective(ctx, inner, collectives, depth - 1) and _straight(ctx, inner, helper)
+        _proven_collective(ctx, inner, collectives, depth - 1, models)
+        and _straight(ctx, inner, helper)
         for inner in subtree(helper) if isinstance(inner, ast.Call))
 
 

@@ -324,7 +324,8 @@ def _rank_only_proof(ctx: Context) -> list[tuple[ast.Call, str, tuple[int | None
 
         def joins(call: ast.Call) -> bool:
             return _runs(ctx, call, models, helpers, runs=runs, gates=gates) is not None
-        memo["found"] = [(call, message, prove(ctx, call, guards, COLLECTIVES, joins))
+        memo["found"] = [(call, message, prove(ctx, call, guards, COLLECTIVES, joins,
+                                               _here(ctx, call, models)))
                          for call, message, guards in _rank_only(ctx, forward=False)]
     return memo["found"]
 
