@@ -127,8 +127,19 @@ def _private_sync_flag(ctx: Context):
         isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
         for t in node.targets)]
     if len(sets) == 1 and (isinstance(sets[0].value, ast.Constant)
-                           or _loop_of(ctx, sets[0]) is None):
+                           or (_loop_of(ctx, sets[0]) is None
+                               and not _a_parameter(ctx, sets[0].value))):
         yield sets[0], ""
+
+
+def _a_parameter(ctx: Context, value: ast.AST) -> bool:
+    """`value` is a parameter of the function the assignment is in: its callers decide it
+    (`set_sync(model, i == last)` on every micro-step is no_sync()'s semantics)."""
+    func = ctx.function_of(value)
+    return isinstance(value, ast.Name) and isinstance(func, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef)) \
+        and value.id in {a.arg for a in (*func.args.posonlyargs, *func.args.args,
+                                         *func.args.kwonlyargs)}
 
 
 def _zero_based_counters(ctx: Context) -> dict[str, ast.For]:

@@ -36,7 +36,8 @@ def _clip_before_unscale(ctx: Context):
         before = list(calls_in(ctx.before(clip)))
         scaled = any(_on_scaler(c, "scale", scalers) for c in before) or any(
             _on_scaler(c, "step", scalers) for c in calls_in(ctx.after(clip)))
-        if scaled and not any(dotted(c).endswith("unscale_") for c in before):
+        if scaled and not any(dotted(c).endswith("unscale_") or _on_scaler(c, "step", scalers)
+                              for c in before):  # (`scaler.step` unscales them in place)
             yield clip, "(the gradients it clips are still multiplied by the loss scale)"
 
 

@@ -179,9 +179,16 @@ def _dict_keys(node: ast.expr) -> set[str] | None:
 
 
 def _sampler_and_shuffle(ctx: Context):
+    """`shuffle=True` beside a `sampler=` or `batch_sampler=` that is not a literal None:
+    DataLoader raises ValueError (each is mutually exclusive with `shuffle`)."""
     for call in ctx.calls_named("DataLoader"):
-        if keyword(call, "sampler") is not None and is_true(keyword(call, "shuffle")):
-            yield call, ""
+        given = [k for k in ("sampler", "batch_sampler") if _not_none(keyword(call, k))]
+        if given and is_true(keyword(call, "shuffle")):
+            yield call, f"(`{given[0]}=` with `shuffle=True`)"
+
+
+def _not_none(value: ast.expr | None) -> bool:
+    return value is not None and not (isinstance(value, ast.Constant) and value.value is None)
 
 
 def _set_epoch_never_called(ctx: Context):

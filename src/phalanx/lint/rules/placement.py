@@ -135,7 +135,7 @@ def _wrap_before_move(ctx: Context):
             continue
         ids = keyword(call, "device_ids")
         gpu_meant = ids is not None and not (isinstance(ids, ast.Constant) and ids.value is None)
-        if _moved_after(name, call.lineno, scope) or \
+        if _moved_after(ctx, name, call.lineno, scope) or \
                 gpu_meant and _built_by_constructor(name, call.lineno, scope):
             yield call, f"(`{name}` is not moved to a device before)"
 
@@ -153,9 +153,11 @@ def _built_by_constructor(name: str, line: int, scope: ast.AST) -> bool:
     return isinstance(value, ast.Call) and last(dotted(value))[:1].isupper() and not told
 
 
-def _moved_after(name: str, line: int, scope: ast.AST) -> bool:
+def _moved_after(ctx: Context, name: str, line: int, scope: ast.AST) -> bool:
+    """A move of `name` later in `scope` itself (not in a function defined there: its
+    `model` is another variable)."""
     return any(_moves(n) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) == name
-               and n.lineno > line for n in subtree(scope))
+               and n.lineno > line and ctx.function_of(n) is scope for n in subtree(scope))
 
 
 def _hard_coded_device(ctx: Context):

@@ -196,8 +196,22 @@ def _batchnorm_without_sync(ctx: Context):
         yield call, ""
 
 
+def _torchs_ddp(ctx: Context, call: ast.Call) -> bool:
+    """The callee is torch's DistributedDataParallel: imported from torch, reached through
+    `torch.`/`nn.`, or (a snippet) neither imported nor defined in the file — not apex's
+    nor a class of the file's own."""
+    name = dotted(call)
+    root = name.split(".")[0]
+    origin = ctx.imported.get(root)
+    if origin is not None:
+        return origin == "torch" or origin.startswith("torch.")
+    return root not in ctx.defined
+
+
 def _unknown_ddp_keyword(ctx: Context):
     for call in ctx.calls_named("DistributedDataParallel", "DDP"):
+        if not _torchs_ddp(ctx, call):
+            continue
         for kw in call.keywords:
             if kw.arg is not None and kw.arg not in DDP_KEYWORDS:
                 hint = (" The collective timeout is `init_process_group(timeout=...)`."

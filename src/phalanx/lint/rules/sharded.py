@@ -28,15 +28,39 @@ def _wraps(ctx: Context) -> list[tuple[str, ast.Call]]:
 
 
 def _optimizer_before_wrap(ctx: Context):
+    """An optimizer built on `m.parameters()` earlier in the wrap's own scope (not in a
+    function defined there, which may run later), and not built again after the wrap."""
     for name, wrap in _wraps(ctx):
         scope = ctx.function_of(wrap)
-        for call in (n for n in subtree(scope) if isinstance(n, ast.Call)):
-            if call.lineno < wrap.lineno and "optim" in dotted(call) and any(
-                    isinstance(a, ast.Call) and dotted(a) == f"{name}.parameters"
-                    for a in walk(call)):
+        built = [n for n in subtree(scope) if isinstance(n, ast.Call)
+                 and ctx.function_of(n) is scope and "optim" in dotted(n)
+                 and any(isinstance(a, ast.Call) and dotted(a) == f"{name}.parameters"
+                         for a in walk(n))]
+        if any(call.lineno > wrap.lineno for call in built):
+            continue  # rebuilt on the wrapped model's parameters
+        for call in built:
+            if call.lineno < wrap.lineno:
                 yield call, (f"(built at line {call.lineno} on `{name}.parameters()`; "
                              f"`{last(dotted(wrap))}` at line {wrap.lineno} replaces them "
                              f"with flat or sharded ones, which this optimizer never updates)")
+
+
+def bound_here(ctx: Context, name: str, node: ast.AST, *classes: str) -> bool:
+    """`name` is assigned from one of `classes` in `node`'s own scope — or, for
+    `self.x`, in a method of `node`'s class: not a same-named variable of another
+    function."""
+    scope = ctx.function_of(node)
+    owner = ctx.parents.get(scope) if name.startswith("self.") else None
+    for call in ctx.calls_named(*classes):
+        parent = ctx.parents.get(call)
+        if not (isinstance(parent, ast.Assign) and any(dotted(t) == name
+                                                        for t in parent.targets)):
+            continue
+        theirs = ctx.function_of(call)
+        if theirs is scope or (isinstance(owner, ast.ClassDef)
+                               and ctx.parents.get(theirs) is owner):
+            return True
+    return False
 
 
 def _plain_clip_on_fsdp1(ctx: Context):
@@ -48,7 +72,7 @@ def _plain_clip_on_fsdp1(ctx: Context):
         if isinstance(params, ast.Call) and isinstance(params.func, ast.Attribute) \
                 and params.func.attr == "parameters":
             params = params.func.value
-        if dotted(params) in names:
+        if dotted(params) in names and bound_here(ctx, dotted(params), call, *FSDP1):
             yield call, "(each rank sees only its shards: a different norm on every rank)"
 
 
@@ -111,7 +135,8 @@ def _zero_state_dict(ctx: Context):
     if not zero or ctx.mentions("consolidate_state_dict"):
         return
     for call in ctx.calls_named("state_dict"):
-        if isinstance(call.func, ast.Attribute) and dotted(call.func.value) in zero:
+        receiver = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+        if receiver in zero and bound_here(ctx, receiver, call, "ZeroRedundancyOptimizer"):
             yield call, ""
 
 
