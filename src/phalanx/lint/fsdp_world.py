@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from phalanx.lint.engine import Context, dotted, keyword, last
+from phalanx.lint.engine import Context, dotted, keyword, last, subtree
 
 FSDP1 = ("FullyShardedDataParallel", "FSDP")
 GROUPS = ("process_group", "device_mesh", "mesh")
@@ -52,9 +52,9 @@ def _built_by_helper(ctx: Context, scope: ast.AST, call: ast.Call, name: str,
     """`name`'s last binding before `call` is a statement of `scope` itself (no branch or
     loop around it, none after the call), `model = setup_model(...)`, and that top-level
     function of the file returns only a name it wraps itself (a wrap among `wraps`)."""
-    binds = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
+    binds = [n for n in subtree(scope) if isinstance(n, (ast.Assign, ast.AugAssign,
                                                           ast.AnnAssign, ast.For, ast.With))
-             and name in {dotted(t) for t in ast.walk(n) if isinstance(t, (ast.Name,
+             and name in {dotted(t) for t in subtree(n) if isinstance(t, (ast.Name,
                           ast.Attribute)) and isinstance(t.ctx, ast.Store)}]
     if not binds or any(b.lineno >= call.lineno for b in binds):
         return False
@@ -68,7 +68,7 @@ def _built_by_helper(ctx: Context, scope: ast.AST, call: ast.Call, name: str,
     defs = [n for n in ctx.tree.body if isinstance(n, ast.FunctionDef) and n.name == helper]
     if len(defs) != 1:
         return False
-    returned = {dotted(r.value) if r.value is not None else "" for r in ast.walk(defs[0])
+    returned = {dotted(r.value) if r.value is not None else "" for r in subtree(defs[0])
                 if isinstance(r, ast.Return)}
     return len(returned) == 1 and any(ctx.function_of(c) is defs[0]
                                       and _target(ctx, c) in returned for c in wraps)

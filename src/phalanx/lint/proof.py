@@ -43,7 +43,7 @@ from phalanx.lint.fsdp_world import fsdp_collective
 from phalanx.lint.guards import Guard
 from phalanx.lint.libraries import library_receivers
 from phalanx.lint.runapi import run_call, run_receivers
-from phalanx.lint.syntax import subtree
+from phalanx.lint.syntax import children, subtree
 
 UNKNOWN = object()
 DEPTH = 4  # names and helpers followed this deep
@@ -272,7 +272,7 @@ def _parameters(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
 def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
     """Nodes binding `name` in `scope` itself (nested functions and classes left out)."""
     found: list[ast.AST] = []
-    todo = list(ast.iter_child_nodes(scope))
+    todo = children(scope)
     while todo:
         node = todo.pop()
         if isinstance(node, (*FUNCTIONS, ast.ClassDef, ast.Lambda)):
@@ -283,7 +283,7 @@ def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
             found.append(node)
         elif isinstance(node, ast.alias) and (node.asname or node.name) == name:
             found.append(node)
-        todo.extend(ast.iter_child_nodes(node))
+        todo.extend(children(node))
     return found
 
 

@@ -45,7 +45,7 @@ def _optimizer_before_wrap(ctx: Context):
                              f"with flat or sharded ones, which this optimizer never updates)")
 
 
-def bound_here(ctx: Context, name: str, node: ast.AST, *classes: str) -> bool:
+def _bound_here(ctx: Context, name: str, node: ast.AST, *classes: str) -> bool:
     """`name` is assigned from one of `classes` in `node`'s own scope — or, for
     `self.x`, in a method of `node`'s class: not a same-named variable of another
     function."""
@@ -72,7 +72,7 @@ def _plain_clip_on_fsdp1(ctx: Context):
         if isinstance(params, ast.Call) and isinstance(params.func, ast.Attribute) \
                 and params.func.attr == "parameters":
             params = params.func.value
-        if dotted(params) in names and bound_here(ctx, dotted(params), call, *FSDP1):
+        if dotted(params) in names and _bound_here(ctx, dotted(params), call, *FSDP1):
             yield call, "(each rank sees only its shards: a different norm on every rank)"
 
 
@@ -136,7 +136,7 @@ def _zero_state_dict(ctx: Context):
         return
     for call in ctx.calls_named("state_dict"):
         receiver = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else ""
-        if receiver in zero and bound_here(ctx, receiver, call, "ZeroRedundancyOptimizer"):
+        if receiver in zero and _bound_here(ctx, receiver, call, "ZeroRedundancyOptimizer"):
             yield call, ""
 
 
