@@ -152,3 +152,20 @@ def test_an_fsdp_model_built_by_a_helper_of_the_file():
     assert "PX301" not in tiers(helper.format(extra=", process_group=pg"))
     rebound = helper.format(extra="") + "    model = other\n"
     assert "PX301" not in tiers(rebound)
+
+
+def test_a_closure_reads_its_enclosing_functions_binding():
+    """The nearest enclosing function that binds the name decides it, not the module."""
+    source = ("rank = dist.get_rank()\ndef main(args):\n    rank = args.rank\n"
+              "    def inner(t):\n        if rank == 0:\n            dist.barrier()\n"
+              "    return inner\n")
+    assert "PX301" not in tiers(source)
+    known = source.replace("rank = args.rank", "rank = dist.get_rank()")
+    assert tiers(known) == ["PX301"]
+
+
+def test_a_conditional_expression_checks_its_other_arm():
+    both = "x = dist.barrier() if dist.get_rank() == 0 else dist.barrier()\n"
+    assert "PX301" not in tiers(both)
+    one = "x = dist.barrier() if dist.get_rank() == 0 else None\n"
+    assert tiers(one) == ["PX301"]

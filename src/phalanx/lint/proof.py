@@ -104,8 +104,8 @@ def skipped_rank(ctx: Context, guard: Guard) -> int | None:
 
 def _other_side(guard: Guard) -> list[ast.stmt]:
     cond = guard.cond
-    if not isinstance(cond, ast.If):
-        return []
+    if isinstance(cond, ast.IfExp):  # `a() if rank == 0 else b()`
+        return [ast.Expr(cond.orelse if guard.holds else cond.body)]
     if guard.kind == "return":  # the ranks that leave run the exiting block
         return cond.body if not guard.holds else cond.orelse
     return cond.orelse if guard.holds else cond.body
@@ -245,14 +245,15 @@ def _single_binding(ctx: Context, name: ast.Name) -> ast.expr | None:
     """The value `name` is bound to, when its scope binds it exactly once, by a plain
     assignment (not a parameter, a loop variable or a `global` written elsewhere)."""
     scope = ctx.function_of(name)
+    stores = _stores(scope, name.id)
+    while not stores and isinstance(scope, FUNCTIONS):  # a closure's: the nearest binder
+        if name.id in {a.arg for a in _parameters(scope)} or any(
+                isinstance(n, (ast.Global, ast.Nonlocal)) for n in subtree(scope)):
+            return None
+        scope = ctx.function_of(scope)
+        stores = _stores(scope, name.id)
     if isinstance(scope, FUNCTIONS) and name.id in {a.arg for a in _parameters(scope)}:
         return None
-    stores = _stores(scope, name.id)
-    if not stores and isinstance(scope, FUNCTIONS):
-        if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in subtree(scope)):
-            return None
-        scope = ctx.tree
-        stores = _stores(scope, name.id)
     if len(stores) != 1 or _declared_global(ctx, name.id):
         return None
     parent = ctx.parents.get(stores[0])
