@@ -20,6 +20,11 @@ from mlflow_server import Server
 
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (mlflow) is not installed")
 
+# The resume runs STEPS steps, each forward of rank 0 40 ms slower from step 5 on: at least
+# 12 s in which the test sees steps 5 and 6 reach the server and stops it mid-run, however
+# loaded the machine (100 plain steps once ended before a loaded CI's polls saw step 6).
+STEPS, SLOW = 300, "rank=0,step=5,phase=step,action=slow"
+
 
 def train(out: Path, corpus_file, cache_dir, uri: str, *args: str,
           **popen) -> subprocess.Popen | subprocess.CompletedProcess:
@@ -43,7 +48,7 @@ def losses(out: Path) -> list[tuple[int, float]]:
 def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_goes(
         tmp_path, corpus_file, cache_dir):
     """One server, two legs (each training is ~20 s of CI): 4 steps logged and finished;
-    the resume to 100 steps continues the same MLflow run; then the server is stopped
+    the resume to STEPS steps continues the same MLflow run; then the server is stopped
     mid-run: one warning, no stall, metrics.jsonl complete."""
     from mlflow.tracking import MlflowClient
 
@@ -51,8 +56,8 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     try:
         client, out = MlflowClient(server.uri), tmp_path / "run"
         run_id = _first_leg(server, client, out, corpus_file, cache_dir)
-        proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", "100",
-                     background=True, env={"PHALANX_TRACKER_STALL_S": "3"})
+        proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", str(STEPS),
+                     background=True, env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": SLOW})
         seen = _continued(client, run_id, proc)
         server.stop()  # mid-run: at once, before anything else is asked of it
         stopped = time.monotonic()
@@ -72,7 +77,7 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     assert len(warnings) == 1 and "no answer from the MLflow tracking server in 3 s" in \
         warnings[0], warnings
     assert after < 90, after
-    assert [s for s, _ in losses(out)] == list(range(1, 101))  # nothing lost there
+    assert [s for s, _ in losses(out)] == list(range(1, STEPS + 1))  # nothing lost there
 
 
 def _logged(client, run_id: str) -> list[tuple[int, float]]:
@@ -116,7 +121,7 @@ def _same_run(seen: dict, run_id: str, mine: list[tuple[int, float]]) -> None:
     assert [r.info.run_id for r in seen["runs"]] == [run_id]
     again = seen["run"]
     assert again.data.params["run_config.train.max_steps"] == "4"  # MLflow keeps the first
-    assert again.data.tags["resumed.run_config.train.max_steps"] == "100"
+    assert again.data.tags["resumed.run_config.train.max_steps"] == str(STEPS)
     logged = seen["logged"]
     assert [s for s, _ in logged] == list(range(1, len(logged) + 1))
     assert logged == mine[:len(logged)]
