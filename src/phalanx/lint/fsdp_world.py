@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, dotted, keyword, last, subtree
+from phalanx.lint.wrapping import bound_by
 
 FSDP1 = ("FullyShardedDataParallel", "FSDP")
 GROUPS = ("process_group", "device_mesh", "mesh")
@@ -35,7 +36,7 @@ def fsdp_collective(ctx: Context, call: ast.Call, models: dict[str, str]) -> boo
 def _on_world(ctx: Context, call: ast.Call, name: str, forward: bool) -> bool:
     """Every wrap of `name` in the file is on the default group, and one of them is in the
     scope of `call` or a scope around it (not a same-named variable of another function)."""
-    wraps = [c for c in ctx.calls_named(*FSDP1, "fully_shard") if _target(ctx, c) == name]
+    wraps = [c for c in ctx.calls_named(*FSDP1, "fully_shard") if bound_by(ctx, c) == name]
     scopes, scope = [], ctx.function_of(call)
     while scope is not ctx.tree:
         scopes.append(scope)
@@ -71,16 +72,7 @@ def _built_by_helper(ctx: Context, scope: ast.AST, call: ast.Call, name: str,
     returned = {dotted(r.value) if r.value is not None else "" for r in subtree(defs[0])
                 if isinstance(r, ast.Return)}
     return len(returned) == 1 and any(ctx.function_of(c) is defs[0]
-                                      and _target(ctx, c) in returned for c in wraps)
-
-
-def _target(ctx: Context, call: ast.Call) -> str:
-    parent = ctx.parents.get(call)
-    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-        return dotted(parent.targets[0])
-    if last(dotted(call)) == "fully_shard" and call.args:
-        return dotted(call.args[0])
-    return ""
+                                      and bound_by(ctx, c) in returned for c in wraps)
 
 
 def _world_wrap(call: ast.Call) -> bool:

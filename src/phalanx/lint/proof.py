@@ -289,8 +289,13 @@ def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
 
 
 def _declared_global(ctx: Context, name: str) -> bool:
-    return any(isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names
-               for n in ctx.nodes)
+    """`name` is declared `global` or `nonlocal` somewhere in the file (the names gathered
+    once per file)."""
+    if "declared_global" not in ctx.memo:
+        ctx.memo["declared_global"] = {declared: True for n in ctx.nodes
+                                       if isinstance(n, (ast.Global, ast.Nonlocal))
+                                       for declared in n.names}
+    return name in ctx.memo["declared_global"]
 
 
 def _proven_collective(ctx: Context, call: ast.Call, collectives: set[str],

@@ -58,3 +58,14 @@ def _wrapping_helper(ctx: Context, value: ast.expr, wrappers: Collection[str]) -
 def _wraps(value: ast.AST, wrappers: Collection[str]) -> bool:
     return any(isinstance(n, ast.Call) and last(dotted(n)) in wrappers
                for n in walk(value))
+
+
+def bound_by(ctx: Context, call: ast.Call) -> str:
+    """The name a wrap call binds: `m = DDP(...)` / `m = FSDP(...)` its target,
+    `fully_shard(m)` its first argument; "" when neither."""
+    parent = ctx.parents.get(call)
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+        return dotted(parent.targets[0])
+    if last(dotted(call)) == "fully_shard" and call.args:
+        return dotted(call.args[0])
+    return ""

@@ -30,7 +30,7 @@ from phalanx.lint.libraries import (
 from phalanx.lint.model_args import describe, handed, takers
 from phalanx.lint.proof import prove
 from phalanx.lint.runapi import RUN_COLLECTIVES, run_call, run_receivers
-from phalanx.lint.wrapping import holds_wrapper
+from phalanx.lint.wrapping import bound_by, holds_wrapper
 
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
@@ -39,20 +39,18 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into
 
 WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataParallel": "FSDP",
             "FSDP": "FSDP", "fully_shard": "FSDP"}
+
+
 def wrapped(ctx: Context) -> dict[str, str]:
     """Names holding a DDP / FSDP model: `m = DDP(...)`, `m = FSDP(...)`, `fully_shard(m)`.
     A DDP built with `broadcast_buffers=False` has a forward without a collective."""
     found: dict[str, str] = {}
     for call in ctx.calls_named(*WRAPPERS):
         kind = WRAPPERS[last(dotted(call))]
-        parent = ctx.parents.get(call)
         if kind == "DDP" and isinstance(buffers := keyword(call, "broadcast_buffers"),
                                         ast.Constant) and buffers.value is False:
             continue
-        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
-            found[dotted(parent.targets[0])] = kind
-        elif last(dotted(call)) == "fully_shard" and call.args:
-            found[dotted(call.args[0])] = kind
+        found[bound_by(ctx, call)] = kind
     found.pop("", None)
     return found
 
