@@ -75,3 +75,44 @@ def test_a_name_that_resolves_to_loopback_here_listens_towards_the_other_hosts(m
         s.connect(("127.0.0.2", 20000))
         towards = s.getsockname()[0]
     assert slurm_store.listen_address(two_nodes, 20000) == towards
+
+
+class _SlowFirst:
+    """torch.distributed, except that the first store client made on `port` does not
+    answer in time (a store on a machine too loaded to reply within the probe); `calls`
+    counts the clients made, per port."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        import time
+
+        import torch.distributed as dist
+
+        self.port, self.delay, self.sleep, self.dist = port, delay, time.sleep, dist
+        self.calls: dict[int, int] = {}
+
+    def TCPStore(self, host, port, *args, **kwargs):  # noqa: N802 - torch's name
+        self.calls[port] = self.calls.get(port, 0) + 1
+        if port == self.port and self.calls[port] == 1:
+            self.sleep(self.delay)
+        return self.dist.TCPStore(host, port, *args, **kwargs)
+
+
+def test_a_store_slow_to_answer_once_is_asked_again_and_nobody_listening_is_no_strike(
+        monkeypatch):
+    """A store whose first reply comes too late is not given up: it is asked again (the
+    multi-host SLURM test hung once under load with every rank-0 port given up), and a port
+    where nobody listens costs no store client (the connection is refused)."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(slurm_store, "PROBE_S", 0.2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=10))
+    store.set(slurm_store.OWNER, "7.0")
+    slow = _SlowFirst(store.port, delay=2.0)
+    client, found = slurm_store._find(slow, "127.0.0.1", [free, store.port], 2,
+                                      datetime.timedelta(seconds=8), "7.0", 1)
+    assert found == store.port and client.get(slurm_store.OWNER) == b"7.0"
+    assert slow.calls == {store.port: 2}  # the late answer, then the one taken

@@ -28,6 +28,7 @@ from phalanx.errors import DistributedError
 
 OWNER = "phalanx/slurm-step"
 PROBE_S = 2.0  # how long a task waits on one candidate before it tries the next
+STRIKES = 3  # silent probes (each waiting longer) before a port is not asked again
 
 
 def srun_store(rank: int, world_size: int, timeout: datetime.timedelta):
@@ -105,12 +106,12 @@ def _serve(host: str, address: str, ports: list[int], timeout, me: str):
 
 def _find(dist, host: str, ports: list[int], world_size: int, timeout, me: str, rank: int):
     deadline = time.monotonic() + timeout.total_seconds()
-    silent: set[int] = set()  # held by a program that is not a store: not asked again
+    hung: dict[int, int] = {}  # port → probes a listener there left without a store's reply
     while time.monotonic() < deadline:
-        for port in (p for p in ports if p not in silent):
-            client = _client(dist, host, port, world_size)
+        for port in (p for p in ports if hung.get(p, 0) < STRIKES):
+            client = _client(dist, host, port, world_size, PROBE_S * (1 + hung.get(port, 0)))
             if client is _SILENT:
-                silent.add(port)
+                hung[port] = hung.get(port, 0) + 1
                 continue
             try:
                 if client is not None and client.check([OWNER]) and \
@@ -129,24 +130,30 @@ def _find(dist, host: str, ports: list[int], world_size: int, timeout, me: str, 
 _SILENT = object()
 
 
-def _client(dist, host: str, port: int, world_size: int):
-    """A store client on host:port; None when nobody is there (yet); _SILENT when a
-    program that is not a store holds the port. torch's client waits for a store's reply
-    without a time limit, so it is made on a daemon thread, left behind (blocked on that
-    socket) in the last case — once per port, as such a port is not asked again."""
+def _client(dist, host: str, port: int, world_size: int, wait: float):
+    """A store client on host:port; None when nobody listens there (yet); _SILENT when a
+    listener gave no store's reply within `wait` seconds — a program that is not a store,
+    or a store on a machine too loaded to answer in time, so `_find` asks again, waiting
+    longer, until STRIKES such answers. torch's client waits for a reply without a time
+    limit, so it is made on a daemon thread, left behind (blocked on that socket) when
+    silent: at most STRIKES times per port."""
+    try:  # a refused connection is definite and quick: no thread, no strike
+        socket.create_connection((host, port), timeout=PROBE_S).close()
+    except OSError:
+        return None
     box: list = []
 
     def connect() -> None:
         try:
             box.append(dist.TCPStore(host, port, world_size, is_master=False,
-                                     timeout=datetime.timedelta(seconds=PROBE_S),
+                                     timeout=datetime.timedelta(seconds=wait),
                                      wait_for_workers=False))
-        except (RuntimeError, OSError):  # nobody there (yet)
+        except (RuntimeError, OSError):  # it went away
             pass
 
     thread = threading.Thread(target=connect, name=f"phalanx-store-probe-{port}", daemon=True)
     thread.start()
-    thread.join(PROBE_S + 1.0)
+    thread.join(wait + 1.0)
     if thread.is_alive():
         return _SILENT
     return box[0] if box else None
