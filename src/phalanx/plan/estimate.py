@@ -10,7 +10,8 @@ The peak of a step is the largest of a few moments (each a sum of formulas.py te
     and the collectives' buffers in flight;
   - with activation checkpointing, the last block's forward: every block's input, and
     under autocast the weight copies its cast cache keeps until forward ends;
-  - the optimizer step: parameters, gradients, optimizer state, the logits.
+  - the optimizer step: parameters, gradients, optimizer state, the logits, and for a
+    per-parameter step (Muon's) the temporaries it makes (`step_optimizer_bytes`).
 Around them, what each strategy holds per rank: DDP full parameters, its gradient buckets
 (the gradients are views into them) and full optimizer state; ZeRO the same with
 optimizer state for its share of the parameters only; FSDP a 1/W shard of parameters,
@@ -60,6 +61,9 @@ class ModelFacts:
     buffers: int = 0  # bytes of buffers every rank holds whole (rotary tables)
     grad_accum: int = 1  # micro-steps per optimizer step (`--grad-accum`)
     grad_sync_every: bool = True  # FSDP reduce-scatters each micro-step (else the last)
+    # the optimizer steps parameter by parameter (MuonAdamW, not fused AdamW): its
+    # temporaries count at the step (formulas.step_temporaries)
+    unfused_step: bool = False
 
     def copies(self) -> list[int]:
         return list(self.state_copies) or [f.ADAMW_COPIES] * len(self.param_shapes)
@@ -129,7 +133,7 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
         cast_cache=sum(map(f.numel, block)) * s if autocast else 0,
         block_forward_peak=f.mlp_forward_transient(B, T, C, s,
                                                    f.FP32 if autocast else s),
-        state_copies=copies, optim_groups=groups,
+        state_copies=copies, optim_groups=groups, unfused_step=optimizer == "muon",
         buffers=f.rope_buffers(L, T, C, H) if rope else 0)
 
 
@@ -225,6 +229,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             "activations": L * (facts.block_input + facts.cast_cache)
             + facts.block_forward_peak}
     out["optimizer step"] = {**base, "gradients": shard if sharded else P,
+                             "optimizer": step_optimizer_bytes(facts, variant, W, s),
                              "activations": facts.logits}
     return out
 
@@ -253,6 +258,32 @@ def optimizer_bytes(facts: ModelFacts, variant: Variant, W: int, s: int = f.FP32
     if "optimizer" in variant.shards:
         return f.zero_state_bytes(facts.param_shapes, copies, W, facts.groups(), s=s)
     return f.optimizer_state_bytes(facts.param_shapes, copies, s=s)
+
+
+def step_optimizer_bytes(facts: ModelFacts, variant: Variant, W: int,
+                         s: int = f.FP32) -> int:
+    """What the optimizer holds at its step's own peak: its state, and for a
+    per-parameter step (`unfused_step`) the temporaries of formulas.step_temporaries —
+    under ZeRO on the rank where state and temporaries together are largest, its
+    parameters in the order ZeroRedundancyOptimizer gives them (each group largest
+    first). `W`: the ranks one parameter is sharded over (fsdp)."""
+    state = optimizer_bytes(facts, variant, W, s)
+    if not facts.unfused_step:
+        return state
+    shapes, copies, groups = facts.param_shapes, facts.copies(), facts.groups()
+    muon = [c == f.MUON_COPIES for c in copies]
+    if variant.sharded or "optimizer" not in variant.shards:  # fsdp; ddp
+        order = [[i for i in range(len(shapes)) if groups[i] == g] for g in sorted(set(groups))]
+        return state + f.step_temporaries(shapes, muon, order, W if variant.sharded else 1, s)
+    rank_of = f.zero_assignment(shapes, W, groups)
+    most = 0
+    for k in range(W):
+        mine = [i for i in range(len(shapes)) if rank_of[i] == k]
+        order = [sorted((i for i in mine if groups[i] == g), key=lambda i: -f.numel(shapes[i]))
+                 for g in sorted(set(groups))]
+        held = sum(copies[i] * f.numel(shapes[i]) * s for i in mine)
+        most = max(most, held + f.step_temporaries(shapes, muon, order, s=s))
+    return most
 
 
 def _fsdp_in_flight(facts: ModelFacts, variant: Variant, k: int, W: int = 1) -> int:

@@ -65,6 +65,32 @@ def optimizer_state_bytes(shapes: list[tuple[int, ...]], copies: list[int], W: i
                for p, c in zip(shapes, copies, strict=True))
 
 
+def step_temporaries(shapes: list[tuple[int, ...]], muon: list[bool],
+                     order: list[list[int]], W: int = 1, s: int = FP32) -> int:
+    """The most a per-parameter optimizer step (Phalanx's MuonAdamW) holds at once beyond
+    its state. It walks `order` (each group's parameter indices in step order); at each
+    parameter: its own temporaries plus the previous parameter's result, which the loop
+    still references until it rebinds it. AdamW's single-tensor step makes 2·|p| (the
+    square root, then its division: the denominator), beside the previous denominator.
+    Muon orthogonalises the whole m×n matrix (m ≤ n; under FSDP gathered from its W
+    update shards): the update, the normalised matrix, the Gram matrix, its product and
+    the next iterate, |u| + (2mn + 2m²)·4, beside the previous orthogonalised update
+    (m·n·s). `W` > 1: the parameters are FSDP shards."""
+    peak = 0
+    for members in order:
+        previous = 0
+        for i in members:
+            if muon[i]:
+                m, n = sorted((shapes[i][0], numel(shapes[i]) // shapes[i][0]))
+                update = m * n * s + (shard_numel(shapes[i], W) * s if W > 1 else 0)
+                own, result = update + (2 * m * n + 2 * m * m) * FP32, m * n * s
+            else:
+                own, result = 2 * shard_numel(shapes[i], W) * s, shard_numel(shapes[i], W) * s
+            peak = max(peak, previous + own)
+            previous = result
+    return peak
+
+
 def zero_assignment(shapes: list[tuple[int, ...]], W: int,
                     groups: list[int] | None = None) -> list[int]:
     """The rank ZeroRedundancyOptimizer gives each parameter: torch's
