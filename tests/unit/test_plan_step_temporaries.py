@@ -73,3 +73,40 @@ def test_muons_step_peak_is_what_the_tracker_measures_on_one_process():
     state = estimate.optimizer_bytes(facts, estimate.VARIANTS[0], 1)
     assert measured > state * 1.2  # the temporaries are there to be counted
     assert abs(predicted - measured) <= 0.001 * measured, (predicted, measured, state)
+
+
+def test_the_heads_backward_is_the_peak_of_a_wide_model_on_a_short_batch():
+    """n_embd 256, vocabulary 4096, 16 tokens: the head's V×C weight gradient (4 MiB), made
+    before it lands in `.grad`, outweighs every activation; the plan's peak is that moment
+    and equals the tracker's (one process, fused AdamW: no step temporaries)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from phalanx.models.minigpt import GPTConfig, MiniGPT
+    from phalanx.runtime.optim import adamw
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=4096, block_size=16, n_layer=2, n_head=2, n_embd=256,
+                    rope=True, activation="relu2", tie_embeddings=False)
+    model = MiniGPT(cfg)
+    opt = adamw(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95),
+                device=torch.device("cpu"))
+    x, y = torch.randint(0, 4096, (1, 16)), torch.randint(0, 4096, (1, 16))
+
+    def step() -> None:
+        logits, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(2):
+        step()
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        step()
+    measured = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    facts = estimate.minigpt_facts(L=2, H=2, C=256, T=16, V=4096, B=1, bias=False, rope=True,
+                                   tied=False, optimizer="adamw")
+    planned = estimate.peak(facts, estimate.VARIANTS[0], 1, False)
+    assert planned["moment"] == "head backward", planned
+    assert abs(planned["peak"] - measured) <= 0.002 * measured, (planned, measured)

@@ -3,6 +3,8 @@
 The peak of a step is the largest of a few moments (each a sum of formulas.py terms):
   - backward starts: every saved activation, the logits the caller holds, and the loss's
     two B·T·V gradients;
+  - the head's backward (ddp, zero; fp32): the saved tensors, the logits, and its weight's
+    gradient as the matmul makes it (`formulas.head_backward_transient`);
   - block j's backward, at its MLP down-projection (k = L-1-j blocks done, the head's
     tensors freed): the saved tensors of blocks 0..j (with activation checkpointing: the
     inputs of blocks 0..j-1 and block j recomputed), the logits, and the gradients in
@@ -64,6 +66,9 @@ class ModelFacts:
     # the optimizer steps parameter by parameter (MuonAdamW, not fused AdamW): its
     # temporaries count at the step (formulas.step_temporaries)
     unfused_step: bool = False
+    # what the head's backward holds beyond the saved tensors (fp32 without soft-capping:
+    # formulas.head_backward_transient; 0: not modelled)
+    head_grad: int = 0
 
     def copies(self) -> list[int]:
         return list(self.state_copies) or [f.ADAMW_COPIES] * len(self.param_shapes)
@@ -134,6 +139,7 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
         block_forward_peak=f.mlp_forward_transient(B, T, C, s,
                                                    f.FP32 if autocast else s),
         state_copies=copies, optim_groups=groups, unfused_step=optimizer == "muon",
+        head_grad=f.head_backward_transient(B, T, C, V) if s == f.FP32 and not softcap else 0,
         buffers=f.rope_buffers(L, T, C, H) if rope else 0)
 
 
@@ -209,6 +215,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         **base, "parameters": base["parameters"] + kept * block,
         "communication": block if sharded and variant.reshard else 0,
         "activations": saved + facts.logits + facts.loss_grads}}
+    if facts.head_grad and not sharded:  # (FSDP: the root's backward is not listed)
+        out["head backward"] = {**base, "activations": saved + facts.logits + facts.head_grad}
     for k in range(L if facts.block_saved else 0):  # block L-1-k's backward, k blocks
         # done, the head's tensors freed (known for MiniGPT; a traced model: not)
         if checkpointed:  # earlier blocks' inputs, this block recomputed

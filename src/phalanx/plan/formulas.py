@@ -198,6 +198,14 @@ def minigpt_head_activations(B: int, T: int, C: int, V: int, s: int = FP32) -> i
     return 2 * B * T * C * s + 2 * B * T * FP32 + B * T * V * FP32 + 2 * B * T * INDEX
 
 
+def head_backward_transient(B: int, T: int, C: int, V: int) -> int:
+    """In fp32, what the head's backward holds beyond the saved tensors: the V×C weight
+    gradient as its matmul makes it, before it lands in `.grad` (DDP's bucket), and the
+    input's gradient B·T·C — 4 bytes each. (The logits' gradient, B·T·V·4, takes the place
+    of the loss's log-softmax that its backward has freed: counted as that saved tensor.)"""
+    return (V * C + B * T * C) * FP32
+
+
 def minigpt_activations(B: int, T: int, C: int, H: int, V: int, L: int, s: int = FP32,
                         checkpointed: bool = False) -> int:
     """Bytes saved by one micro-batch's forward: L·block + head; with activation
