@@ -70,6 +70,9 @@ class ModelFacts:
     # what the head's backward holds beyond the saved tensors (fp32 without soft-capping:
     # formulas.head_backward_transient; 0: not modelled)
     head_grad: int = 0
+    # DDP keeps its gradient buckets beside autograd's gradients (ddp and zero with
+    # --no-gradient-as-bucket-view): a second copy through the whole step
+    bucket_copy: bool = False
 
     def copies(self) -> list[int]:
         return list(self.state_copies) or [f.ADAMW_COPIES] * len(self.param_shapes)
@@ -242,7 +245,23 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     out["optimizer step"] = {**base, "gradients": shard if sharded else P,
                              "optimizer": step_optimizer_bytes(facts, variant, W, s),
                              "activations": facts.logits}
+    if facts.bucket_copy and not sharded:
+        _autograds_beside_buckets(out, facts, P, s)
     return out
+
+
+def _autograds_beside_buckets(out: dict[str, dict[str, int]], facts: ModelFacts, P: int,
+                              s: int) -> None:
+    """DDP without gradient-as-bucket-view: `gradients` are its buckets, through the whole
+    step; autograd's own gradients come beside them as backward makes them (none at its
+    start, the blocks done at a block's backward — the head's few left out — all of
+    them at the optimizer step), counted as communication (the tracker's temporaries)."""
+    block = f.param_bytes(facts.block_shapes, s=s)
+    for name, parts in out.items():
+        if name == "optimizer step":
+            parts["communication"] += P
+        elif name.startswith("block "):
+            parts["communication"] += (facts.n_blocks - 1 - int(name.split()[1])) * block
 
 
 def _root_reduce_scatter(facts: ModelFacts, base: dict[str, int], shard: int,

@@ -48,9 +48,11 @@ def facts_for(cfg, micro_batch: int | None = None,
 
 
 def accumulating(cfg, facts: estimate.ModelFacts) -> estimate.ModelFacts:
-    """`facts` for the config's gradient accumulation (what earlier micro-steps leave)."""
+    """`facts` for the config's gradient accumulation (what earlier micro-steps leave) and
+    DDP's buckets (a copy beside the gradients with --no-gradient-as-bucket-view)."""
     return replace(facts, grad_accum=cfg.train.grad_accum,
-                   grad_sync_every=cfg.dist.fsdp_grad_sync == "every")
+                   grad_sync_every=cfg.dist.fsdp_grad_sync == "every",
+                   bucket_copy=not cfg.dist.gradient_as_bucket_view)
 
 
 def parameter_count(cfg) -> int:
