@@ -115,21 +115,23 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
         print(f"phalanx: the run is complete: replica group {done} finished it; its result "
               f"is in {out}; nothing to do.", flush=True)
         return 0
-    server, store, start = None, None, {}
+    from phalanx.cluster.rendezvous import bound_store
+
+    server = None
     if cfg.dist.lighthouse is not None:
         address = lighthouse_url(cfg.dist.lighthouse)  # HOST:PORT as the URL torchft takes
     else:
         from torchft._torchft import LighthouseServer
 
-        from phalanx.cluster.rendezvous import bound_store
-
         wait_ms = int(cfg.dist.ft_join_timeout_s * 1000)  # for a late group, and a gone one
         server = LighthouseServer(bind="127.0.0.1:0", min_replicas=cfg.dist.min_replicas,
                                   join_timeout_ms=wait_ms, heartbeat_timeout_ms=wait_ms)
         address = "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]  # not its hostname
-        # where the groups of a launch wait for each other before their first quorum
-        store = bound_store("127.0.0.1", 0)  # (a TCPStore of its own binds every interface)
-        start = {protocol.FT_START: f"127.0.0.1:{store.port}:{','.join(names)}"}
+    # where this launch's groups wait for each other before their first quorum (with a
+    # shared lighthouse too: else a group without a checkpoint trains alone from step 1
+    # and heals the resumed ones with its weights); the launcher's own, on loopback
+    store = bound_store("127.0.0.1", 0)  # (a TCPStore of its own binds every interface)
+    start = {protocol.FT_START: f"127.0.0.1:{store.port}:{','.join(names)}"}
     print(f"phalanx: fault tolerance (torchft): {groups} replica groups of 1 rank, "
           f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
     try:

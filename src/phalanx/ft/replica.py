@@ -267,7 +267,7 @@ class StartStore:
     @classmethod
     def from_env(cls, timeout: timedelta) -> StartStore | None:
         found = os.environ.get(protocol.FT_START)
-        if found is None:  # machines sharing a lighthouse: no such store (docs)
+        if found is None:  # a group started by hand, not by its launcher
             return None
         host, port, names = found.split(":", 2)
         return cls(host, int(port), names.split(","), timeout)
