@@ -20,9 +20,9 @@ from mlflow_server import Server
 
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (mlflow) is not installed")
 
-# The resume runs STEPS steps, each forward of rank 0 40 ms slower from step 5 on: at least
-# 12 s in which the test sees steps 5 and 6 reach the server and stops it mid-run, however
-# loaded the machine (100 plain steps once ended before a loaded CI's polls saw step 6).
+# The resume runs STEPS steps (no evaluation), each forward of rank 0 40 ms slower from
+# step 5 on: at least 12 s in which the test sees steps 5 and 6 reach the server and stops
+# it mid-run (100 plain steps once ended before a loaded CI's polls saw step 6).
 STEPS, SLOW = 300, "rank=0,step=5,phase=step,action=slow"
 
 
@@ -47,7 +47,7 @@ def losses(out: Path) -> list[tuple[int, float]]:
 
 def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_goes(
         tmp_path, corpus_file, cache_dir):
-    """One server, two legs (each training is ~20 s of CI): 4 steps logged and finished;
+    """One server, two legs (the second ~30 s of CI): 4 steps logged and finished;
     the resume to STEPS steps continues the same MLflow run; then the server is stopped
     mid-run: one warning, no stall, metrics.jsonl complete."""
     from mlflow.tracking import MlflowClient
@@ -57,7 +57,7 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
         client, out = MlflowClient(server.uri), tmp_path / "run"
         run_id = _first_leg(server, client, out, corpus_file, cache_dir)
         proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", str(STEPS),
-                     background=True, env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": SLOW})
+                     "--eval-every", "0", background=True, env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": SLOW})
         seen = _continued(client, run_id, proc)
         server.stop()  # mid-run: at once, before anything else is asked of it
         stopped = time.monotonic()

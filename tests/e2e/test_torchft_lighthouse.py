@@ -10,6 +10,7 @@ the uninterrupted ddp run, bit for bit."""
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -29,8 +30,7 @@ ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32
         "--hang-timeout-s", "0", "--nproc-per-node", "2", "--threads-per-rank", "1",
         "--tokenizer", "bytes", "--rdzv-timeout-s", str(QUORUM_S)]
 # each group's rank 40 ms slower per forward from step 20 on (a sleep: the numbers are
-# not changed): the lighthouse is killed while the run is far from its end, however
-# loaded the machine
+# not changed): at least 11 s in which the test kills the lighthouse, far from the end
 SLOW = "rank=0,step=20,action=slow"
 LIGHTHOUSE = """
 import sys, time
@@ -51,7 +51,11 @@ def _free_port() -> int:
 def _lighthouse(port: int) -> subprocess.Popen:
     house = subprocess.Popen([sys.executable, "-c", LIGHTHOUSE, f"127.0.0.1:{port}"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert house.stdout is not None and house.stdout.readline().strip() == "up"
+    assert house.stdout is not None
+    ready = select.select([house.stdout], [], [], 60)[0]
+    if not ready or house.stdout.readline().strip() != "up":
+        house.kill()
+        pytest.fail(f"the lighthouse on 127.0.0.1:{port} did not start within 60 s")
     return house
 
 

@@ -239,3 +239,24 @@ def test_the_last_step_marks_the_run_finished_before_the_outputs_are_written(tmp
     groups.procs = [_Ended(None), _Ended(0)]  # group 1 (nothing to train) exits first
     groups._mark_ended()
     assert groups.winner == "0"
+
+
+def test_a_stop_is_the_whole_jobs_only_with_the_launchers_own_lighthouse(tmp_path):
+    """Ctrl-C or a preemption's SIGTERM through the launcher: with its own lighthouse its
+    groups are the job, and the stop is marked (every group stops after the same step);
+    with a shared lighthouse (`--lighthouse`) it is not marked, so other machines' groups,
+    which read the mark through the step's all-reduce, go on."""
+    import signal
+    from datetime import timedelta
+
+    from phalanx.cluster.rendezvous import bound_store
+    from phalanx.ft.groups import Groups
+    from phalanx.ft.replica import StartStore
+
+    for whole_job in (True, False):
+        store = bound_store("127.0.0.1", 0)
+        groups = Groups(["0", "1"], store, tmp_path, whole_job=whole_job)
+        groups.procs = [_Ended(0), _Ended(0)]  # (nothing left to send the signal to)
+        groups._forward(signal.SIGTERM, None)
+        start = StartStore("127.0.0.1", store.port, ["0", "1"], timedelta(seconds=5))
+        assert start.job_stopped() is whole_job and groups.signals == [signal.SIGTERM]

@@ -115,4 +115,4 @@ def test_a_store_slow_to_answer_once_is_asked_again_and_nobody_listening_is_no_s
     client, found = slurm_store._find(slow, "127.0.0.1", [free, store.port], 2,
                                       datetime.timedelta(seconds=8), "7.0", 1)
     assert found == store.port and client.get(slurm_store.OWNER) == b"7.0"
-    assert slow.calls == {store.port: 2}  # the late answer, then the one taken
+    assert slow.calls[store.port] >= 2 and free not in slow.calls  # late, then taken

@@ -135,7 +135,7 @@ def run_groups(cfg: Config, argv: list[str], out: Path, threads: int,
     print(f"phalanx: fault tolerance (torchft): {groups} replica groups of 1 rank, "
           f"lighthouse {address}; each group's run in {out}/replica-G", flush=True)
     try:
-        groups_ = Groups(names, store, out)
+        groups_ = Groups(names, store, out, whole_job=cfg.dist.lighthouse is None)
         groups_.start(argv, address, threads, start, hand)
         code, winner = groups_.wait(cfg.dist.ft_join_timeout_s + 10)
         if winner is not None:
@@ -154,8 +154,11 @@ class Groups:
 
     KILL_AFTER_S = 30.0  # a group told to stop (SIGTERM) and still there: SIGKILL
 
-    def __init__(self, names: list[str], store, out: Path) -> None:
+    def __init__(self, names: list[str], store, out: Path, whole_job: bool = True) -> None:
         self.names, self.store, self.out = names, store, out
+        # its groups are the whole job (its own lighthouse): a stop it is sent stops the
+        # job; with a shared lighthouse other machines' groups go on (as a failure)
+        self.whole_job = whole_job
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.signals: list[int] = []
@@ -208,9 +211,10 @@ class Groups:
 
     def _forward(self, signum: int, frame: object) -> None:
         """A stop of the whole job: marked first (the groups then stop after the same
-        step, see replica.ReplicaGroup.average), then forwarded."""
+        step, see replica.ReplicaGroup.average), then forwarded. With a shared lighthouse
+        it is not marked: this machine's groups leave, the other machines' go on."""
         self.signals.append(signum)
-        if self.store is not None:
+        if self.store is not None and self.whole_job:
             from phalanx.ft.replica import StartStore
 
             self.store.set(StartStore.STOP, str(signum))

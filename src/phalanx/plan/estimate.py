@@ -192,7 +192,8 @@ def hsdp(replicate: int, shard: int, reshard: bool = True) -> Variant:
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             s: int = f.FP32) -> dict[str, dict[str, int]]:
     """{moment: {component: bytes}} for the step's candidate peaks (see the module doc):
-    backward start, each block's backward (k blocks already done), the optimizer step.
+    backward start, the head's backward, each block's backward (k blocks already done),
+    the last block's forward, the root's reduce-scatter, the optimizer step.
 
     FSDP's parameters in use (the root, and blocks gathered and entered) count as
     parameters; buffers of collectives in flight (`_fsdp_in_flight`) as communication."""
@@ -245,7 +246,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
     out["optimizer step"] = {**base, "gradients": shard if sharded else P,
                              "optimizer": step_optimizer_bytes(facts, variant, W, s),
                              "activations": facts.logits}
-    if facts.bucket_copy and not sharded:
+    if facts.bucket_copy and not sharded and facts.grad_accum == 1:  # (else: held)
         _autograds_beside_buckets(out, facts, P, s)
     return out
 
@@ -254,8 +255,9 @@ def _autograds_beside_buckets(out: dict[str, dict[str, int]], facts: ModelFacts,
                               s: int) -> None:
     """DDP without gradient-as-bucket-view: `gradients` are its buckets, through the whole
     step; autograd's own gradients come beside them as backward makes them (none at its
-    start, the blocks done at a block's backward — the head's few left out — all of
-    them at the optimizer step), counted as communication (the tracker's temporaries)."""
+    start, the blocks done at a block's backward — the head's own not counted there —
+    all of them at the optimizer step), counted as communication (the tracker's
+    temporaries). With --grad-accum > 1 they are the held gradients (`_held_gradients`)."""
     block = f.param_bytes(facts.block_shapes, s=s)
     for name, parts in out.items():
         if name == "optimizer step":
