@@ -82,6 +82,7 @@ class UserModel:
     vocab_size: int = 256
     scalable: bool = True
     checkpointed: bool = False  # every block under torch.utils.checkpoint (see `trace`)
+    unfused_step: bool = False  # Muon's per-parameter step (estimate.ModelFacts')
     traced: dict = field(default_factory=dict)  # (b, low params, checkpointed) → Trace
 
     @property
@@ -141,7 +142,8 @@ class UserModel:
                           logits=t.output, loss_grads=grads,
                           block_grads_in_flight=0, flops_per_token=per_token,
                           tokens=tokens, gathered=2 if low else f.FP32,
-                          state_copies=self.copies, optim_groups=self.groups)
+                          state_copies=self.copies, optim_groups=self.groups,
+                          unfused_step=self.unfused_step)
 
     def flops_note(self, b: int) -> str:
         counted = self.traced_at(b, False).flops
@@ -234,7 +236,8 @@ def load(spec: str, block_size: int | None, vocab_size: int = 256,
         tuple(groups), [tuple(p.shape) for p in blocks[0].parameters()] if blocks else [],
         [tuple(p.shape) for p in dict.fromkeys(model.parameters()) if id(p) not in in_blocks],
         len(blocks), batch, planned=micro_batch or batch or 1, vocab_size=vocab_size,
-        scalable=example is None or batch is not None, checkpointed=checkpointed)
+        scalable=example is None or batch is not None, checkpointed=checkpointed,
+        unfused_step=optimizer == "muon")
 
 
 def user_facts(spec: str, batch: tuple[int, int] | None = None,
