@@ -30,6 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
+from runs import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo")
 MUNGE_PID = Path("/run/munge/munged.pid")
 UP = ("idle", "mix", "alloc")
@@ -56,12 +58,6 @@ def netns_missing() -> str | None:
         return f"cannot create a network namespace here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _memory_mb() -> int:
@@ -162,7 +158,7 @@ class Cluster:
         for d in ("state", "spool", "log"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         self.conf.write_text("\n".join([
-            *common_conf(self.root, self.host, _free_port(), _free_port()),
+            *common_conf(self.root, self.host, free_port(), free_port()),
             f"NodeName={self.host} CPUs={os.cpu_count()} RealMemory={_memory_mb()} "
             f"State=UNKNOWN",
             f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP "

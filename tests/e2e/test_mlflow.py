@@ -20,10 +20,11 @@ from mlflow_server import Server
 
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (mlflow) is not installed")
 
-# The resume runs STEPS steps (no evaluation), each forward of rank 0 40 ms slower from
-# step 5 on: at least 12 s in which the test sees steps 5 and 6 reach the server and stops
-# it mid-run (100 plain steps once ended before a loaded CI's polls saw step 6).
-STEPS, SLOW = 300, "rank=0,step=5,phase=step,action=slow"
+# The resume runs STEPS steps (no evaluation); rank 0 holds after step 8 until the test,
+# having seen steps 5 and 6 reach the server, stopped it mid-run and let the run go on
+# (100 plain steps once ended before a loaded CI's polls saw step 6; a fixed slow-down
+# only makes such a window likely, the hold makes it certain).
+STEPS, HOLD = 40, "rank=0,step=8,phase=step,action=hold"
 
 
 def train(out: Path, corpus_file, cache_dir, uri: str, *args: str,
@@ -56,12 +57,16 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     try:
         client, out = MlflowClient(server.uri), tmp_path / "run"
         run_id = _first_leg(server, client, out, corpus_file, cache_dir)
+        release = tmp_path / "release"
         proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", str(STEPS),
-                     "--eval-every", "0", background=True, env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": SLOW})
+                     "--eval-every", "0", background=True,
+                     env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": HOLD,
+                          "PHALANX_FAULT_RELEASE": str(release)})
         seen = _continued(client, run_id, proc)
         server.stop()  # mid-run: at once, before anything else is asked of it
         stopped = time.monotonic()
         assert proc.poll() is None, "the run ended before the server was stopped"
+        release.touch()
         stdout, stderr = proc.communicate(timeout=300)
         after = time.monotonic() - stopped
     finally:

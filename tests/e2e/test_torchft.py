@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 import job_counts
 import procs
+from runs import same_model
 
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
 
@@ -56,11 +57,6 @@ def _train(out: Path, corpus: Path, cache: Path, *extra: str,
     return subprocess.run([sys.executable, "-m", "phalanx", "train", *TINY, "--data",
                            str(corpus), "--cache-dir", str(cache), "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=300, env=env)
-
-
-def _same(a: Path, b: Path) -> bool:
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 def _steps(replica: Path) -> dict[int, dict]:
@@ -91,10 +87,10 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     out = tmp_path / "ft"
-    assert _same(out / "replica-0", tmp_path / "ddp")
-    assert _same(out / "replica-1", tmp_path / "ddp")
+    assert same_model(out / "replica-0", tmp_path / "ddp")
+    assert same_model(out / "replica-1", tmp_path / "ddp")
     # the job's result where any run leaves it (issue 45), the groups' details below it
-    assert _same(out, tmp_path / "ddp") and (out / "report.html").is_file()
+    assert same_model(out, tmp_path / "ddp") and (out / "report.html").is_file()
     assert (out / "sample.txt").read_text() == (out / "replica-0" / "sample.txt").read_text()
     assert not (out / "ft-steps.jsonl").exists()
     assert "phalanx: the run's result is in " in ft.stdout
@@ -111,8 +107,8 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     ddp_more = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "26")
     assert ddp_more.returncode == 0, ddp_more.stdout + ddp_more.stderr
     assert max(_steps(out / "replica-0")) == 26
-    assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1", out / "replica-0")
-    assert _same(out, tmp_path / "ddp")  # the result at the top is the extended run's
+    assert same_model(out / "replica-0", tmp_path / "ddp") and same_model(out / "replica-1", out / "replica-0")
+    assert same_model(out, tmp_path / "ddp")  # the result at the top is the extended run's
 
 
 def _group_rank(group: int) -> int | None:
@@ -201,7 +197,7 @@ def test_a_group_killed_again_and_again_rejoins_bit_exact(tmp_path, corpus_file,
     members = recorded(out / "replica-0")
     expected = 1 + sum(members[s] != members[s - 1] for s in range(2, STEPS + 1))
     assert len(changes) == expected, changes  # one line per change, and only then
-    assert _same(out / "replica-0", out / "replica-1")
+    assert same_model(out / "replica-0", out / "replica-1")
     reference = replay(out / "replica-0")
     final = load_file(out / "replica-0" / "model.safetensors")
     assert all(torch.equal(final[k], reference[k]) for k in final), "not the recorded run"
@@ -280,7 +276,7 @@ def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_f
         assert steps == list(range(1, 401)) and "lost" not in "".join(lines), steps[stop - 2:]
     ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "400")
     assert ddp.returncode == 0, ddp.stderr
-    assert _same(out / "replica-0", tmp_path / "ddp") and _same(out / "replica-1",
+    assert same_model(out / "replica-0", tmp_path / "ddp") and same_model(out / "replica-1",
                                                                tmp_path / "ddp")
 
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
+
+from runs import free_port, same_model
 
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'phalanx[ft]')")
 
@@ -29,9 +28,9 @@ ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32
         "--sample-tokens", "0", "--checkpoint-every", "20", "--max-steps", "300",
         "--hang-timeout-s", "0", "--nproc-per-node", "2", "--threads-per-rank", "1",
         "--tokenizer", "bytes", "--rdzv-timeout-s", str(QUORUM_S)]
-# each group's rank 40 ms slower per forward from step 20 on (a sleep: the numbers are
-# not changed): at least 11 s in which the test kills the lighthouse, far from the end
-SLOW = "rank=0,step=20,action=slow"
+# each group's rank holds after step 21 until the test, having seen both groups'
+# checkpoints of step 20, killed the lighthouse (a wait: the numbers are not changed)
+HOLD = "rank=0,step=21,action=hold"
 LIGHTHOUSE = """
 import sys, time
 from torchft._torchft import LighthouseServer
@@ -40,12 +39,6 @@ server = LighthouseServer(bind=sys.argv[1], min_replicas=1, join_timeout_ms=3000
 print("up", flush=True)
 time.sleep(3600)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _lighthouse(port: int) -> subprocess.Popen:
@@ -77,18 +70,14 @@ def _checkpointed(out: Path) -> list[str]:
     return found
 
 
-def _same(a: Path, b: Path) -> bool:
-    x, y = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-
-
 def _killed_mid_run(out: Path, corpus: Path, cache: Path, port: int) -> tuple[str, float]:
     """Train against the lighthouse on `port`, kill it once both groups have checkpointed
     step 20: what the run said, and how long it took to stop after the kill."""
     house = _lighthouse(port)
     proc = subprocess.Popen(_command(out, corpus, cache, *_ft(port)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PHALANX_FAULT": SLOW})
+                            env={**os.environ, "PHALANX_FAULT": HOLD,
+                                 "PHALANX_FAULT_RELEASE": str(out.parent / "release")})
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
@@ -98,6 +87,8 @@ def _killed_mid_run(out: Path, corpus: Path, cache: Path, port: int) -> tuple[st
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         house.kill()
+        house.wait()
+        (out.parent / "release").touch()
         killed = time.monotonic()
         said, _ = proc.communicate(timeout=QUORUM_S + 120)
         return said, time.monotonic() - killed
@@ -110,7 +101,7 @@ def _killed_mid_run(out: Path, corpus: Path, cache: Path, port: int) -> tuple[st
 
 def test_a_lost_lighthouse_stops_every_group_in_one_line_and_resume_continues_exactly(
         tmp_path, small_corpus_file, cache_dir):
-    port, out = _free_port(), tmp_path / "run"
+    port, out = free_port(), tmp_path / "run"
     said, took = _killed_mid_run(out, small_corpus_file, cache_dir, port)
     live = [line for line in said.splitlines() if " live (global batch " in line]
     assert live[0].endswith("step 1: 2 replica groups live (global batch 4 sequences)"), live
@@ -134,4 +125,4 @@ def test_a_lost_lighthouse_stops_every_group_in_one_line_and_resume_continues_ex
     ddp = subprocess.run(_command(tmp_path / "ddp", small_corpus_file, cache_dir),
                          capture_output=True, text=True, timeout=300)
     assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
-    assert _same(out, tmp_path / "ddp")
+    assert same_model(out, tmp_path / "ddp")

@@ -13,6 +13,26 @@ from phalanx.plan import formulas as f
 MIB = 2**20
 
 
+def _tracked_peak(model, opt, x, y) -> dict:
+    """Two steps to make the state, then one step under torch's memory tracker: its peak
+    snapshot on the CPU, by category."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def step() -> None:
+        logits, loss = model(x, y)  # (the logits alive through backward, as in a loop)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(2):
+        step()
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        step()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+
+
 def test_each_optimizers_temporaries_against_the_tracker_figures():
     # Muon on one 1024×256 matrix: the update, the normalised matrix, the 256×256 Gram
     # matrix and its product, the next iterate (3.5 MiB measured)
@@ -41,8 +61,6 @@ def test_a_fused_adamw_step_adds_nothing_and_muon_adds_its_temporaries():
 
 
 def test_muons_step_peak_is_what_the_tracker_measures_on_one_process():
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     from phalanx.models.minigpt import GPTConfig, MiniGPT
     from phalanx.runtime.muon import muon_adamw
 
@@ -53,19 +71,7 @@ def test_muons_step_peak_is_what_the_tracker_measures_on_one_process():
     opt = muon_adamw(model, model.parameters(), lr=1e-3, muon_lr=0.02, weight_decay=0.1,
                      betas=(0.9, 0.95), vocab_size=512)
     x, y = torch.randint(0, 512, (1, 8)), torch.randint(0, 512, (1, 8))
-
-    def step() -> None:
-        model(x, y)[1].backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    for _ in range(2):  # the state made
-        step()
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    with tracker:
-        step()
-    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    snap = _tracked_peak(model, opt, x, y)
     measured = next(v for k, v in snap.items() if str(k).endswith("OPT"))
     facts = estimate.minigpt_facts(L=2, H=2, C=64, T=8, V=512, B=1, bias=False, rope=True,
                                    tied=False, optimizer="muon")
@@ -79,8 +85,6 @@ def test_the_heads_backward_is_the_peak_of_a_wide_model_on_a_short_batch():
     """n_embd 256, vocabulary 4096, 16 tokens: the head's V×C weight gradient (4 MiB), made
     before it lands in `.grad`, outweighs every activation; the plan's peak is that moment
     and equals the tracker's (one process, fused AdamW: no step temporaries)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     from phalanx.models.minigpt import GPTConfig, MiniGPT
     from phalanx.runtime.optim import adamw
 
@@ -91,20 +95,7 @@ def test_the_heads_backward_is_the_peak_of_a_wide_model_on_a_short_batch():
     opt = adamw(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95),
                 device=torch.device("cpu"))
     x, y = torch.randint(0, 4096, (1, 16)), torch.randint(0, 4096, (1, 16))
-
-    def step() -> None:
-        logits, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    for _ in range(2):
-        step()
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    with tracker:
-        step()
-    measured = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    measured = _tracked_peak(model, opt, x, y)["Total"]
     facts = estimate.minigpt_facts(L=2, H=2, C=256, T=16, V=4096, B=1, bias=False, rope=True,
                                    tied=False, optimizer="adamw")
     planned = estimate.peak(facts, estimate.VARIANTS[0], 1, False)

@@ -9,7 +9,10 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=spike` multiplies this rank's next loss by 20 (the spike warning's test);
 `action=slow` makes this rank's every forward from then on 40 ms slower (a straggler);
 `action=pause` says `phalanx-fault: pause at PHASE STEP` on stderr and sleeps 2 s there
-(a window for a signal to land in: the Ctrl-C stress test). Phases: `step` (after the
+(a window for a signal to land in: the Ctrl-C stress test); `action=hold` says
+`phalanx-fault: hold at PHASE STEP` and waits there until the file named by
+PHALANX_FAULT_RELEASE exists (at most 10 minutes): a test acts while the run is known to be
+mid-run, on a machine of any speed, and then lets it go on. Phases: `step` (after the
 optimizer step), `checkpoint` (while writing it), `eval` (as evaluation starts),
 `export` (as the final outputs are written).
 `attempts=always` fires on every elastic restart too (a rank that always fails),
@@ -34,7 +37,7 @@ class InjectedFault(RuntimeError):
 
 
 _CHOICES = {"phase": ("step", "checkpoint", "eval", "export"),
-            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow", "pause")}
+            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow", "pause", "hold")}
 
 
 def _specs() -> list[dict[str, str]]:
@@ -66,7 +69,11 @@ def _valid(spec: dict[str, str]) -> bool:
 
 def check_faults() -> None:
     """Refuse a malformed PHALANX_FAULT before any worker starts."""
-    _specs()
+    if any(spec["action"] == "hold" for spec in _specs()) and \
+            not os.environ.get(protocol.FAULT_RELEASE):
+        raise UserError(f"{protocol.FAULT} asks for action=hold but {protocol.FAULT_RELEASE} "
+                        "is not set; set it to the path of the file whose creation ends the "
+                        "hold.")
 
 
 def injected() -> str | None:
@@ -137,6 +144,8 @@ def _fire(action: str, phase: str, step: int, model) -> None:
 
         print(f"phalanx-fault: pause at {phase} {step}", file=sys.stderr, flush=True)
         time.sleep(2.0)
+    elif action == "hold":
+        _hold(phase, step)
     elif action == "slow":
         import time
 
@@ -148,3 +157,16 @@ def _fire(action: str, phase: str, step: int, model) -> None:
             next(model.parameters()).add_(1e-3)
     else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hold(phase: str, step: int) -> None:
+    """Wait here until PHALANX_FAULT_RELEASE's file exists (at most 10 minutes)."""
+    import sys
+    import time
+    from pathlib import Path
+
+    release = Path(os.environ[protocol.FAULT_RELEASE])
+    print(f"phalanx-fault: hold at {phase} {step}", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + 600
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -43,6 +43,7 @@ WATCHED = "PHALANX_WATCHED"  # `python -m phalanx.hang` runs a watchdog: no seco
 # set by the user or the test suite
 STARTUP_TRACE = "PHALANX_STARTUP_TRACE"  # FILE: each process appends its start-up marks
 FAULT = "PHALANX_FAULT"  # injected faults (`phalanx.cluster.faults`)
+FAULT_RELEASE = "PHALANX_FAULT_RELEASE"  # the file that ends an action=hold (faults)
 FAULT_ANNOUNCED = "PHALANX_FAULT_ANNOUNCED"  # the PHALANX_FAULT value already said (faults)
 
 

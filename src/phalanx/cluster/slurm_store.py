@@ -137,8 +137,9 @@ def _client(dist, host: str, port: int, world_size: int, wait: float):
     longer, until STRIKES such answers. torch's client waits for a reply without a time
     limit, so it is made on a daemon thread, left behind (blocked on that socket) when
     silent: at most STRIKES times per port."""
-    try:  # a refused connection is definite and quick: no thread, no strike
-        socket.create_connection((host, port), timeout=PROBE_S).close()
+    try:  # a connection refused, or not accepted within `wait`: nobody there (yet) — no
+        # thread, no strike
+        socket.create_connection((host, port), timeout=wait).close()
     except OSError:
         return None
     box: list = []

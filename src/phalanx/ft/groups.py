@@ -214,7 +214,7 @@ class Groups:
         step, see replica.ReplicaGroup.average), then forwarded. With a shared lighthouse
         it is not marked: this machine's groups leave, the other machines' go on."""
         self.signals.append(signum)
-        if self.store is not None and self.whole_job:
+        if self.whole_job:
             from phalanx.ft.replica import StartStore
 
             self.store.set(StartStore.STOP, str(signum))
@@ -230,8 +230,6 @@ class Groups:
         replica.StartStore.meet). The group that took the last step marked the run finished
         (or, unmarked, the first that ended with 0): a group behind it ends at its next
         step (replica.ReplicaGroup.begin_step) and the outcome names the winner."""
-        if self.store is None:
-            return
         from phalanx.ft.replica import StartStore, started_key
 
         for name, proc in zip(self.names, self.procs):

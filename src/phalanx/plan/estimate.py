@@ -222,6 +222,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         "activations": saved + facts.logits + facts.loss_grads}}
     if facts.head_grad and not sharded:  # (FSDP: the root's backward is not listed)
         out["head backward"] = {**base, "activations": saved + facts.logits + facts.head_grad}
+    beside = _beside_buckets(facts, variant, s)  # (one block's autograd gradients)
     for k in range(L if facts.block_saved else 0):  # block L-1-k's backward, k blocks
         # done, the head's tensors freed (known for MiniGPT; a traced model: not)
         if checkpointed:  # earlier blocks' inputs, this block recomputed
@@ -233,37 +234,48 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             **base, "parameters": base["parameters"] + (in_use * block if sharded else 0),
             "gradients": base["gradients"] + (k * block_shard if sharded and not held
                                               else 0),  # (shards held: added in place)
-            "communication": _fsdp_in_flight(facts, variant, k, W) if sharded else 0,
+            "communication": _fsdp_in_flight(facts, variant, k, W) if sharded else k * beside,
             "activations": alive + facts.logits + facts.block_grads_in_flight}
-    if checkpointed:  # the last block's forward: every block's input kept, and under
-        # autocast its weight copies too (the cast cache lives until forward ends)
-        out["forward, last block"] = {
-            **base, "parameters": base["parameters"] + (block if sharded else 0),
-            "activations": L * (facts.block_input + facts.cast_cache)
-            + facts.block_forward_peak}
-    if sharded and facts.root_shapes and (facts.grad_accum == 1 or facts.grad_sync_every):
-        out["root's reduce-scatter"] = _root_reduce_scatter(facts, base, shard, W)
-    out["optimizer step"] = {**base, "gradients": shard if sharded else P,
-                             "optimizer": step_optimizer_bytes(facts, variant, W, s),
-                             "activations": facts.logits}
-    if facts.bucket_copy and not sharded and facts.grad_accum == 1:  # (else: held)
-        _autograds_beside_buckets(out, facts, P, s)
+    out.update(_late_moments(facts, variant, W, base, checkpointed, s))
+    if beside:  # every autograd gradient beside the buckets at the step
+        out["optimizer step"]["communication"] += P
     return out
 
 
-def _autograds_beside_buckets(out: dict[str, dict[str, int]], facts: ModelFacts, P: int,
-                              s: int) -> None:
+def _late_moments(facts: ModelFacts, variant: Variant, W: int, base: dict[str, int],
+                  checkpointed: bool, s: int) -> dict[str, dict[str, int]]:
+    """The moments after the blocks' backward (and the checkpointed forward's last block):
+    the last block's forward, the root's reduce-scatter (FSDP), the optimizer step. `W`:
+    the ranks one parameter is sharded over."""
+    sharded = variant.sharded
+    shard = f.param_bytes(facts.param_shapes, W, sharded=True, s=s)
+    out: dict[str, dict[str, int]] = {}
+    if checkpointed:  # the last block's forward: every block's input kept, and under
+        # autocast its weight copies too (the cast cache lives until forward ends)
+        block = f.gathered_bytes(facts.block_shapes, W, s=facts.gathered)
+        out["forward, last block"] = {
+            **base, "parameters": base["parameters"] + (block if sharded else 0),
+            "activations": facts.n_blocks * (facts.block_input + facts.cast_cache)
+            + facts.block_forward_peak}
+    if sharded and facts.root_shapes and (facts.grad_accum == 1 or facts.grad_sync_every):
+        out["root's reduce-scatter"] = _root_reduce_scatter(facts, base, shard, W)
+    out["optimizer step"] = {**base, "gradients": shard if sharded else
+                             f.param_bytes(facts.param_shapes, s=s),
+                             "optimizer": step_optimizer_bytes(facts, variant, W, s),
+                             "activations": facts.logits}
+    return out
+
+
+def _beside_buckets(facts: ModelFacts, variant: Variant, s: int) -> int:
     """DDP without gradient-as-bucket-view: `gradients` are its buckets, through the whole
     step; autograd's own gradients come beside them as backward makes them (none at its
-    start, the blocks done at a block's backward — the head's own not counted there —
+    start, the k blocks done at a block's backward — the head's own not counted there —
     all of them at the optimizer step), counted as communication (the tracker's
-    temporaries). With --grad-accum > 1 they are the held gradients (`_held_gradients`)."""
-    block = f.param_bytes(facts.block_shapes, s=s)
-    for name, parts in out.items():
-        if name == "optimizer step":
-            parts["communication"] += P
-        elif name.startswith("block "):
-            parts["communication"] += (facts.n_blocks - 1 - int(name.split()[1])) * block
+    temporaries). One block's bytes; 0 where no such copy is made, or with --grad-accum >
+    1, where they are the held gradients (`_held_gradients`)."""
+    if not facts.bucket_copy or variant.sharded or facts.grad_accum != 1:
+        return 0
+    return f.param_bytes(facts.block_shapes, s=s)
 
 
 def _root_reduce_scatter(facts: ModelFacts, base: dict[str, int], shard: int,
@@ -324,11 +336,10 @@ def step_optimizer_bytes(facts: ModelFacts, variant: Variant, W: int,
         return state + f.step_temporaries(shapes, muon, order, W if variant.sharded else 1, s)
     rank_of = f.zero_assignment(shapes, W, groups)
     most = 0
-    for k in range(W):
+    for k, held in enumerate(f.zero_rank_states(shapes, copies, W, groups, s)):
         mine = [i for i in range(len(shapes)) if rank_of[i] == k]
         order = [sorted((i for i in mine if groups[i] == g), key=lambda i: -f.numel(shapes[i]))
                  for g in sorted(set(groups))]
-        held = sum(copies[i] * f.numel(shapes[i]) * s for i in mine)
         most = max(most, held + f.step_temporaries(shapes, muon, order, s=s))
     return most
 

@@ -123,9 +123,16 @@ def zero_state_bytes(shapes: list[tuple[int, ...]], copies: list[int], W: int,
     parameters `zero_assignment` gives it (the partition balances elements, not state:
     with Muon's 1 copy beside AdamW's 2, the fullest rank by elements need not hold the
     most state)."""
+    return max(zero_rank_states(shapes, copies, W, groups, s))
+
+
+def zero_rank_states(shapes: list[tuple[int, ...]], copies: list[int], W: int,
+                     groups: list[int] | None = None, s: int = FP32) -> list[int]:
+    """Each rank's optimizer state under ZeRO, rank by rank: Σ copies · numel · s over the
+    parameters `zero_assignment` gives it."""
     rank_of = zero_assignment(shapes, W, groups)
-    return max(sum(c * numel(p) * s for p, c, r in zip(shapes, copies, rank_of) if r == k)
-               for k in range(W))
+    return [sum(c * numel(p) * s for p, c, r in zip(shapes, copies, rank_of) if r == k)
+            for k in range(W)]
 
 
 def minigpt_block_activations(B: int, T: int, C: int, H: int, s: int = FP32) -> int:
