@@ -55,10 +55,11 @@ def pytest_collection_modifyitems(config, items):
     if in_worker:  # (every worker collects alike: the same order everywhere)
         first = {name: i for i, name in enumerate(SLOW_FIRST)}
         items.sort(key=lambda item: first.get(Path(str(item.fspath)).name, len(first)))
-    for item in items:
-        if "full" in item.keywords and not FULL:
+    for item in items:  # (markers, not keywords: a keyword is also any folder on the
+        # test's path, and a checkout in /tmp/full skipped every test)
+        if item.get_closest_marker("full") and not FULL:
             item.add_marker(full)
-        if "solo" in item.keywords and in_worker:
+        if item.get_closest_marker("solo") and in_worker:
             item.add_marker(solo)
 
 

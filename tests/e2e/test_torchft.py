@@ -111,6 +111,21 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     assert same_model(out, tmp_path / "ddp")  # the result at the top is the extended run's
 
 
+def test_fp16_without_failures_is_the_fp16_ddp_run_bit_for_bit(tmp_path, small_corpus_file,
+                                                                cache_dir):
+    """fp16 under torchft: every group scales its loss alike (the all-reduce averages
+    scaled gradients; the heal carries the scale: tests/unit/test_ft.py), so the result is
+    the ddp run's."""
+    fp16 = ("--precision", "fp16")
+    ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, *fp16,
+                "--fault-tolerance", "torchft")
+    assert ft.returncode == 0, ft.stdout + ft.stderr
+    ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir, *fp16)
+    assert ddp.returncode == 0, ddp.stdout + ddp.stderr
+    assert same_model(tmp_path / "ft", tmp_path / "ddp")
+    assert same_model(tmp_path / "ft" / "replica-1", tmp_path / "ddp")
+
+
 def _group_rank(group: int) -> int | None:
     """The pid of replica group `group`'s rank (as ft_vs_restart.victim finds group 1's)."""
     for entry in Path("/proc").iterdir():

@@ -55,7 +55,6 @@ def _cfg(**dist):
 @pytest.mark.parametrize("dist, train, says", [
     ({"strategy": "fsdp"}, {}, "HSDP inside a group is not built yet"),
     ({"nnodes": "2", "rdzv_endpoint": "127.0.0.1:29400"}, {}, "--lighthouse HOST:PORT"),
-    ({}, {"precision": "fp16"}, "loss scaler's state"),
     ({}, {"on_nan": "rollback"}, "reloads one group's own checkpoint"),
     ({"min_replicas": 3}, {}, r"`--min-replicas 3` is more than the 2 replica groups"),
 ])
@@ -260,3 +259,36 @@ def test_a_stop_is_the_whole_jobs_only_with_the_launchers_own_lighthouse(tmp_pat
         groups._forward(signal.SIGTERM, None)
         start = StartStore("127.0.0.1", store.port, ["0", "1"], timedelta(seconds=5))
         assert start.job_stopped() is whole_job and groups.signals == [signal.SIGTERM]
+
+
+def test_a_heal_carries_the_fp16_loss_scale_and_its_growth_count():
+    """A rejoining group must scale its loss as the live groups do: the all-reduce averages
+    scaled gradients, which each group unscales by its own scale (a fresh scaler's 65536
+    against a live 1024 would make the healed group's weights differ)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from phalanx.ft.replica import ReplicaGroup
+
+    @dataclasses.dataclass
+    class State:
+        step: int = 0
+        position: int = 0
+
+    def group(scale: float) -> ReplicaGroup:
+        g = ReplicaGroup.__new__(ReplicaGroup)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=5)
+        model = torch.nn.Linear(2, 2)
+        g.run = SimpleNamespace(unwrap=lambda m: m, checkpoint_staged=lambda: None,
+                                precision=SimpleNamespace(scaler=scaler))
+        g.result = SimpleNamespace(model=model, state=State(),
+                                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        return g
+
+    live, back = group(1024.0), group(65536.0)
+    live.run.precision.scaler._growth_tracker = torch.tensor(3, dtype=torch.int32)
+    live.result.state = State(step=7, position=28)
+    back._load(live._save())
+    healed = back.run.precision.scaler
+    assert healed.get_scale() == 1024.0 and healed._get_growth_tracker() == 3
+    assert back.result.state == State(step=7, position=28) and back.healed

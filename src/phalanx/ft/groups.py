@@ -70,9 +70,6 @@ def check(cfg: Config) -> None:
         raise UserError("`--fault-tolerance torchft` with `--on-nan rollback`: a rollback "
                         "reloads one group's own checkpoint while the others go on. Use "
                         "`--on-nan skip` (the groups skip a bad step together) or `stop`.")
-    if cfg.train.precision == "fp16":
-        raise UserError("`--fault-tolerance torchft` with fp16: the loss scaler's state is "
-                        "not carried to a rejoining group yet. Use bf16 or fp32.")
 
 
 def group_name(g: int, shared_lighthouse: bool) -> str:

@@ -236,9 +236,11 @@ class ReplicaGroup:
     def _save(self) -> dict[str, Any]:
         assert self.result is not None
         r = self.result
+        scaler = self._scaler()
         return {"model": self.run.unwrap(r.model).state_dict(),
                 "optimizer": r.optimizer.state_dict(),
-                "train": dataclasses.asdict(r.state)}
+                "train": dataclasses.asdict(r.state),
+                "scaler": scaler.state_dict() if scaler is not None else None}
 
     def _load(self, state: dict[str, Any]) -> None:
         assert self.result is not None
@@ -248,7 +250,15 @@ class ReplicaGroup:
         r.optimizer.load_state_dict(state["optimizer"])
         for key, value in state["train"].items():
             setattr(r.state, key, value)
+        scaler = self._scaler()
+        if scaler is not None:  # fp16: the loss scale and its growth count, as the live
+            scaler.load_state_dict(state["scaler"])  # groups have them
         self.healed = True
+
+    def _scaler(self) -> Any:
+        """The fp16 loss scaler (None in fp32 and bf16)."""
+        precision = self.run.precision
+        return precision.scaler if precision is not None else None
 
 
 class StartStore:
