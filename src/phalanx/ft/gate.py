@@ -52,6 +52,7 @@ class NoReplicas:
     rank = None
     aims_batches = False
     healed = False
+    val_world = None  # each rank evaluates its val share (train.loop.evaluate)
 
     def __init__(self, global_batch: int) -> None:
         self.global_batch = global_batch

@@ -191,6 +191,13 @@ class ReplicaGroup:
         return self.agreed_stop
 
     @property
+    def val_world(self) -> int:
+        """Whose val shares this group evaluates, alone (train.loop.evaluate): every rank's
+        of the ddp run on as many ranks as its launch started groups, so that the val loss
+        is that run's whichever groups are live (a group started by hand: its own)."""
+        return len(self.start.names) if self.start is not None else 1
+
+    @property
     def global_batch(self) -> int:
         return self.participants * self.group_batch
 

@@ -25,6 +25,7 @@ from phalanx.config.fields import step_range
 from phalanx.config.sections import Config
 from phalanx.data import TokenSplits, TokenWindows
 from phalanx.data.dataset import Recorded
+from phalanx.data.stream_loader import loader_for
 from phalanx.errors import UserError
 from phalanx.ft.gate import QuorumBatches, step_gate
 from phalanx.models import build_model
@@ -180,7 +181,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         gate.stepped(inner)
         for check in after_step:
             check(state.step)
-        _report(run, cfg, log, result, inner, val_ds, precision, lr)
+        _report(run, cfg, log, result, inner, val_ds, precision, lr, gate.val_world)
         result.stopped = gate.stop(run)  # every rank (and replica group) agrees to stop here
         if out_dir is not None and (ckpt.should_save(cfg, state.step) or result.stopped):
             ckpt.save(run, cfg, out_dir, state, model, opt, precision, result.tokenizer)
@@ -271,8 +272,10 @@ def _roll_back(run: Run, cfg: Config, out_dir: RunDir | None, result: TrainResul
 
 
 def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.Module,
-            val_ds: TokenWindows, precision: Precision, lr: float) -> None:
-    """Log and evaluate after a step, when their cadence (or the last step) says so."""
+            val_ds: TokenWindows, precision: Precision, lr: float,
+            val_world: int | None = None) -> None:
+    """Log and evaluate after a step, when their cadence (or the last step) says so
+    (`val_world`: see `evaluate`)."""
     t, step = cfg.train, result.state.step
     last = step == t.max_steps
     record = None
@@ -283,7 +286,7 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
         run.beat(step, "eval")
         fault_point("eval", step)
         record["val_loss"], per_byte = evaluate(run, inner, cfg, val_ds, precision,
-                                                result.token_bytes)
+                                                result.token_bytes, val_world)
         result.val_losses[step] = record["val_loss"]
         if per_byte is not None:
             record["val_nats_per_byte"] = result.val_nats_per_byte[step] = per_byte
@@ -293,30 +296,47 @@ def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.M
 
 @torch.no_grad()
 def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
-             precision: Precision, token_bytes: torch.Tensor | None = None
-             ) -> tuple[float, float | None]:
+             precision: Precision, token_bytes: torch.Tensor | None = None,
+             world: int | None = None) -> tuple[float, float | None]:
     """Validation loss over the same `eval_batches` global batches every time: the mean
     per token (nats/token), and — given each token id's length in bytes — the same
-    losses' total over the text's bytes (nats/byte: what compares tokenizers)."""
+    losses' total over the text's bytes (nats/byte: what compares tokenizers). Each rank
+    evaluates its share and the sums are all-reduced; with `world`, this process
+    evaluates every share of a data-parallel world of that size itself, summed in rank
+    order (a torchft replica group: the val loss of the ddp run on as many ranks as the
+    launch has groups, with no collective outside a step's quorum)."""
     t = cfg.train
-    loader = run.loader(val, t.micro_batch_size, seed=t.seed + 1, stream=True)
-    batches = iter(loader)
+    if world is None:
+        loaders = [run.loader(val, t.micro_batch_size, seed=t.seed + 1, stream=True)]
+    else:
+        options = {"shuffle": None, "seed": t.seed + 1, "stream": True, "position": 0}
+        loaders = [loader_for(val, t.micro_batch_size, device=run.device, dp_rank=r,
+                              dp_size=world, seed=run.seed, all_have=None,
+                              sampler_options=options) for r in range(world)]
     was_training = model.training
     model.eval()
-    total = torch.zeros((), device=run.device, dtype=torch.float64)
-    counted = torch.zeros(2, device=run.device, dtype=torch.float64)  # tokens, bytes
-    for _ in range(t.eval_batches):
+    sums = torch.zeros(3, device=run.device, dtype=torch.float64)
+    for loader in loaders:
+        _add_val_sums(sums, model, iter(loader), t.eval_batches, precision, token_bytes)
+    model.train(was_training)
+    if world is None:
+        sums = run.all_reduce_sum(sums)
+    per_byte = (sums[0] / sums[2]).item() if token_bytes is not None else None
+    return (sums[0] / sums[1]).item(), per_byte
+
+
+def _add_val_sums(sums: torch.Tensor, model: nn.Module, batches: Iterator, count: int,
+                  precision: Precision, token_bytes: torch.Tensor | None) -> None:
+    """Add to `sums`, over `count` batches of one share: the loss summed over tokens, the
+    tokens, their bytes."""
+    for _ in range(count):
         x, y = next(batches)
         with precision.autocast():
             _, loss = model(x, y)
-        total += loss.double() * y.numel()
-        counted[0] += y.numel()
+        sums[0] += loss.double() * y.numel()
+        sums[1] += y.numel()
         if token_bytes is not None:
-            counted[1] += token_bytes[y.to(token_bytes.device)].sum()
-    model.train(was_training)
-    sums = run.all_reduce_sum(torch.cat([total.view(1), counted]))
-    per_byte = (sums[0] / sums[2]).item() if token_bytes is not None else None
-    return (sums[0] / sums[1]).item(), per_byte
+            sums[2] += token_bytes[y.to(token_bytes.device)].sum()
 
 
 def _start_from(run, cfg: Config, model) -> None:
