@@ -64,3 +64,18 @@ def test_a_usage_error_stays_one_when_the_agent_stopped_its_rank():
     crash = job_failed({0: Failure(-signal.SIGTERM, {"message": "RuntimeError: boom"}),
                         1: Failure(1, {"message": lost})}, max_restarts=0)
     assert not isinstance(crash, UserError), crash
+
+
+def test_a_phalanx_error_is_said_in_its_own_words_and_the_rank_once():
+    """A rank's DistributedError (a replica group without a lighthouse) is not shown as
+    `DistributedError: [rank 0] ...` after `rank 0 exited with code 1`; a user's or
+    torch's error keeps its class name, which says what it is."""
+    from phalanx.launch.failures import job_failed
+
+    quorum = ("DistributedError: [rank 0] replica group 1: no quorum from the lighthouse "
+              "at http://h:1 within 3 s")
+    error = job_failed({0: Failure(1, {"message": quorum})}, max_restarts=0)
+    assert str(error) == ("[rank 0] the job failed: rank 0 exited with code 1: replica group "
+                          "1: no quorum from the lighthouse at http://h:1 within 3 s.")
+    theirs = job_failed({0: Failure(1, {"message": "ValueError: bad"})}, max_restarts=0)
+    assert str(theirs) == "[rank 0] the job failed: rank 0 exited with code 1: ValueError: bad."

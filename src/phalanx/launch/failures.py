@@ -58,16 +58,8 @@ def _usage_error(failure) -> bool:
     """The rank recorded a usage error (a `UserError`: a full disk, a bad path) and was
     stopped by the agent before it could exit with 2 — a peer failed at the same moment,
     losing the connection to it."""
-    import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
-    import phalanx.checkpoint.store  # noqa: F401
-
     kind = _message(failure).split("] ", 1)[-1].split(":", 1)[0].strip()
-    todo, names = [UserError], set()
-    while todo:
-        cls = todo.pop()
-        names.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return kind in names
+    return kind in error_names(UserError)
 
 
 def _logs_of(ranks: list[int], logs: str | None) -> str:
@@ -180,7 +172,15 @@ def _describe(rank: int, failure, reports: str | None, memory: str = "") -> str:
             text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
         if code == -signal.SIGKILL:
             text += OOM_HINT.format(memory=memory or PLAN_HINT)
-    return f"{text}: {message[:300]}" if message else text
+    return f"{text}: {_own_words(message, rank)[:300]}" if message else text
+
+
+def _own_words(message: str, rank: int) -> str:
+    """A Phalanx error's message without its class name and the `[rank N] ` the account
+    already says (`DistributedError: [rank 0] replica group 1: ...` → `replica group 1:
+    ...`); another error's (the user's, torch's) as recorded, its class name informative."""
+    kind, _, rest = message.partition(": ")
+    return rest.removeprefix(f"[rank {rank}] ") if kind in error_names() else message
 
 
 # a SIGKILL is never the rank's own doing; when nobody sent it, the kernel did
@@ -265,13 +265,13 @@ def _failures_being_logged() -> dict | None:
     return None
 
 
-def error_names() -> set[str]:
+def error_names(root: type = PhalanxError) -> set[str]:
     """The class names of every error Phalanx raises on purpose (as recorded for the
-    agent: `UserError: ...`)."""
+    agent: `UserError: ...`): `root` and its subclasses."""
     import phalanx.checkpoint.safety  # noqa: F401 - defines subclasses
     import phalanx.checkpoint.store  # noqa: F401
 
-    found, todo = set(), [PhalanxError]
+    found, todo = set(), [root]
     while todo:
         cls = todo.pop()
         found.add(cls.__name__)
