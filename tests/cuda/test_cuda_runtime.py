@@ -4,7 +4,6 @@ torch's NCCL flight recorder read back as the hang report reads it."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,14 +11,14 @@ import pytest
 import torch
 from cuda_helpers import scenario
 
+from runs import free_port
+
 pytestmark = pytest.mark.cuda
 
 
 def launcher_env(local_rank: int, local_world: int) -> dict[str, str]:
     """The variables torchrun sets, for a 1-rank job whose rank sits at `local_rank`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port)}

@@ -9,13 +9,13 @@ WORLD_SIZE, MASTER_ADDR/PORT), each with its own flags."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from phalanx.train.agreement import disagreement
+from runs import free_port
 
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
         "--micro-batch-size", "2", "--eval-every", "1000", "--eval-batches", "1",
@@ -23,14 +23,8 @@ ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32
         "--timeout-s", "60", "--hang-timeout-s", "0"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ranks(tmp_path, corpus, cache, per_rank: list[list[str]]) -> list[tuple[int, str]]:
-    port, procs = _port(), []
+    port, procs = free_port(), []
     for rank, extra in enumerate(per_rank):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
                "WORLD_SIZE": str(len(per_rank)), "LOCAL_WORLD_SIZE": str(len(per_rank)),

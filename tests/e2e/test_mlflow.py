@@ -53,11 +53,10 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     mid-run: one warning, no stall, metrics.jsonl complete."""
     from mlflow.tracking import MlflowClient
 
-    server, proc = Server(tmp_path / "mlflow"), None
+    server, proc, release = Server(tmp_path / "mlflow"), None, tmp_path / "release"
     try:
         client, out = MlflowClient(server.uri), tmp_path / "run"
         run_id = _first_leg(server, client, out, corpus_file, cache_dir)
-        release = tmp_path / "release"
         proc = train(out, corpus_file, cache_dir, server.uri, "--max-steps", str(STEPS),
                      "--eval-every", "0", background=True,
                      env={"PHALANX_TRACKER_STALL_S": "3", "PHALANX_FAULT": HOLD,
@@ -71,6 +70,7 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
         after = time.monotonic() - stopped
     finally:
         server.stop()
+        release.touch()  # (a failure before it: no rank left holding)
         if proc is not None and proc.poll() is None:
             proc.kill()
     _same_run(seen, run_id, losses(out))

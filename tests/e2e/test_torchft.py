@@ -95,7 +95,7 @@ def test_without_failures_it_is_the_ddp_run_bit_for_bit(tmp_path, small_corpus_f
     assert same_model(out / "replica-0", tmp_path / "ddp")
     assert same_model(out / "replica-1", tmp_path / "ddp")
     # each group evaluates every share of the 2-rank ddp run: the same val loss, not that
-    # of its own 1-rank share (before: 5.4395 against 5.4550 at step 10 of an fp16 run)
+    # of its own 1-rank share (before: 5.4710 against 5.4696 at step 10)
     assert _val(out / "replica-0") == _val(out / "replica-1") == _val(tmp_path / "ddp") != {}
     # the job's result where any run leaves it (issue 45), the groups' details below it
     assert same_model(out, tmp_path / "ddp") and (out / "report.html").is_file()
@@ -299,8 +299,8 @@ def test_a_stopped_torchft_run_resumes_to_the_same_bits(tmp_path, small_corpus_f
         assert steps == list(range(1, 401)) and "lost" not in "".join(lines), steps[stop - 2:]
     ddp = _train(tmp_path / "ddp", small_corpus_file, cache_dir, "--max-steps", "400")
     assert ddp.returncode == 0, ddp.stderr
-    assert same_model(out / "replica-0", tmp_path / "ddp") and same_model(out / "replica-1",
-                                                               tmp_path / "ddp")
+    assert same_model(out / "replica-0", tmp_path / "ddp")
+    assert same_model(out / "replica-1", tmp_path / "ddp")
 
 
 def test_a_refused_combination_is_one_line_and_writes_nothing(tmp_path):

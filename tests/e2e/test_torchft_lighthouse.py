@@ -73,11 +73,11 @@ def _checkpointed(out: Path) -> list[str]:
 def _killed_mid_run(out: Path, corpus: Path, cache: Path, port: int) -> tuple[str, float]:
     """Train against the lighthouse on `port`, kill it once both groups have checkpointed
     step 20: what the run said, and how long it took to stop after the kill."""
-    house = _lighthouse(port)
+    house, release = _lighthouse(port), out.parent / "release"
     proc = subprocess.Popen(_command(out, corpus, cache, *_ft(port)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PHALANX_FAULT": HOLD,
-                                 "PHALANX_FAULT_RELEASE": str(out.parent / "release")})
+                                 "PHALANX_FAULT_RELEASE": str(release)})
     try:
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
@@ -88,11 +88,12 @@ def _killed_mid_run(out: Path, corpus: Path, cache: Path, port: int) -> tuple[st
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         house.kill()
         house.wait()
-        (out.parent / "release").touch()
+        release.touch()
         killed = time.monotonic()
         said, _ = proc.communicate(timeout=QUORUM_S + 120)
         return said, time.monotonic() - killed
     finally:
+        release.touch()  # (a failure before it: no group left holding)
         for p in (house, proc):
             if p.poll() is None:
                 p.kill()

@@ -26,9 +26,10 @@ def test_a_hold_waits_for_its_release_file_and_only_at_its_step(monkeypatch, tmp
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(faults, "_FIRED", {})
     faults.check_faults()
-    faults.fault_point("step", 2)  # another step: no hold
-    threading.Timer(0.5, release.touch).start()
     began = time.monotonic()
+    threading.Timer(1.0, release.touch).start()
+    faults.fault_point("step", 2)  # another step: no hold
+    assert not release.exists(), "held at step 2"
     faults.fault_point("step", 3)
-    assert time.monotonic() - began >= 0.45 and release.exists()
+    assert time.monotonic() - began >= 0.95 and release.exists()
     assert "phalanx-fault: hold at step 3" in capsys.readouterr().err

@@ -15,7 +15,8 @@ MIB = 2**20
 
 def _tracked_peak(model, opt, x, y) -> dict:
     """Two steps to make the state, then one step under torch's memory tracker: its peak
-    snapshot on the CPU, by category."""
+    snapshot on the CPU, by category. The logits stay alive through backward and the
+    step, as in a training loop (the Muon test's OPT reading is the same either way)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     def step() -> None:
@@ -121,3 +122,9 @@ def test_ddp_without_bucket_views_holds_autograds_gradients_beside_its_buckets()
             continue
         assert extra["backward start"] == 0 and extra["optimizer step"] == P
         assert extra["block 1 backward"] == 0 and extra["block 0 backward"] == block
+    # a model whose blocks were not found (a user's, traced): no block moments, and every
+    # gradient still beside the buckets at the step
+    blockless = replace(facts, block_shapes=[], n_blocks=0)
+    plain, twice = (estimate.moments(replace(blockless, bucket_copy=c), estimate.VARIANTS[0],
+                                     2, False)["optimizer step"] for c in (False, True))
+    assert twice["communication"] - plain["communication"] == P

@@ -68,7 +68,8 @@ def _valid(spec: dict[str, str]) -> bool:
 
 
 def check_faults() -> None:
-    """Refuse a malformed PHALANX_FAULT before any worker starts."""
+    """Refuse a malformed PHALANX_FAULT, or an action=hold without
+    PHALANX_FAULT_RELEASE, before any worker starts."""
     if any(spec["action"] == "hold" for spec in _specs()) and \
             not os.environ.get(protocol.FAULT_RELEASE):
         raise UserError(f"{protocol.FAULT} asks for action=hold but {protocol.FAULT_RELEASE} "
@@ -165,8 +166,11 @@ def _hold(phase: str, step: int) -> None:
     import time
     from pathlib import Path
 
-    release = Path(os.environ[protocol.FAULT_RELEASE])
+    release = Path(os.environ.get(protocol.FAULT_RELEASE, ""))  # (checked: check_faults)
     print(f"phalanx-fault: hold at {phase} {step}", file=sys.stderr, flush=True)
     deadline = time.monotonic() + 600
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not release.exists():
+        print(f"phalanx-fault: hold at {phase} {step}: {release} not made in 600 s; going on",
+              file=sys.stderr, flush=True)

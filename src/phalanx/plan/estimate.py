@@ -222,7 +222,8 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
         "activations": saved + facts.logits + facts.loss_grads}}
     if facts.head_grad and not sharded:  # (FSDP: the root's backward is not listed)
         out["head backward"] = {**base, "activations": saved + facts.logits + facts.head_grad}
-    beside = _beside_buckets(facts, variant, s)  # (one block's autograd gradients)
+    copy = _copies_beside_buckets(facts, variant)
+    beside = f.param_bytes(facts.block_shapes, s=s) if copy else 0  # (one block's)
     for k in range(L if facts.block_saved else 0):  # block L-1-k's backward, k blocks
         # done, the head's tensors freed (known for MiniGPT; a traced model: not)
         if checkpointed:  # earlier blocks' inputs, this block recomputed
@@ -237,7 +238,7 @@ def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,
             "communication": _fsdp_in_flight(facts, variant, k, W) if sharded else k * beside,
             "activations": alive + facts.logits + facts.block_grads_in_flight}
     out.update(_late_moments(facts, variant, W, base, checkpointed, s))
-    if beside:  # every autograd gradient beside the buckets at the step
+    if copy:  # every autograd gradient beside the buckets at the step
         out["optimizer step"]["communication"] += P
     return out
 
@@ -266,16 +267,14 @@ def _late_moments(facts: ModelFacts, variant: Variant, W: int, base: dict[str, i
     return out
 
 
-def _beside_buckets(facts: ModelFacts, variant: Variant, s: int) -> int:
+def _copies_beside_buckets(facts: ModelFacts, variant: Variant) -> bool:
     """DDP without gradient-as-bucket-view: `gradients` are its buckets, through the whole
     step; autograd's own gradients come beside them as backward makes them (none at its
     start, the k blocks done at a block's backward — the head's own not counted there —
     all of them at the optimizer step), counted as communication (the tracker's
-    temporaries). One block's bytes; 0 where no such copy is made, or with --grad-accum >
-    1, where they are the held gradients (`_held_gradients`)."""
-    if not facts.bucket_copy or variant.sharded or facts.grad_accum != 1:
-        return 0
-    return f.param_bytes(facts.block_shapes, s=s)
+    temporaries). Not with --grad-accum > 1: there they are the held gradients
+    (`_held_gradients`)."""
+    return facts.bucket_copy and not variant.sharded and facts.grad_accum == 1
 
 
 def _root_reduce_scatter(facts: ModelFacts, base: dict[str, int], shard: int,
