@@ -172,7 +172,8 @@ class Groups:
             proc = subprocess.Popen(command, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
-            pump = threading.Thread(target=_pump, args=(proc, f"g{name}| "), daemon=True)
+            prefix = f"g{name}| " if name.isdigit() else f"{name}| "  # (HOST-G: as it is)
+            pump = threading.Thread(target=_pump, args=(proc, prefix), daemon=True)
             pump.start()
             self.procs.append(proc)
             self.pumps.append(pump)
