@@ -55,7 +55,6 @@ def _cfg(**dist):
 @pytest.mark.parametrize("dist, train, says", [
     ({"strategy": "fsdp"}, {}, "HSDP inside a group is not built yet"),
     ({"nnodes": "2", "rdzv_endpoint": "127.0.0.1:29400"}, {}, "--lighthouse HOST:PORT"),
-    ({}, {"on_nan": "rollback"}, "reloads one group's own checkpoint"),
     ({"min_replicas": 3}, {}, r"`--min-replicas 3` is more than the 2 replica groups"),
 ])
 def test_what_torchft_cannot_do_yet_is_refused_plainly(dist, train, says):

@@ -75,6 +75,9 @@ class NoReplicas:
     def stepped(self, model: nn.Module) -> None:
         pass
 
+    def rolled_back(self, state: Any) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 

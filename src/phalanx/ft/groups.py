@@ -66,10 +66,6 @@ def check(cfg: Config) -> None:
                         f"{group_count(d)} replica groups this launch starts "
                         f"(`--nproc-per-node`): no step could ever be taken. Lower it, or "
                         f"start more groups.")
-    if cfg.train.on_nan == "rollback":
-        raise UserError("`--fault-tolerance torchft` with `--on-nan rollback`: a rollback "
-                        "reloads one group's own checkpoint while the others go on. Use "
-                        "`--on-nan skip` (the groups skip a bad step together) or `stop`.")
 
 
 def group_name(g: int, shared_lighthouse: bool) -> str:

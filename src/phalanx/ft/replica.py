@@ -224,6 +224,17 @@ class ReplicaGroup:
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 
+    def rolled_back(self, state: Any) -> None:
+        """`--on-nan rollback`: every live group saw the same non-finite mean loss and
+        reloaded its newest checkpoint — the same step in every group that has taken
+        every checkpoint since the last join; torchft's step counter follows, so that at
+        the next quorum a group that rolled back further (its newest checkpoint older:
+        it rejoined since) is healed from the others, and ft-steps.jsonl is rewritten
+        from there on."""
+        self.manager.load_state_dict({"step": state.step,
+                                      "batches_committed": state.position // self.group_batch})
+        self.recording = False
+
     def _sampled(self, line: dict[str, Any]) -> None:
         assert self.samples is not None
         os.write(self.samples, (json.dumps(line) + "\n").encode())  # one write: whole lines
