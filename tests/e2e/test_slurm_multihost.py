@@ -11,7 +11,6 @@ weights of an uninterrupted run.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -196,8 +195,7 @@ def test_a_lost_host_is_named_and_the_requeued_job_resumes_exactly(
     assert seen[-1] == "COMPLETED" and "PENDING" in seen, (seen, log[-3000:])
     assert "Node failure on h2" in log, log[-3000:]  # SLURM's own word, either way
     if not silent:  # rank 0 saw the reset before SLURM gave h2 up
-        assert re.search(r"rank 0 (exited|failed)[^\n]*?: lost the connection to rank 1 on h2 "
-                         r"\(10\.79\.0\.2\)", log), log[-3000:]
+        assert "[rank 0] lost the connection to rank 1 on h2 (10.79.0.2)" in log, log[-3000:]
     assert log.count("resumed from") == 1 and "at step 100" in log, log[-3000:]
     assert log.count("done: 240 steps") == 1, log[-3000:]
     assert same(out, local_runs(args))
