@@ -136,10 +136,11 @@ def test_fp16_without_failures_is_the_fp16_ddp_run_bit_for_bit(tmp_path, small_c
 
 def test_a_rollback_is_taken_by_every_group_alike_and_ends_as_the_ddp_run(
         tmp_path, small_corpus_file, cache_dir):
-    """`--on-nan rollback`: a NaN loss at step 16 (each group's rank, as ddp's rank 0) is
-    seen by every group in the averaged loss; every group reloads the checkpoint of step
-    10 and goes on past the bad batch, as the ddp run does: the same bits, and each
-    group's ft-steps.jsonl holds every step once."""
+    """`--on-nan rollback`: a NaN loss at step 16 (the fault's rank 0 is each group's rank,
+    as it is ddp's rank 0; the averaged loss is NaN in every group either way); every group
+    reloads the checkpoint of step 10 and goes on past the bad batch, as the ddp run does:
+    the same bits, each group's ft-steps.jsonl holds every step once, and torchft's step
+    counter is the trainer's at every step."""
     nan = {**os.environ, "PHALANX_FAULT": "rank=0,step=15,phase=step,action=nan"}
     rollback = ("--on-nan", "rollback")
     ft = _train(tmp_path / "ft", small_corpus_file, cache_dir, *rollback,
@@ -149,12 +150,14 @@ def test_a_rollback_is_taken_by_every_group_alike_and_ends_as_the_ddp_run(
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     said = [line for line in ft.stdout.splitlines() if "rolled back to the checkpoint" in line]
     assert len(said) == 2 and {line[:4] for line in said} == {"g0| ", "g1| "}, ft.stdout
-    assert "rolled back to the checkpoint of step 10" in said[0], said
+    assert all("rolled back to the checkpoint of step 10" in line for line in said), said
     assert same_model(tmp_path / "ft", tmp_path / "ddp")
     assert same_model(tmp_path / "ft" / "replica-1", tmp_path / "ddp")
     for g in (0, 1):
         lines = (tmp_path / "ft" / f"replica-{g}" / "ft-steps.jsonl").read_text().splitlines()
-        assert [json.loads(x)["step"] for x in lines] == list(range(1, 21)), lines
+        records = [json.loads(x) for x in lines]
+        assert [r["step"] for r in records] == list(range(1, 21)), lines
+        assert all(r["torchft_step"] == r["step"] for r in records), lines
 
 
 def _group_rank(group: int) -> int | None:

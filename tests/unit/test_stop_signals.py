@@ -139,8 +139,8 @@ def test_sigterm_outside_the_loop_unwinds_or_ends_a_process_stuck_in_c():
 
 STARTING = textwrap.dedent("""
     import signal, sys, time
-    # Ctrl-C's disposition as under a terminal (a shell's background job, e.g. under nohup,
-    # starts with SIGINT ignored, and then nothing is ever delivered)
+    # Ctrl-C's disposition as under a terminal (a non-interactive shell starts its
+    # background jobs, `cmd &`, with SIGINT ignored, and then nothing is ever delivered)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     print("starting", flush=True)
     time.sleep(4)  # a worker still importing Phalanx and torch

@@ -100,9 +100,7 @@ class ReplicaGroup:
         """Bind to the trainer's model, optimizer and state (restored from a checkpoint or
         new); torchft's step counter starts where the state is; then meet the others."""
         self.result = result
-        s = result.state
-        self.manager.load_state_dict({"step": s.step,
-                                      "batches_committed": s.position // self.group_batch})
+        self._count_from(result.state)
         self.start = StartStore.from_env(self.timeout)
         if self.start is not None:
             self.start.meet(self.group, self.run.print)
@@ -215,6 +213,7 @@ class ReplicaGroup:
         line = {"step": self.result.state.step, "group": self.group,
                 "participants": self.participants, "rank": self.rank,
                 "global_batch": self.global_batch, "healed": self.healed,
+                "torchft_step": self.manager.current_step(),  # (the same, or a bug)
                 "fingerprint": hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]}
         path = Path(self.out_dir) / "ft-steps.jsonl"
         if not self.recording:  # this process's first step: what the file holds from it on
@@ -231,9 +230,13 @@ class ReplicaGroup:
         the next quorum a group that rolled back further (its newest checkpoint older:
         it rejoined since) is healed from the others, and ft-steps.jsonl is rewritten
         from there on."""
+        self._count_from(state)
+        self.recording = False
+
+    def _count_from(self, state: Any) -> None:
+        """torchft's step counter (and its batches) set to the trainer's state."""
         self.manager.load_state_dict({"step": state.step,
                                       "batches_committed": state.position // self.group_batch})
-        self.recording = False
 
     def _sampled(self, line: dict[str, Any]) -> None:
         assert self.samples is not None

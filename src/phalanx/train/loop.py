@@ -173,9 +173,10 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
                       skipped=done.dropped)  # throughput
         if done.dropped and guard.mode == "rollback" and \
                 _roll_back(run, cfg, out_dir, result, precision, guard, log):
-            result.state.position += global_batch  # the bad batch was read: counted, not
-            gate.rolled_back(result.state)  # read again; on from the checkpoint's step,
-            continue  # the data past that batch
+            # the bad batch was read: counted, not read again; on from the checkpoint's
+            result.state.position += global_batch  # step, the data past that batch
+            gate.rolled_back(result.state)  # (torchft: its step counter follows)
+            continue
         state = result.state  # (a rollback to this very step replaced it)
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
