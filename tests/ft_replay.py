@@ -23,6 +23,7 @@ import torch
 import phalanx
 from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare_data
+from phalanx.ft.gate import NoReplicas
 from phalanx.train.loop import train
 
 
@@ -32,7 +33,12 @@ def recorded(replica: Path) -> dict[int, int]:
     return {line["step"]: line["participants"] for line in lines}
 
 
-class Replay:
+class Replay(NoReplicas):
+    """torchft's gate replayed in one process: each recorded step's live groups' gradients
+    summed in rank order. What it does not replay comes from NoReplicas (evaluation of
+    its own val share, which leaves the weights alone; no rollback: its losses are
+    finite)."""
+
     aims_batches = True
     healed = False
 
@@ -80,11 +86,6 @@ class Replay:
     def global_batch(self) -> int:
         return self.participants * self.group_batch
 
-    def stepped(self, model) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
 
 
 def replay(replica: Path) -> dict[str, torch.Tensor]:
