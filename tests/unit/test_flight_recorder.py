@@ -90,7 +90,8 @@ GLOO = textwrap.dedent("""
     from phalanx.hang import flight_recorder as fr
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     dist.all_reduce(torch.ones(1234))
-    print(json.dumps(fr.own_last(0)))
+    print(json.dumps(fr.own_last(0)), flush=True)
+    dist.destroy_process_group()  # (left to exit, gloo's threads once aborted it: -6)
 """)
 
 
