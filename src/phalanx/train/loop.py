@@ -172,11 +172,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         log.step_done(loss, time.perf_counter() - began,  # a dropped step counts for
                       skipped=done.dropped)  # throughput
         if done.dropped and guard.mode == "rollback" and \
-                _roll_back(run, cfg, out_dir, result, precision, guard, log):
-            # the bad batch was read: counted, not read again; on from the checkpoint's
-            result.state.position += global_batch  # step, the data past that batch
-            gate.rolled_back(result.state)  # (torchft: its step counter follows)
-            continue
+                _roll_back(run, cfg, out_dir, result, precision, guard, log, gate):
+            continue  # on from the checkpoint's step, the data past the bad batch
         state = result.state  # (a rollback to this very step replaced it)
         state.step, state.position = step + 1, state.position + global_batch
         state.tokens_seen += global_batch * cfg.model.block_size
@@ -254,10 +251,11 @@ def _nan_check(guard: NanGuard, loss: torch.Tensor, norm, step: int, model) -> b
 
 
 def _roll_back(run: Run, cfg: Config, out_dir: RunDir | None, result: TrainResult,
-               precision: Precision, guard: NanGuard, log: Logger) -> bool:
+               precision: Precision, guard: NanGuard, log: Logger, gate: Any) -> bool:
     """`--on-nan rollback` after a bad step: every rank reloads the newest committed
     checkpoint; the data goes on from here (past the offending batch). True when that
-    checkpoint is of an earlier step: the loop goes on from there."""
+    checkpoint is of an earlier step: the loop goes on from there, the bad batch counted
+    as read (not read again) and torchft's step counter following (`gate`)."""
     step = result.state.step
     state = ckpt.roll_back(run, cfg, out_dir, result.model, result.optimizer, precision,
                            result.state.position)
@@ -270,7 +268,11 @@ def _roll_back(run: Run, cfg: Config, out_dir: RunDir | None, result: TrainResul
                                        f"the data goes on past the offending batch")
     result.state = state
     log.rolled_back(state.step)
-    return state.step < step
+    if state.step >= step:
+        return False
+    state.position += gate.global_batch
+    gate.rolled_back(state)
+    return True
 
 
 def _report(run: Run, cfg: Config, log: Logger, result: TrainResult, inner: nn.Module,
