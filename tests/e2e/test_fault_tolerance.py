@@ -42,6 +42,7 @@ def straight(tmp_path_factory, small_corpus_file, cache_dir):
     out = tmp_path_factory.mktemp("straight")
     proc = train(out, small_corpus_file, cache_dir)
     assert proc.returncode == 0, proc.stderr
+    assert "is a straggler" not in proc.stdout  # a healthy run names nobody (runtime.pace)
     return out
 
 

@@ -31,8 +31,9 @@ def test_a_loss_spike_and_a_straggler_are_named_once(watched):
     assert len(spikes) == 1 and spikes[0].startswith("phalanx: warning: step 15: loss "), spikes
     slow = [line for line in proc.stdout.splitlines() if "is a straggler" in line]
     assert len(slow) == 1, proc.stdout
-    assert re.match(r"phalanx: warning: step 20: rank 1 on \S+ is a straggler: data \+ forward "
-                    r"take [\d.]+ ms per step there, [\d.]+× the median", slow[0]), slow[0]
+    assert re.match(r"phalanx: warning: step 20: rank 1 on \S+ is a straggler: its own time "
+                    r"\(the step minus its waits in collectives\) is [\d.]+ ms per step, "
+                    r"[\d.]+× the median", slow[0]), slow[0]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [(e["kind"], e["step"]) for e in events][:-1] == [  # (the injected fault: an
         ("fault", 0), ("spike", 15), ("straggler", 20)]  # event too, issue 41.6)
@@ -43,7 +44,8 @@ def test_the_report_is_one_self_contained_page(watched):
     out, proc = watched
     page = (out / "report.html").read_text()
     assert str(out / "report.html") in proc.stdout  # named on the `wrote:` line
-    assert page.count("<svg") == 6  # loss, lr, throughput, step time, grad norm, memory
+    assert page.count("<svg") == 7  # loss, lr, throughput, step time, grad norm, rank
+    # pace (the straggler check's), memory
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched
     assert "<script" not in page
     for needle in ("a loss spike", "is a straggler", "step-00000030", "[train]", "[dist]",

@@ -11,7 +11,9 @@ from test_fault_tolerance import train
 TAGS = {"train/loss": "loss", "val/loss": "val_loss", "train/lr": "lr",
         "train/grad_norm": "grad_norm", "train/tokens_per_s": "tokens_per_s",
         "train/step_time_s": "step_time_s", "train/memory_mib": "memory_mib",
-        "val/nats_per_byte": "val_nats_per_byte"}
+        "val/nats_per_byte": "val_nats_per_byte", "train/slowest_rank": "slowest_rank",
+        "train/slowest_to_fastest": "slowest_to_fastest",
+        "train/slowest_to_own_best": "slowest_to_own_best"}  # (the straggler check's)
 
 
 def scalars(out) -> dict[str, list[tuple[int, float]]]:

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser, watch: bool = False) -> None:
     """`phalanx run`'s flags; `watch`: `phalanx watch`'s (the same, plus `--report-dir` for
     `--out`, and a watchdog that cannot be turned off)."""
     add_launch_flags(parser, extra=("tee_ranks", "max_restarts", "threads_per_rank",
-                                     "strategy"))
+                                     "strategy", "straggler_every"))
     where = parser.add_mutually_exclusive_group()
     new = "watch" if watch else "run"
     where.add_argument("--out", default=None, metavar="DIR",

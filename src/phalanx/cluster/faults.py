@@ -7,7 +7,10 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=perturb` adds 1e-3 to this replica's first parameter (a diverged replica);
 `action=nan` makes this rank's next loss NaN (the NaN guard's test);
 `action=spike` multiplies this rank's next loss by 20 (the spike warning's test);
-`action=slow` makes this rank's every forward from then on 40 ms slower (a straggler);
+`action=slow` makes this rank slower from then on (a straggler): by `ms=` milliseconds
+(default 40) at `where=` — `forward` (default: each forward), `data` (each batch the
+run's loader hands out), `optimizer` (each optimizer step) or `between` (after each
+step, outside it);
 `action=pause` says `phalanx-fault: pause at PHASE STEP` on stderr and sleeps 2 s there
 (a window for a signal to land in: the Ctrl-C stress test); `action=hold` says
 `phalanx-fault: hold at PHASE STEP` and waits there until the file named by
@@ -37,7 +40,9 @@ class InjectedFault(RuntimeError):
 
 
 _CHOICES = {"phase": ("step", "checkpoint", "eval", "export"),
-            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow", "pause", "hold")}
+            "action": ("kill", "raise", "hang", "perturb", "nan", "spike", "slow", "pause", "hold"),
+            "where": ("forward", "data", "optimizer", "between")}
+_KEYS = {"rank", "step", "phase", "action", "attempts", "times", "where", "ms"}
 
 
 def _specs() -> list[dict[str, str]]:
@@ -51,18 +56,20 @@ def _specs() -> list[dict[str, str]]:
             spec = dict(item.split("=", 1) for item in one.split(","))
         except ValueError:
             spec = {}
-        spec = {"phase": "step", "action": "kill", "attempts": "first", "times": "1", **spec}
+        spec = {"phase": "step", "action": "kill", "attempts": "first", "times": "1",
+                "where": "forward", "ms": "40", **spec}
         specs.append(spec)
         if not _valid(spec):
             raise UserError(f"PHALANX_FAULT=`{raw}` is malformed at `{one}`; expected e.g. "
                             f"`rank=1,step=7,phase=step,action=kill` (phase: {'|'.join(_CHOICES['phase'])}; "
-                            f"action: {'|'.join(_CHOICES['action'])}; attempts: first|always|N; times: N).")
+                            f"action: {'|'.join(_CHOICES['action'])}; attempts: first|always|N; times: N; "
+                            f"where: {'|'.join(_CHOICES['where'])}; ms: N).")
     return specs
 
 
 def _valid(spec: dict[str, str]) -> bool:
-    return (set(spec) == {"rank", "step", "phase", "action", "attempts", "times"}
-            and spec["rank"].isdigit() and spec["step"].isdigit() and spec["times"].isdigit()
+    return (set(spec) == _KEYS and spec["rank"].isdigit() and spec["step"].isdigit()
+            and spec["times"].isdigit() and spec["ms"].isdigit()
             and all(spec[k] in v for k, v in _CHOICES.items())
             and (spec["attempts"] in ("first", "always") or spec["attempts"].isdigit()))
 
@@ -108,10 +115,22 @@ def _this_attempt(attempts: str) -> bool:
 
 
 _FIRED: dict[str, int] = {}  # this process's count per fault (test instrumentation)
+_SLOWED: dict[str, float] = {}  # action=slow: where → seconds added there, from then on
+
+
+def slow_point(where: str) -> None:
+    """Where a planted slowness may be added (`data`: the loader; `between`: the step's
+    fault point; the others hook torch)."""
+    if where in _SLOWED:
+        import time
+
+        time.sleep(_SLOWED[where])
 
 
 def fault_point(phase: str, step: int, model=None) -> None:
     """Fire the configured fault if this rank, step, phase and attempt match."""
+    if phase == "step":
+        slow_point("between")
     for spec in _specs():
         if (spec["phase"] == phase and int(spec["step"]) == step
                 and int(spec["rank"]) == int(os.environ.get("RANK", "0"))
@@ -120,7 +139,24 @@ def fault_point(phase: str, step: int, model=None) -> None:
             if _FIRED.get(key, 0) >= int(spec["times"]):
                 continue
             _FIRED[key] = _FIRED.get(key, 0) + 1
-            _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX303] (planted)
+            if spec["action"] == "slow":
+                _slow(spec["where"], int(spec["ms"]) / 1e3, model)
+            else:
+                _fire(spec["action"], phase, step, model)  # phalanx: ignore[PX303] (planted)
+
+
+def _slow(where: str, seconds: float, model) -> None:
+    import time
+
+    if where in _SLOWED:
+        return
+    _SLOWED[where] = seconds
+    if where == "forward":
+        model.register_forward_pre_hook(lambda _module, _inputs: slow_point("forward"))
+    elif where == "optimizer":
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(lambda *_: time.sleep(seconds))
 
 
 def _fire(action: str, phase: str, step: int, model) -> None:
@@ -147,10 +183,6 @@ def _fire(action: str, phase: str, step: int, model) -> None:
         time.sleep(2.0)
     elif action == "hold":
         _hold(phase, step)
-    elif action == "slow":
-        import time
-
-        model.register_forward_pre_hook(lambda _module, _inputs: time.sleep(0.04))
     elif action == "perturb":
         import torch
 

@@ -31,6 +31,7 @@ DOCTOR_RESULT = "PHALANX_DOCTOR_RESULT"  # FILE: `phalanx doctor`'s workers writ
 BENCH_PHASE = "PHALANX_BENCH_PHASE"  # JSON: which `phalanx bench` phase a worker runs
 JOB = "PHALANX_JOB"  # FILE: the job the launcher decided; its workers start from it
 RUN_DIR = "PHALANX_RUN_DIR"  # `phalanx run --out`: the script's run.out (phalanx.init)
+STRAGGLER_EVERY = "PHALANX_STRAGGLER_EVERY"  # `phalanx run --straggler-every`: phalanx.init's
 STRATEGY = "PHALANX_STRATEGY"  # `phalanx run --strategy`: what phalanx.init must build
 FT_GROUP = "PHALANX_FT_GROUP"  # torchft: this process tree is replica group N (phalanx.ft)
 FT_LIGHTHOUSE = "PHALANX_FT_LIGHTHOUSE"  # torchft: the lighthouse's address for the group

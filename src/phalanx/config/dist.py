@@ -126,9 +126,10 @@ class DistConfig:
     check_consistency_every: int = opt(0, "Every N steps, check that all replicas' "
                                           "parameters and buffers are bitwise identical "
                                           "(0: never).")
-    straggler_every: int = opt(200, "Every N steps, compare the ranks' data + forward times "
-                                   "and name a rank persistently 1.5× slower than the others "
-                                   "(0: never).")
+    straggler_every: int = opt(5, "Every N optimizer steps, compare the ranks' own time "
+                                 "per step (the step minus its waits in collectives) and name "
+                                 "a rank 2× slower than the others at 2 checks in a row "
+                                 "(0: never).")
 
     def __post_init__(self) -> None:
         _check_values(self)

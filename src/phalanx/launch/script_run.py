@@ -88,7 +88,8 @@ def _run_env(run: ScriptRun, out: RunDir) -> dict[str, str]:
     """What every rank finds in its environment (set by the launcher, or by the rank
     itself under another launcher): the watchdog's settings, and the run directory."""
     env = {protocol.HANG_TIMEOUT: f"{run.hang_timeout_s:g}",
-           protocol.HANG_REPORT_DIR: str(out.root), protocol.RUN_DIR: str(out.root)}
+           protocol.HANG_REPORT_DIR: str(out.root), protocol.RUN_DIR: str(out.root),
+           protocol.STRAGGLER_EVERY: str(run.dist.straggler_every)}
     if run.dist.strategy:  # phalanx.init builds it; a script naming another is refused
         env[protocol.STRATEGY] = run.dist.strategy
     if run.debug_collectives:

@@ -27,7 +27,9 @@ RUN_COLLECTIVES = {
     "latest_checkpoint": "broadcasts rank 0's answer",
     "wait_checkpoint": "commits the background save: collectives",
     "clip_grad_norm_": "all-reduces the gradient norm",
-    "step": "steps the optimizer: ZeRO broadcasts the updated shards",
+    "step": "steps the optimizer (ZeRO broadcasts the updated shards); every "
+            "--straggler-every steps, an all-reduce of the ranks' pace",
+    "step_ended": "every --straggler-every steps, an all-reduce of the ranks' pace",
     "load_pretrained": "loads a Hugging Face checkpoint through DCP: collectives",
     "profile": "gathers every rank's profile figures when the block ends",
 }
@@ -35,7 +37,7 @@ RUN_COLLECTIVES = {
 RUN_LOCAL = {"unwrap", "loader", "accumulate", "seed_step", "at_step", "end_log",
              "diagnose_devices",
              "watch", "beat", "catch_stop_signals", "say_once", "print", "checkpoint_staged",
-             "poll_checkpoint", "stop_signal_here"}
+             "poll_checkpoint", "stop_signal_here", "waiting"}
 
 
 def run_receivers(ctx: Context) -> set[str]:

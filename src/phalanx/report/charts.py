@@ -18,6 +18,8 @@ CHARTS = [
     ("Throughput", "tokens/s", [("tokens_per_s", "tokens/s", "-")]),
     ("Step time", "seconds per step", [("step_time_s", "step time", "-")]),
     ("Gradient norm", "global norm, before clipping", [("grad_norm", "grad norm", "-")]),
+    ("Rank pace", "slowest rank's own time ÷ fastest's",
+     [("slowest_to_fastest", "slowest ÷ fastest", "-")]),
     ("Peak memory (rank 0)", "MiB", [("memory_mib", "peak", "-")]),
 ]
 

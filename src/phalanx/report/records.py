@@ -22,7 +22,8 @@ Warn = Callable[[str], None]
 
 # the figures the report draws and sums; each must be a number when present
 FIGURES = ("loss", "val_loss", "val_nats_per_byte", "lr", "tokens_per_s", "step_time_s",
-           "grad_norm", "memory_mib")
+           "grad_norm", "memory_mib", "slowest_rank", "slowest_to_fastest",
+           "slowest_to_own_best")
 MAX_STEP = 2**63  # steps are counted in int64 everywhere else
 
 

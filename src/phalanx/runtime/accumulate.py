@@ -1,11 +1,12 @@
 """Gradient accumulation: count micro-steps, skip the gradient sync on all but the last;
 each micro-step under the run's precision (autocast), its backward through the fp16 loss
-scaler — so a user's loop never touches autocast or a scaler."""
+scaler — so a user's loop never touches autocast or a scaler. The backward is timed as a
+wait for the other ranks (`waiting`: the gradient sync; the straggler check's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -22,11 +23,12 @@ class Accumulator:
 
     def __init__(self, strategy: Strategy, model: nn.Module, steps: int,
                  precision: Precision | None = None,
-                 seed: Callable[[int], None] | None = None) -> None:
+                 seed: Callable[[int], None] | None = None,
+                 waiting: Callable[[], AbstractContextManager] = nullcontext) -> None:
         if steps < 1:
             raise UserError(f"accumulation steps must be >= 1, got {steps} (`--grad-accum`).")
         self.strategy, self.model, self.steps, self.count = strategy, model, steps, 0
-        self.precision, self.seed = precision, seed
+        self.precision, self.seed, self.waiting = precision, seed, waiting
 
     @property
     def is_last(self) -> bool:
@@ -55,7 +57,7 @@ class Accumulator:
             scaler = self.precision.scaler
         loss = loss / self.steps
         # outside autocast, as torch's AMP recipe runs it (micro_step's block holds both)
-        with torch.autocast(loss.device.type, enabled=False):
+        with torch.autocast(loss.device.type, enabled=False), self.waiting():
             (scaler.scale(loss) if scaler is not None else loss).backward()
 
     @property

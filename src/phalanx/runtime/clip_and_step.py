@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from phalanx.errors import UserError
+from phalanx.report.events import warn
 
 SEEDING = "(seed, optimizer step, micro-step, data-parallel rank)"  # see the docstring
 
@@ -41,6 +42,9 @@ class StepMethods:
     optimizer_steps: int
     _seed_rank: int | None
     _optimizers: Any
+    pace: Any
+    out: Any
+    waiting: Any
 
     def seed_step(self, step: int, rank: int | None = None) -> None:
         """Seed torch's RNG from (seed, step, rank) at the top of a step, for a loop
@@ -74,7 +78,8 @@ class StepMethods:
             opt = self._fp16_optimizer(model, optimizer)
             if _stage(scaler, opt) != "unscaled":
                 scaler.unscale_(opt)
-        return self.strategy.clip_grad_norm_(model, max_norm)
+        with self.waiting():  # (a sharded norm is all-reduced)
+            return self.strategy.clip_grad_norm_(model, max_norm)
 
     def step(self, optimizer: torch.optim.Optimizer, *, zero_grad: bool = True) -> bool:
         """The optimizer step at an accumulation boundary: under fp16 through the loss
@@ -95,7 +100,20 @@ class StepMethods:
             stepped = scaler.get_scale() >= before  # the scale shrinks on a skipped step
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
+        self.step_ended()
         return stepped
+
+    def step_ended(self) -> None:
+        """The end of an optimizer step (`step` calls it; a loop that drops a step without
+        `step` calls it too): the step's pace, and every `--straggler-every` steps the
+        straggler check (a collective: every rank ends its steps alike)."""
+        if self.pace is None:
+            return
+        self.pace.stepped()
+        said = self.pace.check(self.optimizer_steps)
+        if said:
+            warn(self, self.pace.events_dir or self.out, "straggler", self.optimizer_steps,
+                 said)
 
     def _fp16_optimizer(self, model: nn.Module,
                         given: torch.optim.Optimizer | None) -> torch.optim.Optimizer:

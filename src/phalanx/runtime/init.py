@@ -48,6 +48,7 @@ from phalanx.hang.watchdog import timeout_from_env
 from phalanx.report.run_report import write_environment
 from phalanx.runtime.memory_history import check_entries, plain_failure
 from phalanx.runtime.memory_history import start as start_history
+from phalanx.runtime.pace import Pace
 from phalanx.runtime.run import Run, derive_seed
 from phalanx.strategies import StrategyChoice, build, choose_for_script
 from phalanx.strategies.topology import data_parallel
@@ -76,13 +77,29 @@ def _set_threads(env: LaunchEnv, threads: int | None) -> int:
     return threads
 
 
+STRAGGLER_EVERY = 5  # phalanx.init's default (the trainer's: `--straggler-every`)
+
+
+def _straggler_every(given: int | None) -> int:
+    if given is None:
+        raw = os.environ.get(protocol.STRAGGLER_EVERY, str(STRAGGLER_EVERY))
+        try:
+            given = int(raw)
+        except ValueError:
+            raise UserError(f"{protocol.STRAGGLER_EVERY}=`{raw}` is not a whole number of "
+                            f"steps; set it to N >= 0 (0: off).") from None
+    if given < 0:
+        raise UserError(f"straggler_every must be >= 0 (0: off), got {given}.")
+    return given
+
+
 def init(seed: int = 0, *, backend: str = "auto",
          strategy: str | StrategyChoice | None = None, timeout_s: float = 600.0,
          threads: int | None = None, hang_timeout_s: float | None = None,
          hang_report_dir: str | Path | None = None, debug_collectives: bool = False,
          log_dir: str | Path | None = None, out: str | Path | None = None,
          trackers: str | Sequence[str] | None = None, memory_history: int = 0,
-         **strategy_options: Any) -> Run:
+         straggler_every: int | None = None, **strategy_options: Any) -> Run:
     """Join the job this process was launched into (or a 1-process job) and return a `Run`.
 
     `strategy`: a name with its options as keywords (`strategy="ddp", bucket_cap_mb=1`;
@@ -96,6 +113,10 @@ def init(seed: int = 0, *, backend: str = "auto",
     PHALANX_TRACKERS variable, which `phalanx run --tracker` sets), from rank 0.
     `memory_history`: on CUDA, record the last N allocator events; a CUDA out-of-memory then
     writes a snapshot into `out` (runtime.memory_history).
+    `straggler_every`: every N optimizer steps (`run.step`) the ranks compare their own
+    time outside collectives and a persistently slow rank is named (runtime.pace; default:
+    the PHALANX_STRAGGLER_EVERY variable, which `phalanx run --straggler-every` sets, else
+    5; 0: off).
     """
     announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
     if debug_collectives:
@@ -127,6 +148,8 @@ def init(seed: int = 0, *, backend: str = "auto",
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir, trackers=tracking,
               memory_history=start_history(topology.device, memory_history))
+    run.pace = Pace(env.world_size, env.rank, device, _straggler_every(straggler_every),
+                    host_of=topology.peers.host if topology.peers else lambda rank: "?")
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
     _record_environment(run, run_dir or log)  # the report's: strategy, ranks, versions

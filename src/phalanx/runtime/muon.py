@@ -25,7 +25,8 @@ torch's functional `adamw`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn as nn
@@ -71,7 +72,11 @@ def _like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 class MuonAdamW(torch.optim.Optimizer):
     """Param groups with `use_muon=True` step with Muon (lr × `lr_scale`), the others with
-    AdamW. Build it with `muon_adamw(model, ...)`, which chooses the groups."""
+    AdamW. Build it with `muon_adamw(model, ...)`, which chooses the groups.
+    `phalanx_waiting`: the context its all-gathers (sharded parameters) run in — `run.setup`
+    sets it so the straggler check counts them as waits (runtime.pace)."""
+
+    phalanx_waiting: Callable[[], AbstractContextManager] = nullcontext
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
@@ -109,7 +114,9 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - group["momentum"])
             update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-            ortho = orthogonalize(_whole(update), group["ns_steps"])
+            with self.phalanx_waiting():
+                whole = _whole(update)
+            ortho = orthogonalize(whole, group["ns_steps"])
             rows, cols = ortho.shape
             ortho *= math.sqrt(max(1.0, rows / cols))  # torch.optim.Muon's "original" scale
             p.mul_(1 - lr * group["weight_decay"])

@@ -31,6 +31,7 @@ from phalanx.runtime.clip_and_step import StepMethods
 from phalanx.runtime.clip_and_step import derive_seed as derive_seed  # (its old home)
 from phalanx.runtime.collectives import CollectiveMethods
 from phalanx.runtime.memory_history import plain_failure
+from phalanx.runtime.pace import Pace
 from phalanx.runtime.save_resume import CheckpointMethods
 from phalanx.strategies.base import Strategy
 from phalanx.strategies.guards import diagnose_devices
@@ -62,6 +63,7 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
     _said: set = field(default_factory=set, repr=False)  # see say_once
     optimizer_steps: int = 0  # counted by `step`, restored by `resume`: seeds micro-steps
     _seed_rank: int | None = field(default=None, repr=False)  # see `at_step`
+    pace: Pace | None = field(default=None, repr=False)  # stragglers (runtime.pace)
 
     rank = property(lambda self: self.topology.rank)
     local_rank = property(lambda self: self.topology.local_rank)
@@ -90,6 +92,9 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
         """
         self.precision = self.strategy.precision(precision)
         wrapped = self.strategy.setup_module(model, self.precision, blocks)
+        timed = self.pace is not None and self.pace.on  # (hooks: only when they are read)
+        if timed:
+            self.strategy.time_waits(wrapped, self.waiting)
         if self.strategy.note and self.is_main:  # on stderr: not the program's output
             print(f"phalanx: {self.strategy.note}", file=sys.stderr, flush=True)
         if optimizer is None:
@@ -98,6 +103,8 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
             optimizer = optimizer(wrapped.parameters())
         _check_optimizer_params(wrapped, optimizer)
         optimizer = self.strategy.setup_optimizer(optimizer)
+        if timed:
+            self.strategy.time_optimizer_waits(optimizer, self.waiting)
         self._optimizers[wrapped] = optimizer  # fp16: clip_grad_norm_ unscales it
         return wrapped, optimizer
 
@@ -164,7 +171,7 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
         runs under `setup`'s precision (autocast); `backward` scales the loss for fp16
         (call it after `setup`)."""
         return Accumulator(self.strategy, model, steps, self.precision,
-                           seed=self._seed_micro_step)
+                           seed=self._seed_micro_step, waiting=self.waiting)
 
     # -- output -----------------------------------------------------------------
     def log(self, step: int, reduce: str | None = "mean", **metrics: float | torch.Tensor):
@@ -179,7 +186,8 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
             raise UserError("run.log needs a directory to write to, and this run has "
                             "none: phalanx.init(..., out='runs/NAME') (or log_dir=), or "
                             "run the script with `phalanx run --out DIR`.")
-        values = reduce_values(self, metrics, reduce)
+        with self.waiting():
+            values = reduce_values(self, metrics, reduce)
         record = {"step": int(step), **values}
         if not self.is_main:
             return record

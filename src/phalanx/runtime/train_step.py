@@ -4,7 +4,6 @@ an accumulation window, then the optimizer step. `phalanx train`, `phalanx bench
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ import torch
 import torch.nn as nn
 from torch.profiler import record_function
 
+from phalanx.cluster.faults import slow_point
 from phalanx.runtime.accumulate import Accumulator
 from phalanx.strategies.precision import Precision
 
@@ -29,9 +29,8 @@ class StepOutcome:
 
 
 def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision: Precision,
-                timing=None, between: Callable[[], object] | None = None) -> torch.Tensor:
+                between: Callable[[], object] | None = None) -> torch.Tensor:
     """Forward and backward over one accumulation window; returns the mean local loss.
-    `timing()`: a context that times data loading and forward (StragglerWatch);
     `between()`: called between two micro-steps (the planner's memory tracker clears its
     per-module records there: it refuses a module run twice)."""
     total = torch.zeros((), device=next(model.parameters()).device)
@@ -39,11 +38,11 @@ def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision
         if i and between is not None:
             between()
         with acc.micro_step():  # under the run's precision (autocast)
-            with timing() if timing is not None else contextlib.nullcontext():
-                with record_function("phalanx::data"):
-                    x, y = next(batches)
-                with record_function("phalanx::forward"):
-                    _, loss = model(x, y)
+            with record_function("phalanx::data"):
+                x, y = next(batches)
+                slow_point("data")  # (PHALANX_FAULT's action=slow,where=data; else nothing)
+            with record_function("phalanx::forward"):
+                _, loss = model(x, y)
             with record_function("phalanx::backward"):
                 acc.backward(loss, precision.scaler)
         total += loss.detach().float()
@@ -67,5 +66,6 @@ def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_
         if check is not None and scaler is None and check(norm):
             run.optimizer_steps += 1  # counted as `run.step` counts it
             opt.zero_grad(set_to_none=True)
+            run.step_ended()
             return StepOutcome(norm, stepped=False, dropped=True)
         return StepOutcome(norm, stepped=run.step(opt))

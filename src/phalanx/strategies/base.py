@@ -16,6 +16,7 @@ model and optimizer state, as single and DDP do).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +123,19 @@ class Strategy(ABC):
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer training steps with (ZeRO wraps it). Default: as given."""
         return optimizer
+
+    def time_waits(self, model: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
+        """Time this strategy's waits for the other ranks inside the forward of the
+        wrapped `model` with `waiting` (the straggler check's, runtime.pace). Default:
+        none (the gradient sync is in `acc.backward`, which times itself)."""
+        return None
+
+    def time_optimizer_waits(self, optimizer: torch.optim.Optimizer,
+                             waiting: Callable[[], AbstractContextManager]) -> None:
+        """Likewise inside `optimizer.step()` (ZeRO's broadcast), and an optimizer's own
+        (one with a `phalanx_waiting` context to set: Muon's all-gathers under FSDP)."""
+        if hasattr(optimizer, "phalanx_waiting"):
+            optimizer.phalanx_waiting = waiting
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `wrap` returned."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -28,6 +29,11 @@ class PhalanxDDP(DistributedDataParallel):
     and that counts the forward passes that prepared a synchronising backward."""
 
     synced_forwards = 0
+    _phalanx_waiting: Callable[[], AbstractContextManager] = nullcontext  # Strategy.time_waits
+
+    def _sync_buffers(self):  # (torch's: the buffers' broadcast before the forward)
+        with self._phalanx_waiting():
+            return super()._sync_buffers()
 
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
@@ -82,6 +88,11 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         self._wrapped.add(wrapped)
         self.note = tuning_note(self.name, wrapped)
         return wrapped
+
+    def time_waits(self, model: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
+        """DDP broadcasts a model's buffers before each forward: a wait."""
+        if isinstance(model, PhalanxDDP):
+            model._phalanx_waiting = waiting
 
     def alternatives(self) -> list[Alternative]:
         """Phalanx's DDP settings that torch's DDP does not use unless told."""

@@ -20,6 +20,7 @@ This is FSDP2, not FSDP1: no `FullyShardedDataParallel` wrapper class, no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import cast
 
@@ -104,6 +105,13 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
     def wrap(self, model: nn.Module) -> nn.Module:  # setup_module does the work
         return model
 
+    def time_waits(self, model: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
+        """FSDP waits for each sharded module's all-gather in its pre-forward hook: timed
+        from a hook before torch's to one after it."""
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                _time_unshard(module, waiting)
+
     def alternatives(self) -> list[Alternative]:
         """Not torch defaults (torch's are Phalanx's here): the alternatives users choose
         between."""
@@ -157,6 +165,21 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
 
         t = self.topology
         check_sharded(model, t.device, t.world_size, t.rank, t.mesh)
+
+
+def _time_unshard(module: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
+    held: list[AbstractContextManager] = []
+
+    def enter(_module, _args) -> None:
+        held.append(waiting())
+        held[-1].__enter__()
+
+    def leave(_module, _args) -> None:
+        if held:
+            held.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter, prepend=True)  # before FSDP's own (prepended)
+    module.register_forward_pre_hook(leave)
 
 
 @contextmanager

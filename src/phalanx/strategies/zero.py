@@ -44,6 +44,20 @@ class ZeroStrategy(DDPStrategy):
         defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
         return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
+    def time_optimizer_waits(self, optimizer, waiting) -> None:
+        """After its local step ZeRO broadcasts each rank's parameters (torch's
+        `_sync_params`): a wait. (A torch without that method: the step counts whole.)"""
+        super().time_optimizer_waits(optimizer, waiting)
+        sync = getattr(optimizer, "_sync_params", None)
+        if sync is None:
+            return
+
+        def timed_sync():
+            with waiting():
+                return sync()
+
+        optimizer._sync_params = timed_sync
+
     def local_optimizer(self, optimizer):
         """The optimizer over this rank's partition (inside a ZeroRedundancyOptimizer)."""
         return getattr(optimizer, "optim", optimizer)

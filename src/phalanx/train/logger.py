@@ -107,6 +107,9 @@ class Logger:
         norm = _settle_norms(result.grad_norms, self.steps_since)
         if norm is not None:  # the global norm: the same on every rank
             record["grad_norm"] = norm
+        pace = self.run.pace  # the last straggler check's scores (runtime.pace)
+        if pace is not None and pace.latest is not None:
+            record.update(pace.latest.metrics())
         if self.progress is not None:
             self.progress.update(step, record["loss"], record["tokens_per_s"], lr)
         self.pending, self.steps_since = [], 0

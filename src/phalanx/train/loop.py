@@ -30,7 +30,6 @@ from phalanx.errors import UserError
 from phalanx.ft.gate import QuorumBatches, step_gate
 from phalanx.models import build_model
 from phalanx.paths import RunDir, atomic_write
-from phalanx.report.events import warn
 from phalanx.report.run_report import write_environment
 from phalanx.runtime.optim import make_optimizer
 from phalanx.runtime.profiling import StepProfiler
@@ -42,7 +41,6 @@ from phalanx.train.logger import Logger
 from phalanx.train.nan_guard import NanGuard, advice, parameters_finite
 from phalanx.train.schedule import lr_at
 from phalanx.train.state import TrainResult, TrainState
-from phalanx.train.watchers import StragglerWatch
 
 
 def train(cfg: Config, run: Run, splits: TokenSplits, out_dir: RunDir | Path | None = None,
@@ -143,8 +141,9 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     forward = cast(nn.Module, torch.compile(model)) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
-    stragglers = StragglerWatch(run, cfg.dist.straggler_every)
-    after_step = _after_step_checks(cfg, run, log, stragglers, model, inner, out_dir)
+    if run.pace is not None:  # a straggler's warning is an event of the run
+        run.pace.events_dir = out_dir
+    after_step = _after_step_checks(cfg, run, log, model, inner)
     if profiler is not None:  # last: the checks' time is the step's
         after_step.append(profiler.after)
     while result.state.step < t.max_steps:
@@ -157,8 +156,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         began = time.perf_counter()  # (goodput: the step's own time, not the quorum's)
         run.at_step(step, gate.rank)  # what the micro-steps seed from: exact on resume
         lr = _set_lr(cfg, opt, step)
-        loss = micro_steps(forward, acc, batches, precision,
-                           lambda step=step: stragglers.timing(step))
+        loss = micro_steps(forward, acc, batches, precision)
         loss = gate.average(model, loss)  # torchft: over the live groups (with the loss)
         if not gate.commit():  # torchft: a group failed during this step: do it again
             opt.zero_grad(set_to_none=True)
@@ -190,13 +188,12 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     run.wait_checkpoint()
 
 
-def _after_step_checks(cfg: Config, run: Run, log: Logger, stragglers: StragglerWatch,
-                       model: nn.Module, inner: nn.Module,
-                       out_dir: RunDir | None) -> list[Callable[[int], None]]:
+def _after_step_checks(cfg: Config, run: Run, log: Logger, model: nn.Module,
+                       inner: nn.Module) -> list[Callable[[int], None]]:
     """What every rank does after each optimizer step (given the step just done), in this
     order: a planted fault (PHALANX_FAULT), the hang watchdog's beat, the start-up's end
-    (once), the replicas' consistency check and the straggler check — both collectives,
-    made at the same steps on every rank."""
+    (once) and the replicas' consistency check — a collective, made at the same steps on
+    every rank. (The straggler check is `run.step`'s: runtime.pace.)"""
     every = cfg.dist.check_consistency_every
 
     def first_step(step: int) -> None:
@@ -206,16 +203,12 @@ def _after_step_checks(cfg: Config, run: Run, log: Logger, stragglers: Straggler
     def consistency(step: int) -> None:
         if every and step % every == 0:
             run.beat(step, "consistency check")
-            run.check_consistency(model)
-
-    def straggler(step: int) -> None:
-        slow = stragglers.check(step)
-        if slow:
-            warn(run, out_dir, "straggler", step, slow)
+            with run.waiting():
+                run.check_consistency(model)
 
     return [lambda step: fault_point("step", step, inner),
             lambda step: run.beat(step, "train"),
-            first_step, consistency, straggler]
+            first_step, consistency]
 
 
 def _set_lr(cfg: Config, opt: torch.optim.Optimizer, step: int) -> float:

@@ -47,7 +47,8 @@ class NanGuard:
         if run.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            with run.waiting():
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         seen = flags.tolist()
         if not any(seen):
             self.in_a_row = 0

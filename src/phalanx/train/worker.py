@@ -96,7 +96,8 @@ def init_run(cfg: Config, threads: int | None, out: RunDir | Path | None = None,
                         timeout_s=d.timeout_s, threads=d.threads_per_rank or threads,
                         hang_timeout_s=d.hang_timeout_s or None, hang_report_dir=out,
                         debug_collectives=d.debug_collectives, trackers=cfg.train.trackers,
-                        memory_history=cfg.train.memory_history)
+                        memory_history=cfg.train.memory_history,
+                        straggler_every=d.straggler_every)
 
 
 def choose_strategy(cfg: Config, world: int | None = None) -> StrategyChoice:
