@@ -257,7 +257,7 @@ class ReplicaGroup:
     def _save(self) -> dict[str, Any]:
         assert self.result is not None
         r = self.result
-        scaler = self._scaler()
+        scaler = self.run.loss_scaler  # fp16's (None in fp32 and bf16)
         return {"model": self.run.unwrap(r.model).state_dict(),
                 "optimizer": r.optimizer.state_dict(),
                 "train": dataclasses.asdict(r.state),
@@ -271,15 +271,10 @@ class ReplicaGroup:
         r.optimizer.load_state_dict(state["optimizer"])
         for key, value in state["train"].items():
             setattr(r.state, key, value)
-        scaler = self._scaler()
+        scaler = self.run.loss_scaler  # fp16's (None in fp32 and bf16)
         if scaler is not None:  # fp16: the loss scale and its growth count, as the live
             scaler.load_state_dict(state["scaler"])  # groups have them
         self.healed = True
-
-    def _scaler(self) -> Any:
-        """The fp16 loss scaler (None in fp32 and bf16)."""
-        precision = self.run.precision
-        return precision.scaler if precision is not None else None
 
 
 class StartStore:

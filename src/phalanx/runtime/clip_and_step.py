@@ -46,6 +46,11 @@ class StepMethods:
     out: Any
     waiting: Any
 
+    @property
+    def loss_scaler(self) -> Any:
+        """The fp16 loss scaler `setup` made (None in fp32 and bf16, and before `setup`)."""
+        return self.precision.scaler if self.precision is not None else None
+
     def seed_step(self, step: int, rank: int | None = None) -> None:
         """Seed torch's RNG from (seed, step, rank) at the top of a step, for a loop
         without `run.accumulate` (whose micro-steps seed themselves). `rank`: this
@@ -73,7 +78,7 @@ class StepMethods:
         sharded or not); returns the norm before clipping, equal on every rank. Under
         fp16 the gradients are unscaled first (the optimizer `setup` built, or
         `optimizer`), so the norm and the clip are in true units."""
-        scaler = self.precision.scaler if self.precision is not None else None
+        scaler = self.loss_scaler
         if scaler is not None:
             opt = self._fp16_optimizer(model, optimizer)
             if _stage(scaler, opt) != "unscaled":
@@ -88,7 +93,7 @@ class StepMethods:
         Returns whether the parameters were stepped (False: fp16 skipped an overflow).
         Either way it counts one optimizer step (`optimizer_steps`: what the next
         micro-steps seed from)."""
-        scaler = self.precision.scaler if self.precision is not None else None
+        scaler = self.loss_scaler
         stepped = True
         self.optimizer_steps += 1
         if scaler is None:

@@ -50,6 +50,7 @@ class CheckpointMethods:
     strategy: Any
     topology: Any
     precision: Any
+    loss_scaler: Any  # (StepMethods)
     optimizer_steps: int
 
     if TYPE_CHECKING:  # provided by Run
@@ -179,7 +180,7 @@ class CheckpointMethods:
                                 f"one with state_dict() and load_state_dict() (torchdata's "
                                 f"StatefulDataLoader); got {type(loader).__name__}.")
             extras[LOADER_KEY] = loader.state_dict()
-        scaler = self.precision.scaler if self.precision is not None else None
+        scaler = self.loss_scaler
         if scaler is not None:
             extras[SCALER_KEY] = scaler.state_dict()
         return extras
@@ -196,7 +197,7 @@ class CheckpointMethods:
                     f"`loader=` to run.save, or resume without `loader=` to start the "
                     f"data over knowingly.")
             loader.load_state_dict(meta[LOADER_KEY], where=f"checkpoint `{path}`")
-        scaler = self.precision.scaler if self.precision is not None else None
+        scaler = self.loss_scaler
         if scaler is not None and meta.get(SCALER_KEY):
             scaler.load_state_dict(meta[SCALER_KEY])
 
