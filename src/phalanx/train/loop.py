@@ -141,6 +141,8 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     forward = cast(nn.Module, torch.compile(model)) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
+    roll_back = functools.partial(_roll_back, run, cfg, out_dir, result, precision, guard,
+                                  log, gate)  # (--on-nan rollback, after a dropped step)
     if run.pace is not None:  # a straggler's warning is an event of the run
         run.pace.events_dir = out_dir
     after_step = _after_step_checks(cfg, run, log, model, inner)
@@ -169,8 +171,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         result.grad_norms.append(done.norm)
         log.step_done(loss, time.perf_counter() - began,  # a dropped step counts for
                       skipped=done.dropped)  # throughput
-        if done.dropped and guard.mode == "rollback" and \
-                _roll_back(run, cfg, out_dir, result, precision, guard, log, gate):
+        if done.dropped and guard.mode == "rollback" and roll_back():
             continue  # on from the checkpoint's step, the data past the bad batch
         state = result.state  # (a rollback to this very step replaced it)
         state.step, state.position = step + 1, state.position + global_batch
