@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from phalanx.runtime.pace import Pace
+from phalanx.runtime.pace import Pace, _median_without
 
 
 def _pace(world: int = 4, every: int = 5) -> Pace:
@@ -48,6 +48,31 @@ def test_own_time_is_the_step_less_its_waits():
     [own] = pace.own_times()
     assert 0.015 < own < 0.045, own
     assert pace.waits == []  # the next step's
+
+
+def test_the_median_of_the_others_is_statistics_median():
+    import random
+    import statistics
+
+    rng = random.Random(0)
+    for n in range(2, 12):
+        values = sorted(rng.random() for _ in range(n))
+        for i in range(n):
+            assert _median_without(values, i) == statistics.median(values[:i] + values[i + 1:])
+
+
+def test_a_wait_left_open_ends_with_the_step():
+    pace = _pace(world=2)
+    pace.stepped()
+    held = pace.waiting()
+    held.__enter__()  # (a forward hook's wait, its forward raised: never left)
+    pace.stepped()
+    with pace.waiting():
+        time.sleep(0.01)
+    held.__exit__(None, None, None)  # late: ignored
+    pace.stepped()
+    assert len(pace.waits) == 0 and len(pace.steps) == 2
+    assert pace.own_times()[1] < 0.008  # the second step's wait was counted
 
 
 @pytest.mark.parametrize("every,world", [(0, 4), (5, 1)])

@@ -1,5 +1,5 @@
-"""The loss-spike rule, on its own (the straggler rule runs on 2 ranks in
-tests/e2e/test_run_report.py)."""
+"""The loss-spike rule, on its own (the straggler rule: tests/unit/test_pace.py, and on 2
+ranks tests/e2e/test_stragglers.py and tests/e2e/test_run_report.py)."""
 
 from __future__ import annotations
 

@@ -24,8 +24,10 @@ def worker(spec: dict) -> int:
     cfg = from_dict(spec["config"])
     tokens = prepare_data(cfg.data)  # the splits: training tokens and the vocabulary
     spec = {**spec, "vocab_size": tokens.vocab_size}
+    # no straggler check: `--scaling` steps a subset of the ranks (a collective in
+    # run.step would meet another one), and the timings are the steps' alone
     run = init(cfg.train.seed, backend=cfg.dist.backend, threads=spec["threads"],
-               strategy=choose_here(cfg.dist, cfg.train.grad_accum))
+               strategy=choose_here(cfg.dist, cfg.train.grad_accum), straggler_every=0)
     with run:
         steps = {name: peers.SETUPS[name](cfg, tokens, run) for name in spec["impls"]}
         steps.update(baseline_step(cfg, tokens, run))

@@ -9,8 +9,8 @@ checkpoint of step 7, before its data is on disk. `action=raise` raises instead;
 `action=spike` multiplies this rank's next loss by 20 (the spike warning's test);
 `action=slow` makes this rank slower from then on (a straggler): by `ms=` milliseconds
 (default 40) at `where=` — `forward` (default: each forward), `data` (each batch the
-run's loader hands out), `optimizer` (each optimizer step) or `between` (after each
-step, outside it);
+trainer's micro-steps take), `optimizer` (each optimizer step's `step()`: under ZeRO the
+inner optimizer's too) or `between` (after each step, outside it);
 `action=pause` says `phalanx-fault: pause at PHASE STEP` on stderr and sleeps 2 s there
 (a window for a signal to land in: the Ctrl-C stress test); `action=hold` says
 `phalanx-fault: hold at PHASE STEP` and waits there until the file named by

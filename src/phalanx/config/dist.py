@@ -128,7 +128,8 @@ class DistConfig:
                                           "(0: never).")
     straggler_every: int = opt(5, "Every N optimizer steps, compare the ranks' own time "
                                  "per step (the step minus its waits in collectives) and name "
-                                 "a rank 2× slower than the others at 2 checks in a row "
+                                 "a rank over 2× the others' median (and 5 ms over it) at 2 "
+                                 "checks in a row "
                                  "(0: never).")
 
     def __post_init__(self) -> None:

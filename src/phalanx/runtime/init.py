@@ -93,6 +93,11 @@ def _straggler_every(given: int | None) -> int:
     return given
 
 
+def _pace(env: LaunchEnv, topology: Any, every: int | None) -> Pace:
+    return Pace(env.world_size, env.rank, topology.device, _straggler_every(every),
+                host_of=topology.peers.host if topology.peers else lambda rank: "?")
+
+
 def init(seed: int = 0, *, backend: str = "auto",
          strategy: str | StrategyChoice | None = None, timeout_s: float = 600.0,
          threads: int | None = None, hang_timeout_s: float | None = None,
@@ -148,8 +153,7 @@ def init(seed: int = 0, *, backend: str = "auto",
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir, trackers=tracking,
               memory_history=start_history(topology.device, memory_history))
-    run.pace = Pace(env.world_size, env.rank, device, _straggler_every(straggler_every),
-                    host_of=topology.peers.host if topology.peers else lambda rank: "?")
+    run.pace = _pace(env, topology, straggler_every)
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
     _record_environment(run, run_dir or log)  # the report's: strategy, ranks, versions

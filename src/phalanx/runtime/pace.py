@@ -112,15 +112,17 @@ class Pace:
         try:
             yield
         finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.waits.append((self._entered, self._stamp()))
+            if self._depth > 0:  # (0: `stepped` ended a wait an exception left open)
+                self._depth -= 1
+                if self._depth == 0:
+                    self.waits.append((self._entered, self._stamp()))
 
     def stepped(self) -> None:
         """An optimizer step ended: its own time joins the window."""
         if not self.on:
             return
         now = self._stamp()
+        self._depth = 0  # (a wait an exception left open, e.g. in a forward hook, ends)
         if self.last is not None:
             self.steps.append((self.last, now, self.waits))
         self.last, self.waits = now, []
@@ -155,9 +157,10 @@ class Pace:
         slowest = max(range(len(seconds)), key=seconds.__getitem__)
         self.latest = Scores(step, seconds, slowest, _ratio(seconds[slowest], fastest),
                              _ratio(seconds[slowest], self._best[slowest]))
-        said = []
+        said, ordered = [], sorted(range(len(seconds)), key=seconds.__getitem__)
+        place = {rank: i for i, rank in enumerate(ordered)}
         for rank, own in enumerate(seconds):
-            others = statistics.median(seconds[:rank] + seconds[rank + 1:])
+            others = _median_without([seconds[r] for r in ordered], place[rank])
             slow = own > FACTOR * others and own - others >= MIN_GAP_S
             self._slow_checks[rank] = self._slow_checks[rank] + 1 if slow else 0
             if not slow:
@@ -177,6 +180,17 @@ class Pace:
                 f"{self._slow_checks[rank]} checks of {self.every} steps in a row. Every "
                 f"rank waits for it; check its data loading, threads (--threads-per-rank) "
                 f"and other jobs on its cores/GPU (`phalanx doctor`).")
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """The median of sorted `ordered` without its element `i` (O(1): thousands of ranks
+    are judged every few steps)."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k if k < i else k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _ratio(value: float, base: float) -> float:

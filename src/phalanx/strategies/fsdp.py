@@ -170,10 +170,12 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
 def _time_unshard(module: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
     held: list[AbstractContextManager] = []
 
+    @torch.compiler.disable  # (host timing: not traced under --compile)
     def enter(_module, _args) -> None:
         held.append(waiting())
         held[-1].__enter__()
 
+    @torch.compiler.disable
     def leave(_module, _args) -> None:
         if held:
             held.pop().__exit__(None, None, None)
