@@ -93,6 +93,19 @@ def _straggler_every(given: int | None) -> int:
     return given
 
 
+def _backend(backend: str) -> str:
+    backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")
+    return backend
+
+
+def _debug(debug_collectives: bool) -> None:
+    if debug_collectives:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()
+
+
 def _pace(env: LaunchEnv, topology: Any, every: int | None) -> Pace:
     return Pace(env.world_size, env.rank, topology.device, _straggler_every(every),
                 host_of=topology.peers.host if topology.peers else lambda rank: "?")
@@ -118,15 +131,12 @@ def init(seed: int = 0, *, backend: str = "auto",
     PHALANX_TRACKERS variable, which `phalanx run --tracker` sets), from rank 0.
     `memory_history`: on CUDA, record the last N allocator events; a CUDA out-of-memory then
     writes a snapshot into `out` (runtime.memory_history).
-    `straggler_every`: every N optimizer steps (`run.step`) the ranks compare their own
-    time outside collectives and a persistently slow rank is named (runtime.pace; default:
-    the PHALANX_STRAGGLER_EVERY variable, which `phalanx run --straggler-every` sets, else
-    5; 0: off).
+    `straggler_every`: every N optimizer steps (`run.step`) a persistently slow rank is
+    named (runtime.pace; default: PHALANX_STRAGGLER_EVERY, which `phalanx run
+    --straggler-every` sets, else 5; 0: off).
     """
     announce()  # PHALANX_FAULT checked (and said once per job) before anything starts
-    if debug_collectives:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        dist.set_debug_level_from_env()
+    _debug(debug_collectives)
     tracking = tracker_list(trackers if trackers is not None
                              else os.environ.get(protocol.TRACKERS))
     check_entries(memory_history)
@@ -136,9 +146,7 @@ def init(seed: int = 0, *, backend: str = "auto",
         os.environ.setdefault(name, value)
 
     die_with_agent()
-    backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UserError("`--backend nccl` needs CUDA GPUs and none is visible; use gloo on CPU.")
+    backend = _backend(backend)
     device = _pick_device(env, backend)
     n_threads = _set_threads(env, threads)
     created = _process_group(env, backend, timeout_s)
@@ -152,8 +160,8 @@ def init(seed: int = 0, *, backend: str = "auto",
     run_dir, log = _directories(out, log_dir)
     run = Run(topology=topology, strategy=chosen, seed=seed, threads=n_threads,
               log_dir=log, out=run_dir, trackers=tracking,
-              memory_history=start_history(topology.device, memory_history))
-    run.pace = _pace(env, topology, straggler_every)
+              memory_history=start_history(topology.device, memory_history),
+              pace=_pace(env, topology, straggler_every))
     fail_fast(run)
     _note_spread(run, choice, env.local_world_size)
     _record_environment(run, run_dir or log)  # the report's: strategy, ranks, versions
