@@ -79,3 +79,19 @@ def test_a_phalanx_error_is_said_in_its_own_words_and_the_rank_once():
                           "1: no quorum from the lighthouse at http://h:1 within 3 s.")
     theirs = job_failed({0: Failure(1, {"message": "ValueError: bad"})}, max_restarts=0)
     assert str(theirs) == "[rank 0] the job failed: rank 0 exited with code 1: ValueError: bad."
+
+
+def test_a_users_error_says_the_line_that_raised_it(tmp_path, monkeypatch):
+    """The recorded traceback's innermost user frame, and the rank condition above it."""
+    from phalanx.launch.failures import job_failed
+
+    monkeypatch.chdir(tmp_path)  # (paths are said relative to it)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nrank = 1\nif rank == 1:\n    raise ValueError('bad')\n")
+    stack = (f'Traceback (most recent call last):\n  File "{script}", line 4, in <module>\n'
+             f"    raise ValueError('bad')\nValueError: bad\n")
+    error = job_failed({1: Failure(1, {"message": "ValueError: bad",
+                                       "extraInfo": {"py_callstack": stack}})}, max_restarts=0)
+    assert str(error) == ("[rank 1] the job failed: rank 1 exited with code 1: ValueError: bad "
+                          "(raised at train.py:4 in <module>(), under `if rank == 1:` at "
+                          "train.py:3).")

@@ -2,9 +2,12 @@
 `timeout` seconds, one report says where each rank is and why the job is stuck, and the
 job exits (code 3) so an elastic restart can take over.
 
-Progress is a `beat()` (the trainer's steps, `run.loader` batches) or any change of the
-main thread's Python stack — so an unmodified script is watched too: a rank blocked in a
-collective has the same stack for as long as it waits.
+Progress is a `beat()` (the trainer's steps, `run.loader` batches), any change of the
+main thread's Python stack, or a collective issued on the default process group (torch's
+sequence number moved) — so an unmodified script is watched too: a rank blocked in a
+collective has the same stack and issues nothing for as long as it waits, while a loop
+whose steps are slower than the timeout still moves (its stack may look the same at each
+look).
 
 Every rank runs one daemon thread, talking through torch's own store (a client of the
 job's TCPStore, under a key prefix of its own): it publishes `hb/<rank>` (step, phase,
@@ -149,9 +152,9 @@ class Watchdog:
             self._report_and_exit(beats)
 
     def _sample_stack(self) -> None:
-        """A changed main-thread stack is progress."""
+        """A changed main-thread stack, or a collective issued since, is progress."""
         frame = main_frame()
-        key = None if frame is None else (id(frame), frame.f_lineno)
+        key = (None if frame is None else (id(frame), frame.f_lineno), collectives_issued())
         if key != self._last_stack:
             self._last_stack = key
             self.beat_state.at = time.monotonic()
@@ -241,6 +244,21 @@ class Watchdog:
         else:
             time.sleep(0.5)
         os._exit(HANG_EXIT_CODE)
+
+
+def collectives_issued() -> int | None:
+    """The default process group's count of collectives issued (torch's sequence number;
+    None before the group exists, or in a torch without it)."""
+    import torch.distributed as dist
+
+    try:
+        if not dist.is_initialized():
+            return None
+        group = dist.distributed_c10d._get_default_group()
+        count = getattr(group, "_get_sequence_number_for_group", None)
+        return None if count is None else int(count())
+    except (RuntimeError, AttributeError, ValueError):
+        return None
 
 
 def _stack_answer(rank: int) -> str:

@@ -132,13 +132,30 @@ def _victims_at(victims: list[int], failures: dict) -> str:
 
     where = []
     for r in victims:
-        raw = failures[r].message
-        info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
-        act = failed_at(str(info.get("py_callstack", "")))
+        act = _recorded_at(failures[r])
         if act is not None and act.site is not None:
             what = f"in {act.collective} " if act.collective else ""
             where.append(f"rank {r} {what}at {act.where()}")
     return f" ({'; '.join(where)})" if where else ""
+
+
+def _recorded_at(failure):
+    """Where the rank was when it raised (an Activity), from the traceback the agent
+    recorded; None without one."""
+    raw = failure.message
+    info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
+    return failed_at(str(info.get("py_callstack", "")))
+
+
+def _raised_at(failure, message: str) -> str:
+    """` (raised at train.py:12 in main(), under `if rank == 1:` at train.py:11)` for an
+    error that is not Phalanx's own (those say where themselves), '' when unknown."""
+    if message.partition(": ")[0] in error_names():
+        return ""
+    act = _recorded_at(failure)
+    if act is None or act.site is None:
+        return ""
+    return f" (raised at {act.where()}{act.context()})"
 
 
 def _crashed_in(rank: int, code: int, reports: str | None) -> str:
@@ -172,7 +189,9 @@ def _describe(rank: int, failure, reports: str | None, memory: str = "") -> str:
             text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
         if code == -signal.SIGKILL:
             text += OOM_HINT.format(memory=memory or PLAN_HINT)
-    return f"{text}: {_own_words(message, rank)[:300]}" if message else text
+    if not message:
+        return text
+    return f"{text}: {_own_words(message, rank)[:300]}{_raised_at(failure, message)}"
 
 
 def _own_words(message: str, rank: int) -> str:

@@ -1,0 +1,113 @@
+"""The hang-and-straggler corpus (issue 46): small 2-rank gloo scripts, one per fault
+class, each with the diagnosis a user needs — the culprit rank(s), the source line where
+the ranks parted (the rank condition or the diverging call; "" when no line explains it),
+the collective, and — where the stacks agree and the data differ — the cause in words.
+Each script calls `mark()` just before its fault, so the time from the fault to the
+report can be measured. A `healthy` case must produce no report at all (a false alarm is
+scored). Scored by tests/hang_corpus/score.py; the `ci` sample runs in CI
+(tests/e2e/test_hang_corpus.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# every script starts with these lines (the line numbers below count from the first)
+HEAD = '''import os, sys, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(4)
+def mark():
+    open(f"mark-{rank}", "w").write(str(time.time()))
+'''
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    body: str  # after HEAD (line 9 on)
+    culprit: str  # "rank N" the report must name (or "" for a healthy run)
+    line: str  # "case.py:N" where the ranks parted ("" when none)
+    collective: str  # the collective it must name ("" when none)
+    cause: str = ""  # words the report must say when the stacks alone cannot tell it
+    healthy: bool = False  # a slow but healthy run: no report is right
+    ci: bool = False  # in CI's sample
+
+    def script(self) -> str:
+        return HEAD + self.body
+
+
+CASES = [
+    Case("skipped collective", '''mark()
+if rank == 0:
+    dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+''', "rank 0", "case.py:10", "all_reduce", ci=True),
+    Case("extra collective", '''for step in range(3):
+    dist.all_reduce(t)
+mark()
+if rank == 1:
+    dist.broadcast(t, src=1)
+time.sleep(60)
+dist.destroy_process_group()
+''', "rank 1", "case.py:12", "broadcast"),
+    Case("collectives in different order", '''mark()
+if rank == 0:
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+else:
+    dist.broadcast(t, src=0)
+    dist.all_reduce(t)
+dist.destroy_process_group()
+''', "rank 0", "case.py:10", "all_reduce"),
+    Case("size mismatch", '''mark()
+x = torch.ones(4 if rank == 0 else 5)
+dist.all_reduce(x)
+dist.destroy_process_group()
+''', "rank", "case.py:11", "all_reduce", "sizes differ"),
+    Case("dtype mismatch", '''mark()
+x = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)
+dist.all_reduce(x)
+dist.destroy_process_group()
+''', "rank", "case.py:11", "all_reduce", "dtypes differ"),
+    Case("data-dependent branch", '''mark()
+value = torch.tensor([float(rank)])
+if value.item() > 0.5:
+    dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+''', "rank 1", "case.py:11", "all_reduce"),
+    Case("rank stuck in its data loader", '''def batches():
+    while True:
+        if rank == 1:
+            time.sleep(3600)
+        yield torch.ones(4)
+mark()
+for x in batches():
+    dist.all_reduce(x)
+''', "rank 1", "case.py:12", "all_reduce", ci=True),
+    Case("exception on one rank", '''mark()
+for step in range(3):
+    if rank == 1 and step == 1:
+        raise RuntimeError("bad batch")
+    dist.all_reduce(t)
+dist.destroy_process_group()
+''', "rank 1", "case.py:12", "", ci=True),
+    Case("rank killed", '''import signal
+mark()
+for step in range(3):
+    if rank == 1 and step == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(t)
+dist.destroy_process_group()
+''', "rank 1", "", ""),
+    Case("straggler, not a hang", '''mark()
+for step in range(6):
+    if rank == 1:
+        time.sleep(1.0)
+    dist.all_reduce(t)
+dist.destroy_process_group()
+''', "", "", "", healthy=True, ci=True),
+]

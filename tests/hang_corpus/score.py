@@ -1,0 +1,108 @@
+"""Score the doctor on the corpus (tests/hang_corpus/cases.py): each case runs under
+`phalanx watch --nproc-per-node 2 --hang-timeout-s T` in a directory of its own; its
+score says whether the report (hang-report.txt, else the last line on stderr) names the
+culprit rank, the parting line and the collective, and how long after the fault (the
+script's mark) it came. A healthy case is right when no report came.
+
+    python tests/hang_corpus/score.py [--timeout-s 4] [--only NAME ...] [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cases import CASES, Case  # noqa: E402
+
+
+@dataclass
+class Score:
+    case: Case
+    report: str  # what the user read: the hang report, else stderr's last line
+    seconds: float | None  # from the fault's mark to the report (None: none came)
+    exit_code: int
+
+    @property
+    def came(self) -> bool:
+        return self.exit_code != 0
+
+    def right(self, what: str) -> bool | None:
+        """Whether the report names `what` ("culprit", "line", "collective"); None when
+        the case has nothing to name."""
+        expected = getattr(self.case, what)
+        if self.case.healthy or not expected:
+            return None
+        return expected in self.report
+
+    @property
+    def verdict(self) -> str:
+        if self.case.healthy:
+            return "right (no report)" if not self.came else "FALSE ALARM"
+        if not self.came:
+            return "MISSED (no report)"
+        named = [self.right(w) for w in ("culprit", "line", "collective", "cause")]
+        return "right" if all(n is not False for n in named) else "partly"
+
+
+def run_case(case: Case, where: Path, timeout_s: float) -> Score:
+    where.mkdir(parents=True, exist_ok=True)
+    script = where / "case.py"
+    script.write_text(case.script())
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
+                           "--threads-per-rank", "1", "--hang-timeout-s", f"{timeout_s:g}",
+                           "--report-dir", str(where), str(script)],
+                          capture_output=True, text=True, timeout=240, cwd=where,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ended = time.time()
+    report_file = where / "hang-report.txt"
+    lines = proc.stderr.strip().splitlines()
+    report = report_file.read_text() if report_file.exists() else (lines[-1] if lines else "")
+    marks = [float(p.read_text()) for p in where.glob("mark-*")]
+    end = report_file.stat().st_mtime if report_file.exists() else ended
+    seconds = end - max(marks) if marks and proc.returncode != 0 else None
+    return Score(case, report + "\n" + "\n".join(lines[-3:]), seconds, proc.returncode)
+
+
+def table(scores: list[Score], timeout_s: float) -> str:
+    def mark(value: bool | None) -> str:
+        return "–" if value is None else ("yes" if value else "**no**")
+
+    rows = ["| class | verdict | culprit rank | parting line | collective | cause | "
+            "seconds to report |", "|---|---|---|---|---|---|---|"]
+    for s in scores:
+        secs = "–" if s.seconds is None else f"{s.seconds:.1f}"
+        rows.append(f"| {s.case.name} | {s.verdict} | {mark(s.right('culprit'))} | "
+                    f"{mark(s.right('line'))} | {mark(s.right('collective'))} | "
+                    f"{mark(s.right('cause'))} | {secs} |")
+    alarms = sum(1 for s in scores if s.case.healthy and s.came)
+    return "\n".join(rows) + (f"\n\n2 gloo ranks, `--hang-timeout-s {timeout_s:g}`; "
+                              f"false alarms on healthy cases: {alarms}.\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timeout-s", type=float, default=4.0)
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--markdown", default=None)
+    parser.add_argument("--work", default="/tmp/phalanx-hang-corpus")
+    args = parser.parse_args()
+    chosen = [c for c in CASES if args.only is None or c.name in args.only]
+    scores = []
+    for i, case in enumerate(chosen):
+        scores.append(run_case(case, Path(args.work) / f"case{i:02d}", args.timeout_s))
+        print(f"{case.name}: {scores[-1].verdict}", flush=True)
+    text = table(scores, args.timeout_s)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
