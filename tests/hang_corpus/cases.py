@@ -23,6 +23,20 @@ def mark():
 '''
 
 
+
+def phalanx_head(strategy: str) -> str:
+    """HEAD's 8 lines for a script on Phalanx's API (`run`, under `strategy`)."""
+    return f'''import os, sys, time
+import torch
+import torch.distributed as dist, phalanx
+run = phalanx.init(seed=0, strategy="{strategy}")
+rank = run.rank
+t = torch.ones(4)
+def mark():
+    open(f"mark-{{rank}}", "w").write(str(time.time()))
+'''
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -33,9 +47,10 @@ class Case:
     cause: str = ""  # words the report must say when the stacks alone cannot tell it
     healthy: bool = False  # a slow but healthy run: no report is right
     ci: bool = False  # in CI's sample
+    head: str = HEAD
 
     def script(self) -> str:
-        return HEAD + self.body
+        return self.head + self.body
 
 
 CASES = [
@@ -110,4 +125,45 @@ for step in range(6):
     dist.all_reduce(t)
 dist.destroy_process_group()
 ''', "", "", "", healthy=True, ci=True),
+    Case("uneven inputs", '''mark()
+for batch in range(3 if rank == 0 else 4):
+    dist.all_reduce(t)
+dist.barrier()
+dist.destroy_process_group()
+''', "rank 1", "case.py:10", "all_reduce"),
+    Case("process groups created in different orders", '''mark()
+if rank == 0:
+    pair, single = dist.new_group([0, 1]), dist.new_group([1])
+else:
+    single, pair = dist.new_group([1]), dist.new_group([0, 1])
+dist.all_reduce(t, group=pair)
+dist.destroy_process_group()
+''', "rank", "case.py:10", "new_group"),
+    Case("rank-0-only evaluation under DDP", '''model = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4)
+for step in range(4):
+    model(x).sum().backward()
+    opt.step(); opt.zero_grad()
+    if step == 1: mark()
+    if run.is_main and step == 1:
+        model.eval(); model(x); model.train()
+''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("ddp")),
+    Case("rank-0-only evaluation under FSDP", '''model = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(4):
+    model(t).sum().backward()
+    opt.step(); opt.zero_grad()
+    if step == 1: mark()
+    if run.is_main and step == 1:
+        with torch.no_grad(): model(t)
+''', "rank 0", "case.py:15", "all-gather", head=phalanx_head("fsdp")),
+    Case("rank-0-only checkpoint under ZeRO (DCP)", '''model, opt = run.setup(torch.nn.Linear(4, 4), lambda p: torch.optim.SGD(p, lr=0.1))
+for step in range(4):
+    model(t).sum().backward()
+    run.step(opt)
+    if step == 1: mark()
+    if run.is_main and step == 1:
+        run.save("ckpt", step, model, opt)
+''', "rank 0", "case.py:14", "", head=phalanx_head("zero")),
 ]
