@@ -1,6 +1,7 @@
 """CI's sample of the hang-and-straggler corpus (tests/hang_corpus): each case's report
-names the culprit rank, the line where the ranks parted and the collective, and a rank
-slower than the watchdog's timeout per step (a straggler, not a hang) is no false alarm.
+names the culprit rank, the line where the ranks parted and the collective, and a healthy
+loop that shows the same line at every look of the watchdog (a rank sleeping 1 s a step,
+the timeout 4 s: a straggler, not a hang) is no false alarm.
 The whole corpus and its score table: `python tests/hang_corpus/score.py` (docs/doctor.md)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def test_the_doctor_names_what_parted_the_ranks(case, tmp_path):
 @pytest.mark.full
 @pytest.mark.parametrize("case", [c for c in CASES if not c.ci], ids=lambda c: c.name)
 def test_the_rest_of_the_corpus_runs(case, tmp_path):
-    """The rest is scored, not all right yet (docs/doctor.md's table): each case runs
-    to a verdict, and a healthy one is never a false alarm."""
+    """The rest is scored, not all right yet (docs/doctor.md's table): each verdict is
+    the one recorded with its case, so a change either way is seen."""
     score = run_case(case, tmp_path, timeout_s=4)
-    assert score.verdict != "FALSE ALARM" and score.report.strip(), score.verdict
+    assert score.verdict == case.verdict, (score.verdict, score.report)

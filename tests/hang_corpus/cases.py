@@ -41,13 +41,14 @@ def mark():
 class Case:
     name: str
     body: str  # after HEAD (line 9 on)
-    culprit: str  # "rank N" the report must name (or "" for a healthy run)
+    culprit: str  # "rank N" the report must name ("": none, or every rank is as much to blame)
     line: str  # "case.py:N" where the ranks parted ("" when none)
     collective: str  # the collective it must name ("" when none)
     cause: str = ""  # words the report must say when the stacks alone cannot tell it
     healthy: bool = False  # a slow but healthy run: no report is right
     ci: bool = False  # in CI's sample
     head: str = HEAD
+    verdict: str = "right"  # as last scored (docs/doctor.md): a change either way is seen
 
     def script(self) -> str:
         return self.head + self.body
@@ -81,19 +82,19 @@ dist.destroy_process_group()
 x = torch.ones(4 if rank == 0 else 5)
 dist.all_reduce(x)
 dist.destroy_process_group()
-''', "rank", "case.py:11", "all_reduce", "sizes differ"),
+''', "", "case.py:10", "all_reduce", "sizes differ", verdict="partly"),
     Case("dtype mismatch", '''mark()
 x = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)
 dist.all_reduce(x)
 dist.destroy_process_group()
-''', "rank", "case.py:11", "all_reduce", "dtypes differ"),
+''', "", "case.py:10", "all_reduce", "dtypes differ", verdict="partly"),
     Case("data-dependent branch", '''mark()
 value = torch.tensor([float(rank)])
 if value.item() > 0.5:
     dist.all_reduce(t)
 dist.barrier()
 dist.destroy_process_group()
-''', "rank 1", "case.py:11", "all_reduce"),
+''', "rank 1", "case.py:11", "all_reduce", verdict="partly"),
     Case("rank stuck in its data loader", '''def batches():
     while True:
         if rank == 1:
@@ -138,7 +139,7 @@ else:
     single, pair = dist.new_group([1]), dist.new_group([0, 1])
 dist.all_reduce(t, group=pair)
 dist.destroy_process_group()
-''', "rank", "case.py:10", "new_group"),
+''', "", "case.py:10", "new_group", verdict="partly"),
     Case("rank-0-only evaluation under DDP", '''model = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(8, 4)
@@ -148,7 +149,7 @@ for step in range(4):
     if step == 1: mark()
     if run.is_main and step == 1:
         model.eval(); model(x); model.train()
-''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("ddp")),
+''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("ddp"), verdict="partly"),
     Case("rank-0-only evaluation under FSDP", '''model = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(4):
@@ -157,7 +158,7 @@ for step in range(4):
     if step == 1: mark()
     if run.is_main and step == 1:
         with torch.no_grad(): model(t)
-''', "rank 0", "case.py:15", "all-gather", head=phalanx_head("fsdp")),
+''', "rank 0", "case.py:15", "all-gather", head=phalanx_head("fsdp"), verdict="partly"),
     Case("rank-0-only checkpoint under ZeRO (DCP)", '''model, opt = run.setup(torch.nn.Linear(4, 4), lambda p: torch.optim.SGD(p, lr=0.1))
 for step in range(4):
     model(t).sum().backward()

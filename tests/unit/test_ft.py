@@ -279,7 +279,8 @@ def test_a_heal_carries_the_fp16_loss_scale_and_its_growth_count():
         scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=5)
         model = torch.nn.Linear(2, 2)
         g.run = SimpleNamespace(unwrap=lambda m: m, checkpoint_staged=lambda: None,
-                                precision=SimpleNamespace(scaler=scaler))
+                                precision=SimpleNamespace(scaler=scaler),
+                                loss_scaler=scaler)  # (Run.loss_scaler: precision's)
         g.result = SimpleNamespace(model=model, state=State(),
                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         return g

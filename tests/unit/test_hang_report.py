@@ -361,3 +361,19 @@ def test_a_zero_step_is_counted_once():
     Watchdog.count_optimizer_step(dog, ZeroRedundancyOptimizer(), (), {})  # type: ignore[arg-type]
     Watchdog.count_optimizer_step(dog, AdamW(), (), {})  # type: ignore[arg-type]
     assert dog.beat_state.optimizer_steps == 1
+
+
+def test_collectives_issued_far_ahead_of_a_peer_are_not_progress():
+    """A rank whose default-group collectives keep moving is progressing (a slow healthy
+    loop), unless it is more than AHEAD of another rank's (async ones never waited for):
+    then only its stack and beats count."""
+    from phalanx.hang.watchdog import AHEAD, Watchdog
+
+    dog = Watchdog(None, 0, 2, timeout=4.0)
+    stuck = {"seq": 1, "idle": 9.0, "idle_moved": 9.0, "issued": 7}
+    near = {"seq": 1, "idle": 0.2, "idle_moved": 9.0, "issued": 8}
+    far = {**near, "issued": 7 + AHEAD + 1}
+    assert dog._idle({0: stuck, 1: near})[1] < 1.0
+    assert dog._idle({0: stuck, 1: far})[1] >= 9.0
+    old = {"seq": 1, "idle": 0.2, "idle_moved": 9.0}  # (a heartbeat without the count)
+    assert dog._idle({0: stuck, 1: old})[1] < 1.0

@@ -95,3 +95,24 @@ def test_a_users_error_says_the_line_that_raised_it(tmp_path, monkeypatch):
     assert str(error) == ("[rank 1] the job failed: rank 1 exited with code 1: ValueError: bad "
                           "(raised at train.py:4 in <module>(), under `if rank == 1:` at "
                           "train.py:3).")
+
+
+def test_the_line_raised_at_is_the_scripts_in_the_last_traceback(tmp_path, monkeypatch):
+    """Not the standard library's frame under it, nor a frame of an earlier exception in
+    the chain."""
+    import json
+
+    from phalanx.launch.failures import job_failed
+
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("import json\ntry:\n    x = 1\nexcept KeyError:\n    json.loads('{')\n")
+    stack = (f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n'
+             f"KeyError: 'a'\n\nDuring handling of the above exception, another exception "
+             f'occurred:\n\nTraceback (most recent call last):\n  File "{script}", line 5, '
+             f'in <module>\n    json.loads(\'{{\')\n  File "{json.__file__}", line 346, in loads\n'
+             f"json.decoder.JSONDecodeError: Expecting property name\n")
+    message = "json.decoder.JSONDecodeError: Expecting property name"
+    error = job_failed({0: Failure(1, {"message": message,
+                                       "extraInfo": {"py_callstack": stack}})}, max_restarts=0)
+    assert str(error).endswith(f"{message} (raised at train.py:5 in <module>()).")

@@ -20,8 +20,9 @@ from phalanx.lint.engine import Context
 
 _TORCH = os.sep + "torch" + os.sep
 _INTERNAL = tuple(os.sep + os.path.join("phalanx", d) + os.sep
-                  for d in ("hang", "runtime", "cli", "launch", "strategies")) + (  # (strategies:
-    # Phalanx's wrappers of torch's, whose frames are not the user's either)
+                  for d in ("hang", "runtime", "cli", "launch", "strategies",
+                            "checkpoint")) + (  # (strategies, checkpoint: Phalanx's layers
+    # over torch's DDP/FSDP/DCP, whose frames are not the user's either)
     os.sep + "threading.py", os.sep + "runpy.py",
     os.sep + os.path.join("phalanx", "__main__.py"), os.sep + "<frozen ")
 

@@ -5,9 +5,9 @@ job exits (code 3) so an elastic restart can take over.
 Progress is a `beat()` (the trainer's steps, `run.loader` batches), any change of the
 main thread's Python stack, or a collective issued on the default process group (torch's
 sequence number moved) — so an unmodified script is watched too: a rank blocked in a
-collective has the same stack and issues nothing for as long as it waits, while a loop
-whose steps are slower than the timeout still moves (its stack may look the same at each
-look).
+collective has the same stack and issues nothing for as long as it waits, while a slow
+healthy loop, whose stack may look the same at every look, still issues collectives (not
+counted for a rank more than AHEAD collectives beyond another's: `_idle`).
 
 Every rank runs one daemon thread, talking through torch's own store (a client of the
 job's TCPStore, under a key prefix of its own): it publishes `hb/<rank>` (step, phase,
@@ -41,6 +41,7 @@ from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
 from phalanx.paths import HANG_REPORT, atomic_write
 
 HANG_EXIT_CODE = 3
+AHEAD = 64  # collectives one rank may have issued beyond another's and still progress
 REPORT_NAME = HANG_REPORT
 
 
@@ -49,6 +50,8 @@ class Beat:
     step: int = -1
     phase: str = "start"
     at: float = 0.0  # time.monotonic() of the last progress
+    moved_at: float = 0.0  # of the last progress not counting collectives issued
+    issued: int | None = None  # collectives issued on the default group (collectives_issued)
     optimizer_steps: int = 0  # torch optimizers' `step()` calls in this process
 
 
@@ -58,7 +61,7 @@ class Watchdog:
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
         self.report_dir = Path(report_dir) if report_dir is not None else Path.cwd()
         self.poll = poll or min(2.0, max(0.2, timeout / 10))
-        self.beat_state = Beat(at=time.monotonic())
+        self.beat_state = Beat(at=time.monotonic(), moved_at=time.monotonic())
         self._last_stack: tuple | None = None
         self._seq = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank → (seq, when it changed)
@@ -120,7 +123,7 @@ class Watchdog:
             b.step = step
         if phase is not None:
             b.phase = phase
-        b.at = time.monotonic()
+        b.at = b.moved_at = time.monotonic()
 
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -138,6 +141,7 @@ class Watchdog:
         self._seq += 1
         self.store.set(f"hb/{self.rank}", json.dumps({
             "step": b.step, "phase": b.phase, "idle": time.monotonic() - b.at,
+            "idle_moved": time.monotonic() - b.moved_at, "issued": b.issued,
             "seq": self._seq, "pid": os.getpid(), "host": socket.gethostname(),
             "optimizer_steps": b.optimizer_steps}))
         if not self._answered and self.store.check(["dump"]):
@@ -152,12 +156,17 @@ class Watchdog:
             self._report_and_exit(beats)
 
     def _sample_stack(self) -> None:
-        """A changed main-thread stack, or a collective issued since, is progress."""
+        """A changed main-thread stack, or a collective issued since, is progress (the
+        latter only while this rank is not far ahead of the others': `_idle`)."""
         frame = main_frame()
-        key = (None if frame is None else (id(frame), frame.f_lineno), collectives_issued())
+        key = None if frame is None else (id(frame), frame.f_lineno)
+        b, issued, now = self.beat_state, collectives_issued(), time.monotonic()
         if key != self._last_stack:
             self._last_stack = key
-            self.beat_state.at = time.monotonic()
+            b.at = b.moved_at = now
+        elif issued != b.issued:
+            b.at = now
+        b.issued = issued
 
     def _heartbeats(self) -> dict[int, dict]:
         keys = [f"hb/{r}" for r in range(self.world_size)]
@@ -169,6 +178,7 @@ class Watchdog:
         """Each rank's idle seconds, counting the time since its last publication too (a
         rank that stopped publishing is not progressing either)."""
         now, idle = time.monotonic(), {}
+        counts = [hb["issued"] for hb in beats.values() if hb.get("issued") is not None]
         for r in range(self.world_size):
             hb = beats.get(r)
             if hb is None:
@@ -178,7 +188,10 @@ class Watchdog:
             if seq != hb["seq"]:
                 self._seen[r] = (hb["seq"], now)
                 since = now
-            idle[r] = hb["idle"] + (now - since)
+            # a rank issuing collectives far ahead of another's (async ones never waited
+            # for, a thread of its own) is not progressing with the job
+            ahead = hb.get("issued") is not None and hb["issued"] - min(counts) > AHEAD
+            idle[r] = hb["idle_moved" if ahead else "idle"] + (now - since)
         return idle
 
     def _is_reporter(self) -> bool:
@@ -257,7 +270,7 @@ def collectives_issued() -> int | None:
         group = dist.distributed_c10d._get_default_group()
         count = getattr(group, "_get_sequence_number_for_group", None)
         return None if count is None else int(count())
-    except (RuntimeError, AttributeError, ValueError):
+    except Exception:  # noqa: BLE001 - never the watchdog's end (the group may be going)
         return None
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import sysconfig
 from collections.abc import Callable
 from types import FrameType
 
@@ -18,6 +19,7 @@ from phalanx.cluster.ranklogs import log_path
 from phalanx.errors import DistributedError, PhalanxError, UserError
 from phalanx.hang.crash import crashed_at, failed_at
 from phalanx.hang.mismatch import PEER_LOST
+from phalanx.hang.stacks import describe
 from phalanx.hang.static import static_citation
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
@@ -148,14 +150,38 @@ def _recorded_at(failure):
 
 
 def _raised_at(failure, message: str) -> str:
-    """` (raised at train.py:12 in main(), under `if rank == 1:` at train.py:11)` for an
-    error that is not Phalanx's own (those say where themselves), '' when unknown."""
+    """` (raised at train.py:12 in main(), under `if rank == 1:` at train.py:11)`: the
+    innermost frame of the script's own in the last traceback recorded (not torch's, the
+    standard library's, an installed package's or Phalanx's), for an error that is not
+    Phalanx's own (those say where themselves); '' when unknown."""
     if message.partition(": ")[0] in error_names():
         return ""
-    act = _recorded_at(failure)
-    if act is None or act.site is None:
+    raw = failure.message
+    info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
+    try:
+        last = str(info.get("py_callstack", "")).rsplit("Traceback (most recent call", 1)[-1]
+        act = failed_at("Traceback (most recent call" + last)
+        frames = [f for f in (act.user if act is not None else []) if _the_scripts(f.file)]
+        if not frames:
+            return ""
+        place = describe(frames)  # (the rank condition around the innermost of them)
+        under = f", under {place.condition}" if place.condition else ""
+        return f" (raised at {place.where()}{under})"[:240]
+    except Exception:  # noqa: BLE001 - the failure's account is said without it
         return ""
-    return f" (raised at {act.where()}{act.context()})"
+
+
+_LIBRARY_PATHS = tuple(os.path.realpath(p) + os.sep for p in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"],
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__)))})  # (Phalanx's own)
+
+
+def _the_scripts(path: str) -> bool:
+    """Whether `path` is the user's: not Phalanx's, torch's, the standard library's or an
+    installed package's."""
+    real = os.path.realpath(path)
+    return "-packages" + os.sep not in real and not real.startswith(_LIBRARY_PATHS)
 
 
 def _crashed_in(rank: int, code: int, reports: str | None) -> str:
