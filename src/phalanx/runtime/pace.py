@@ -39,7 +39,7 @@ import torch
 
 from phalanx.paths import RunDir
 
-FACTOR, CHECKS, MIN_GAP_S = 2.0, 2, 0.005
+FACTOR, CHECKS, MIN_GAP_S = 2.0, 2, 0.020
 Stamp = Any  # a moment: perf_counter's seconds on CPU, a recorded torch.cuda.Event on CUDA
 
 
