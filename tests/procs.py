@@ -1,11 +1,23 @@
 """Process trees read from /proc: which processes a launcher started, and whether they
-are still alive (the tests for orphans and listening sockets)."""
+are still alive (the tests for orphans and listening sockets); `watch`, a script run
+under `phalanx watch` on 2 ranks (the hang tests and the hang corpus)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+
+def watch(script: Path, *args: str, cwd: Path, timeout: float = 180
+          ) -> subprocess.CompletedProcess:
+    """`phalanx watch --nproc-per-node 2 --report-dir CWD ARGS SCRIPT`, one thread a rank."""
+    return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
+                           "--report-dir", str(cwd), *args, str(script)],
+                          capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def descendants(pid: int) -> set[int]:

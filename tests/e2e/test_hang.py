@@ -4,12 +4,11 @@ perturbed in training, and a rank that dies mid-step."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from test_fault_tolerance import train
+
+from procs import watch
 
 SEED_002 = Path(__file__).parents[1] / "lint_seeds" / "seed002_block08.py"
 
@@ -69,13 +68,6 @@ t = torch.ones(3 if dist.get_rank() == 0 else 4)
 dist.all_reduce(t)
 dist.destroy_process_group()
 '''
-
-
-def watch(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
-                           "--report-dir", str(cwd), *args, str(script)],
-                          capture_output=True, text=True, timeout=180,
-                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_a_barrier_only_rank_0_reaches_is_reported_with_rank_and_line(tmp_path):

@@ -12,7 +12,6 @@ frame. A healthy case is right when no report came.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -22,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # (tests/: procs)
 from cases import CASES, Case  # noqa: E402
+
+from procs import watch  # noqa: E402
 
 
 @dataclass
@@ -63,11 +65,8 @@ def run_case(case: Case, where: Path, timeout_s: float) -> Score:
     script = where / "case.py"
     script.write_text(case.script())
     try:
-        proc = subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node",
-                               "2", "--threads-per-rank", "1", "--hang-timeout-s",
-                               f"{timeout_s:g}", "--report-dir", str(where), str(script)],
-                              capture_output=True, text=True, timeout=240, cwd=where,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = watch(script, "--threads-per-rank", "1", "--hang-timeout-s", f"{timeout_s:g}",
+                     cwd=where, timeout=240)
     except subprocess.TimeoutExpired:
         return Score(case, "(no report in 240 s)", None, 124)
     report_file = where / "hang-report.txt"

@@ -84,9 +84,14 @@ def crashed_at(report_dir: str | None, rank: int) -> Activity | None:
     return _with_code(describe(stack)) if stack else None
 
 
+def traceback_frames(traceback_text: str) -> list[Frame]:
+    """The frames of a printed traceback, outermost first."""
+    return [Frame(f, int(n), fn.strip()) for f, n, fn in _TB_FRAME.findall(traceback_text)]
+
+
 def failed_at(traceback_text: str) -> Activity | None:
     """Where a rank was when it raised, from the traceback the agent recorded."""
-    frames = [Frame(f, int(n), fn.strip()) for f, n, fn in _TB_FRAME.findall(traceback_text)]
+    frames = traceback_frames(traceback_text)
     return describe(frames) if frames else None
 
 

@@ -17,9 +17,9 @@ from types import FrameType
 from phalanx.cluster.protocol import LAST_FAILURE
 from phalanx.cluster.ranklogs import log_path
 from phalanx.errors import DistributedError, PhalanxError, UserError
-from phalanx.hang.crash import crashed_at, failed_at
+from phalanx.hang.crash import crashed_at, failed_at, traceback_frames
 from phalanx.hang.mismatch import PEER_LOST
-from phalanx.hang.stacks import describe
+from phalanx.hang.stacks import describe, is_user
 from phalanx.hang.static import static_citation
 from phalanx.hang.watchdog import HANG_EXIT_CODE
 
@@ -86,7 +86,7 @@ def unexplained_traceback(failures: dict) -> str | None:
         if not isinstance(raw, dict):
             continue
         kind = str(raw.get("message", "")).split(":", 1)[0]
-        stack = str(raw.get("extraInfo", {}).get("py_callstack", "")).strip()
+        stack = _callstack(failures[rank]).strip()
         if stack and kind not in error_names() and stack != "NoneType: None":
             return f"[rank {rank}] {stack}"
     return None
@@ -141,12 +141,17 @@ def _victims_at(victims: list[int], failures: dict) -> str:
     return f" ({'; '.join(where)})" if where else ""
 
 
+def _callstack(failure) -> str:
+    """The traceback text the agent recorded for a failed rank ('' without one)."""
+    raw = failure.message
+    info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
+    return str(info.get("py_callstack", ""))
+
+
 def _recorded_at(failure):
     """Where the rank was when it raised (an Activity), from the traceback the agent
     recorded; None without one."""
-    raw = failure.message
-    info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
-    return failed_at(str(info.get("py_callstack", "")))
+    return failed_at(_callstack(failure))
 
 
 def _raised_at(failure, message: str) -> str:
@@ -156,12 +161,9 @@ def _raised_at(failure, message: str) -> str:
     Phalanx's own (those say where themselves); '' when unknown."""
     if message.partition(": ")[0] in error_names():
         return ""
-    raw = failure.message
-    info = raw.get("extraInfo", {}) if isinstance(raw, dict) else {}
     try:
-        last = str(info.get("py_callstack", "")).rsplit("Traceback (most recent call", 1)[-1]
-        act = failed_at("Traceback (most recent call" + last)
-        frames = [f for f in (act.user if act is not None else []) if _the_scripts(f.file)]
+        last = _callstack(failure).rsplit("Traceback (most recent call", 1)[-1]
+        frames = [f for f in traceback_frames(last) if is_user(f) and _the_scripts(f.file)]
         if not frames:
             return ""
         place = describe(frames)  # (the rank condition around the innermost of them)

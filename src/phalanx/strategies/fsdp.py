@@ -21,7 +21,7 @@ This is FSDP2, not FSDP1: no `FullyShardedDataParallel` wrapper class, no
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import cast
 
 import torch
@@ -168,17 +168,15 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
 
 
 def _time_unshard(module: nn.Module, waiting: Callable[[], AbstractContextManager]) -> None:
-    held: list[AbstractContextManager] = []
+    held = ExitStack()  # (the wait spans two hooks: entered in one, closed in the other)
 
     @torch.compiler.disable  # (host timing: not traced under --compile)
     def enter(_module, _args) -> None:
-        held.append(waiting())
-        held[-1].__enter__()
+        held.enter_context(waiting())
 
     @torch.compiler.disable
     def leave(_module, _args) -> None:
-        if held:
-            held.pop().__exit__(None, None, None)
+        held.close()
 
     module.register_forward_pre_hook(enter, prepend=True)  # before FSDP's own (prepended)
     module.register_forward_pre_hook(leave)
