@@ -206,6 +206,23 @@ def test_a_hung_process_report_includes_its_in_process_record(tmp_path):
     assert proc.returncode == HANG_EXIT_CODE, proc.stderr[-2000:]
     report = (tmp_path / REPORT_NAME).read_text()
     assert "rank 0: #1 all_reduce [1234] scheduled (group 0:default_pg; in-process)" in report
+    # its dump, written as NCCL's timeout would write one, is what torch's analyser reads
+    assert f"each rank's dump: {tmp_path / 'none_'}<rank>" in report
+    assert read_dump("none_", str(tmp_path / "none_0"))["pg_config"]["0"]["name"] == "0"
+    analysed = subprocess.run([sys.executable, "-m",
+                               "torch.distributed.flight_recorder.fr_trace", str(tmp_path),
+                               "-p", "none_"], capture_output=True, text=True,
+                              timeout=60)
+    assert analysed.returncode == 0 and "Traceback" not in analysed.stderr, analysed.stderr
+
+
+def test_gloos_unnamed_default_group_is_named_as_its_entries_name_it():
+    gloo = {**dump(entry(1, "scheduled", backend="gloo")),
+            "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}}
+    assert fr._named_groups(gloo)["pg_config"] == {
+        "0": {"name": "0", "desc": "", "ranks": "[0, 1]"}}
+    named = dump(entry(1, "completed"))
+    assert fr._named_groups(named)["pg_config"] == dump()["pg_config"]  # left as it was
 
 
 class _Planted:

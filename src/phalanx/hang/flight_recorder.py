@@ -18,7 +18,9 @@ own analyser, torch/distributed/flight_recorder/components/loader.py):
 A rank can also dump its own recorder in-process (`own_dump`: torch's `_dump_nccl_trace`
 in NCCL builds, else `_dump_fr_trace`, which gloo's process groups record to), which
 each rank does when the watchdog reports a hang: Phalanx's timeout usually fires before
-NCCL's, when no file exists yet. (Set `TORCH_FR_BUFFER_SIZE`, or the older
+NCCL's, when no file exists yet. Each rank then also writes its dump, with Python frames,
+to `<prefix><rank>` (`write_own_dump`), so torch's analyser can read a gloo hang too
+(torch writes none for gloo). (Set `TORCH_FR_BUFFER_SIZE`, or the older
 `TORCH_NCCL_TRACE_BUFFER_SIZE`, before the process group is made.)
 
 A dump is read only when it is a regular file of this user's (not a link: a file another
@@ -37,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from phalanx.paths import atomic_write
 
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 PREFIX_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -172,6 +176,13 @@ def own_dump() -> dict | None:
     """This rank's flight recorder, dumped in-process: NCCL's, else the one gloo records
     to (None: the recorder is off, or nothing was recorded). Never raises: a hang report
     must not."""
+    raw = _own_bytes(stacks=False)
+    return None if raw is None else load_plain(raw)
+
+
+def _own_bytes(stacks: bool) -> bytes | None:
+    """This rank's recorder as torch pickles it (`stacks`: with each entry's Python
+    frames), from the first dumper that has entries; None when off or empty."""
     if not enabled():
         return None
     try:
@@ -180,12 +191,44 @@ def own_dump() -> dict | None:
         return None
     for name in DUMPERS:
         try:
-            dump = load_plain(getattr(c10d, name)(True, False, False))
+            raw = getattr(c10d, name)(True, stacks, False)
+            dump = load_plain(raw)
         except Exception:  # not in this build, or the dump failed
             continue
         if isinstance(dump, dict) and dump.get("entries"):
-            return dump
+            return raw
     return None
+
+
+def write_own_dump(rank: int) -> Path | None:
+    """At a hang report: this rank's recorder, with Python frames, in `<prefix><rank>`
+    — the file NCCL's own timeout would write, which torch never writes for gloo (its
+    groups' table named as its entries name them, `_named_groups`) — so torch's analyser
+    reads the same dumps as Phalanx (`python -m
+    torch.distributed.flight_recorder.fr_trace DIR -p NAME`). Replaced atomically (a link
+    there is replaced, not followed); None when the recorder is off or the write failed.
+    Never raises."""
+    raw = _own_bytes(stacks=True)
+    if raw is None:
+        return None
+    path = Path(prefix_from_env() + str(rank))
+    try:
+        return atomic_write(path, pickle.dumps(_named_groups(load_plain(raw))), mode=0o600)
+    except (OSError, pickle.PickleError, TypeError, AttributeError):
+        return None
+
+
+def _named_groups(dump: dict) -> dict:
+    """The dump with its groups' table under the names its entries use: torch 2.13's gloo
+    recorder lists the default group as '' while its entries call it '0', and torch's
+    analyser then stops on a KeyError. Nothing else is changed."""
+    config = dump.get("pg_config")
+    used = {e["process_group"][0] for e in dump.get("entries", [])
+            if isinstance(e.get("process_group"), (tuple, list))}
+    if isinstance(config, dict) and "" in config and len(used - set(config)) == 1:
+        name = (used - set(config)).pop()
+        config[name] = {**config.pop(""), "name": name}
+    return dump
 
 
 def own_last(rank: int) -> dict | None:
@@ -217,6 +260,11 @@ def section(world_size: int, answers: dict[int, dict | None] | None = None,
     behind = _behind(found)
     if behind:
         lines.append(behind)
+    if enabled():  # each rank wrote its own (write_own_dump)
+        where = Path(prefix_from_env())
+        lines.append(f"  each rank's dump: {where}<rank>; torch's analyser: python -m "
+                     f"torch.distributed.flight_recorder.fr_trace {where.parent} -p "
+                     f"{where.name} --print_stack_trace")
     return lines
 
 
