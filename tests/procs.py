@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 
-def watch(script: Path, *args: str, cwd: Path, timeout: float = 180
-          ) -> subprocess.CompletedProcess:
-    """`phalanx watch --nproc-per-node 2 --report-dir CWD ARGS SCRIPT`, one thread a rank."""
-    return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node", "2",
-                           "--report-dir", str(cwd), *args, str(script)],
-                          capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def watch(script: Path, *args: str, cwd: Path, timeout: float = 180, ranks: int = 2,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`phalanx watch --nproc-per-node RANKS --report-dir CWD ARGS SCRIPT`, one thread a
+    rank; `env`: variables added to this process's."""
+    return subprocess.run([sys.executable, "-m", "phalanx", "watch", "--nproc-per-node",
+                           str(ranks), "--report-dir", str(cwd), *args, str(script)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def descendants(pid: int) -> set[int]:

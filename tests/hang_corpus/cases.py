@@ -1,4 +1,4 @@
-"""The hang-and-straggler corpus (issue 46): small 2-rank gloo scripts, one per fault
+"""The hang-and-straggler corpus (issue 46): small 2-rank (4 where the class needs it) gloo scripts, one per fault
 class, each with the diagnosis a user needs — the culprit rank(s), the source line where
 the ranks parted (the rank condition or the diverging call; "" when no line explains it),
 the collective, and — where the stacks agree and the data differ — the cause in words.
@@ -49,6 +49,7 @@ class Case:
     ci: bool = False  # in CI's sample
     head: str = HEAD
     verdict: str = "right"  # as last scored (docs/doctor.md): a change either way is seen
+    ranks: int = 2  # 4 where the class needs more than a pair
 
     def script(self) -> str:
         return self.head + self.body
@@ -167,4 +168,44 @@ for step in range(4):
     if run.is_main and step == 1:
         run.save("ckpt", step, model, opt)
 ''', "rank 0", "case.py:14", "", head=phalanx_head("zero")),
+    Case("rank-0-only evaluation under ZeRO", '''model, opt = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)),
+                       lambda p: torch.optim.SGD(p, lr=0.1))
+x = torch.randn(8, 4)
+for step in range(4):
+    model(x).sum().backward()
+    run.step(opt)
+    if step == 1: mark()
+    if run.is_main and step == 1:
+        model.eval(); model(x); model.train()
+''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("zero"), verdict="partly"),
+    Case("slow steps under the timeout", '''mark()
+for step in range(3):
+    time.sleep(3.0)  # every rank: a long step of its own work, then the collective
+    dist.all_reduce(t)
+dist.destroy_process_group()
+''', "", "", "", healthy=True),
+    Case("a receive nobody sends to", '''mark()
+if rank == 0 and t.sum() > 100:  # (never true: the send is skipped)
+    dist.send(t, dst=1)
+if rank == 1:
+    dist.recv(t, src=0)
+dist.barrier()
+dist.destroy_process_group()
+''', "rank 0", "case.py:10", "recv", verdict="partly"),
+    Case("one of four ranks skips a barrier", '''mark()
+for step in range(2):
+    dist.all_reduce(t)
+if rank != 2:
+    dist.barrier()
+time.sleep(60)
+dist.destroy_process_group()
+''', "rank 2", "case.py:12", "barrier", ranks=4),
+    Case("a subgroup collective one member skips", '''low, high = dist.new_group([0, 1]), dist.new_group([2, 3])
+mine = low if rank < 2 else high
+mark()
+if rank != 3:
+    dist.all_reduce(t, group=mine)
+time.sleep(60)
+dist.destroy_process_group()
+''', "rank 3", "case.py:12", "all_reduce", ranks=4),
 ]

@@ -1,10 +1,13 @@
 """Score the doctor on the corpus (tests/hang_corpus/cases.py): each case runs under
-`phalanx watch --nproc-per-node 2 --hang-timeout-s T` in a directory of its own; its
+`phalanx watch --nproc-per-node 2 (4 for a 4-rank class) --hang-timeout-s T`, with torch's
+flight recorder on, in a directory of its own; its
 score says whether the report's conclusion — hang-report.txt's "Most likely cause:" line,
 else the launcher's last line on stderr — names the culprit rank, the parting line, the
 collective and the cause, and how long after the fault (the script's mark) the report
 came. The per-rank lines and the stacks are not scored: they name every rank and every
-frame. A healthy case is right when no report came.
+frame. A healthy case is right when no report came. Beside it, torch's own analyser
+(`python -m torch.distributed.flight_recorder.fr_trace`) on the dumps the ranks wrote at
+the report, scored the same way (its "missing ranks", stack trace and collective).
 
     python tests/hang_corpus/score.py [--timeout-s 4] [--only NAME ...] [--markdown FILE]
 """
@@ -33,21 +36,27 @@ class Score:
     report: str  # what the user read: the hang report, else stderr's last line
     seconds: float | None  # from the fault's mark to the report (None: none came)
     exit_code: int
+    torch_said: str | None = None  # torch's analyser on the ranks' dumps (None: no dumps)
 
     @property
     def came(self) -> bool:
         return self.exit_code != 0
 
-    def right(self, what: str) -> bool | None:
-        """Whether the conclusion names `what` ("culprit", "line", "collective",
-        "cause"); None when the case has nothing to name."""
-        expected = getattr(self.case, what)
+    def right(self, what: str, text: str | None = None) -> bool | None:
+        """Whether the conclusion (`text`: another, e.g. torch's analyser's) names `what`
+        ("culprit", "line", "collective", "cause"); None when the case has nothing to
+        name."""
+        expected, text = getattr(self.case, what), self.report if text is None else text
         if self.case.healthy or not expected:
             return None
-        if what == "culprit":  # "rank 1", "rank(s) 1", "[rank 1]"
+        if what == "culprit":  # "rank 1", "rank(s) 1", "[rank 1]"; torch: "missing ranks: {1}"
             number = expected.split()[-1]
-            return re.search(rf"\branks?(?:\(s\))? {number}\b", self.report) is not None
-        return expected in self.report
+            return re.search(rf"\branks?(?:\(s\))? {number}\b", text) is not None or \
+                re.search(rf"missing ranks: {{[^}}]*\b{number}\b", text) is not None
+        if what == "cause":  # "sizes differ": torch says "size"/"dtype" mismatches its way
+            word = expected.split()[0].rstrip("s")
+            return expected in text or (text is not self.report and word in text.lower())
+        return expected.replace("-", "_") in text.replace("-", "_")
 
     @property
     def verdict(self) -> str:
@@ -55,18 +64,36 @@ class Score:
             return "right (no report)" if not self.came else "FALSE ALARM"
         if not self.came:
             return "MISSED (no report)"
-        named = [self.right(w) for w in ("culprit", "line", "collective", "cause")]
+        return self._graded(None)
+
+    @property
+    def torch_verdict(self) -> str:
+        if self.case.healthy:
+            return "–"
+        if self.torch_said is None:
+            return "no dumps"
+        if "Traceback" in self.torch_said:
+            return "crashed"
+        return self._graded(self.torch_said)
+
+    def _graded(self, text: str | None) -> str:
+        named = [self.right(w, text) for w in ("culprit", "line", "collective", "cause")]
         return "right" if all(n is not False for n in named) else "partly"
+
+
+FR_PREFIX = "dump_"  # each rank's flight-recorder dump: WHERE/fr/dump_<rank>
 
 
 def run_case(case: Case, where: Path, timeout_s: float) -> Score:
     shutil.rmtree(where, ignore_errors=True)  # (no report of an earlier run read)
-    where.mkdir(parents=True)
+    (where / "fr").mkdir(parents=True)
     script = where / "case.py"
     script.write_text(case.script())
+    recorder = {"TORCH_FR_BUFFER_SIZE": "2000",
+                "TORCH_FR_DUMP_TEMP_FILE": str(where / "fr" / FR_PREFIX)}
     try:
         proc = watch(script, "--threads-per-rank", "1", "--hang-timeout-s", f"{timeout_s:g}",
-                     cwd=where, timeout=240)
+                     cwd=where, timeout=240, ranks=case.ranks, env=recorder)
     except subprocess.TimeoutExpired:
         return Score(case, "(no report in 240 s)", None, 124)
     report_file = where / "hang-report.txt"
@@ -79,24 +106,42 @@ def run_case(case: Case, where: Path, timeout_s: float) -> Score:
         conclusion, end = (lines[-1] if lines else ""), time.time()
     marks = [float(p.read_text()) for p in where.glob("mark-*")]
     seconds = end - max(marks) if marks and proc.returncode != 0 else None
-    return Score(case, conclusion, seconds, proc.returncode)
+    return Score(case, conclusion, seconds, proc.returncode, torch_analysis(where / "fr"))
+
+
+def torch_analysis(dumps: Path) -> str | None:
+    """What torch's own flight-recorder analyser says of the ranks' dumps (None: none)."""
+    if not any(dumps.glob(f"{FR_PREFIX}*")):
+        return None
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                           str(dumps), "-p", FR_PREFIX, "--print_stack_trace",
+                           "--allow-incomplete-ranks"],
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout + done.stderr
 
 
 def table(scores: list[Score], timeout_s: float) -> str:
     def mark(value: bool | None) -> str:
         return "–" if value is None else ("yes" if value else "**no**")
 
-    rows = ["| class | verdict | culprit rank | parting line | collective | cause | "
-            "seconds to report |", "|---|---|---|---|---|---|---|"]
+    rows = ["| class | ranks | verdict | culprit rank | parting line | collective | cause | "
+            "seconds to report | torch's analyser (culprit, line, collective) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for s in scores:
         secs = "–" if s.seconds is None else f"{s.seconds:.1f}"
-        rows.append(f"| {s.case.name} | {s.verdict} | {mark(s.right('culprit'))} | "
-                    f"{mark(s.right('line'))} | {mark(s.right('collective'))} | "
-                    f"{mark(s.right('cause'))} | {secs} |")
+        theirs = s.torch_verdict
+        if s.torch_said is not None and theirs not in ("crashed", "–"):
+            theirs += " (" + ", ".join(mark(s.right(w, s.torch_said))
+                                       for w in ("culprit", "line", "collective")) + ")"
+        rows.append(f"| {s.case.name} | {s.case.ranks} | {s.verdict} | "
+                    f"{mark(s.right('culprit'))} | {mark(s.right('line'))} | "
+                    f"{mark(s.right('collective'))} | {mark(s.right('cause'))} | {secs} | "
+                    f"{theirs} |")
     alarms = sum(1 for s in scores if s.case.healthy and s.came)
     healthy = sum(1 for s in scores if s.case.healthy)
-    return "\n".join(rows) + (f"\n\n2 gloo ranks, `--hang-timeout-s {timeout_s:g}`; "
-                              f"false alarms: {alarms} of {healthy} healthy case(s).\n")
+    return "\n".join(rows) + (f"\n\ngloo, `--hang-timeout-s {timeout_s:g}`, the flight "
+                              f"recorder on (TORCH_FR_BUFFER_SIZE=2000); false alarms: "
+                              f"{alarms} of {healthy} healthy case(s).\n")
 
 
 def main() -> int:

@@ -73,6 +73,11 @@ def test_the_likely_cause_for_each_situation():
                            "train.py:8 in main() — they never join it."), cond
     order = likely_cause({0: _at(5, "barrier"), 1: _at(8, "all_reduce")}, [], 2)
     assert "different places" in order and "same order" in order
+    p2p = likely_cause({0: _at(9, "barrier"), 1: _at(7, "recv", "`if rank == 1:` at "
+                                                       "train.py:6")}, [], 2)
+    assert p2p.startswith("rank(s) 1 wait in recv at train.py:7 in main() for a peer that "
+                          "never matches it; rank 0 is in barrier at train.py:9") and \
+        "Every recv needs a send" in p2p and "every rank" not in p2p, p2p
 
 
 def test_the_doctor_names_ranks_that_never_joined():

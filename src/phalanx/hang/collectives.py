@@ -19,8 +19,9 @@ from phalanx.lint.rules.collectives import COLLECTIVES
 
 _TORCH = os.sep + "torch" + os.sep
 # torch.distributed functions that wait, beyond the ones `phalanx lint` knows by name
+# (and point-to-point: a blocking send/recv waits for its peer as a collective does)
 OPS = frozenset(COLLECTIVES) | {"all_gather_single", "reduce_scatter_single",
-                                "_broadcast_coalesced", "all_gather_tensor"}
+                                "_broadcast_coalesced", "all_gather_tensor", "send", "recv"}
 _BACKWARD = {"_engine_run_backward", "run_backward", "pre_backward", "_pre_backward",
              "post_backward", "_post_backward_hook", "_pre_backward_hook", "_reduce_grad",
              "_reduce_grad_no_shard"}

@@ -80,6 +80,9 @@ def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int,
                    f"torch.distributed (data loading, I/O, a lock)."
         return (f"every rank is in {coll} at {where} and it does not complete: a rank of "
                 f"another job/group, or the network (check `phalanx doctor`).")
+    p2p = _p2p_cause(acts, world_size)
+    if p2p:
+        return p2p
     conditioned = [(r, a) for r, a in sorted(acts.items()) if a.condition and a.collective]
     if conditioned:
         r, act = conditioned[0]
@@ -96,6 +99,21 @@ def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int,
                       for ranks in groups.values())
     return (f"the ranks are in different places: {parts}. Every rank must call the same "
             f"collectives in the same order.")
+
+
+def _p2p_cause(acts: dict[int, Activity], world_size: int) -> str | None:
+    """A rank waiting in a point-to-point send/recv whose peer is elsewhere: it is not a
+    collective every rank must call, but one the peer must answer."""
+    waiting = [r for r, a in sorted(acts.items()) if a.collective in ("send", "recv")]
+    if not waiting:
+        return None
+    act = acts[waiting[0]]
+    others = "; ".join(f"rank {q} is {_where(acts[q])}" for q in range(world_size)
+                       if q in acts and q not in waiting)
+    return (f"rank(s) {', '.join(map(str, waiting))} wait in {act.collective} at "
+            f"{act.where()}{act.called_from()} for a peer that never matches it"
+            f"{'; ' + others if others else ''}. Every recv needs a send on its source rank "
+            f"(and every send a recv on its destination), reached on both sides.")
 
 
 def _where(act: Activity) -> str:
