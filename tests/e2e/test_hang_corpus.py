@@ -20,8 +20,9 @@ from score import run_case  # noqa: E402
 def test_the_doctor_names_what_parted_the_ranks(case, tmp_path):
     score = run_case(case, tmp_path, timeout_s=4)
     assert score.verdict.startswith("right"), (score.verdict, score.report)
-    if not case.healthy:  # the watchdog's timeout (4 s) + its polling, after the fault
-        assert score.seconds is not None and score.seconds < 4 + 6, score.seconds
+    if not case.healthy:  # the watchdog's timeout (4 s) + its polling + the flight
+        # recorder's history (torch gathers its stacks: ~3-4 s the first time), after the fault
+        assert score.seconds is not None and score.seconds < 4 + 11, score.seconds
 
 
 @pytest.mark.full

@@ -150,7 +150,7 @@ for step in range(4):
     if step == 1: mark()
     if run.is_main and step == 1:
         model.eval(); model(x); model.train()
-''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("ddp"), verdict="partly"),
+''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("ddp")),
     Case("rank-0-only evaluation under FSDP", '''model = run.setup(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(4):
@@ -159,7 +159,7 @@ for step in range(4):
     if step == 1: mark()
     if run.is_main and step == 1:
         with torch.no_grad(): model(t)
-''', "rank 0", "case.py:15", "all-gather", head=phalanx_head("fsdp"), verdict="partly"),
+''', "rank 0", "case.py:15", "all-gather", head=phalanx_head("fsdp"), ci=True),
     Case("rank-0-only checkpoint under ZeRO (DCP)", '''model, opt = run.setup(torch.nn.Linear(4, 4), lambda p: torch.optim.SGD(p, lr=0.1))
 for step in range(4):
     model(t).sum().backward()
@@ -177,7 +177,7 @@ for step in range(4):
     if step == 1: mark()
     if run.is_main and step == 1:
         model.eval(); model(x); model.train()
-''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("zero"), verdict="partly"),
+''', "rank 0", "case.py:16", "broadcast", head=phalanx_head("zero")),
     Case("slow steps under the timeout", '''mark()
 for step in range(3):
     time.sleep(3.0)  # every rank: a long step of its own work, then the collective

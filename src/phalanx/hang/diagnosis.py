@@ -15,11 +15,13 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
                  timeout: float, world_size: int,
                  wrappers: dict[int, frozenset[str]] | None = None,
                  finished: dict[int, dict] | None = None,
-                 flight: list[str] | None = None) -> tuple[str, str]:
+                 flight: list[str] | None = None, parted: str | None = None
+                 ) -> tuple[str, str]:
     """(the full report, a one-line summary) from every rank's main-thread stack;
     `wrappers`: each rank's live torch wrappers (see stacks.live_wrappers); `finished`:
     the ranks whose script returned, with their counts (Watchdog.finished_ranks);
-    `flight`: the NCCL flight recorder's lines (flight_recorder.section), if any."""
+    `flight`: the NCCL flight recorder's lines (flight_recorder.section), if any;
+    `parted`: where the flight recorder's entries show the ranks parted (hang.parting)."""
     wrappers, finished = wrappers or {}, finished or {}
     acts = {r: describe(s, wrappers.get(r)) for r, s in stacks.items() if s is not None}
     silent = sorted(r for r, s in stacks.items() if s is None)
@@ -33,6 +35,8 @@ def build_report(stacks: dict[int, list[Frame] | None], beats: dict[int, dict],
     if not any(a.condition and a.collective for a in acts.values()):  # where they parted
         cited = static_citation(s for s in stacks.values() if s is not None)
         cause = f"{cause} {cited}" if cited else cause
+    if parted:  # (the recorder's: the collective where the ranks' lines first differ)
+        cause = f"{cause} From the flight recorder: {parted}"
     lines += ["", f"Most likely cause: {cause}"]
     if flight:
         lines += ["", *flight]

@@ -172,12 +172,13 @@ def read_dumps(world_size: int, prefix: str | None = None,
     return found
 
 
-def own_dump() -> dict | None:
+def own_dump(stacks: bool = False) -> dict | None:
     """This rank's flight recorder, dumped in-process: NCCL's, else the one gloo records
-    to (None: the recorder is off, or nothing was recorded). Never raises: a hang report
-    must not."""
-    raw = _own_bytes(stacks=False)
-    return None if raw is None else load_plain(raw)
+    to (None: the recorder is off, or nothing was recorded); `stacks`: each entry with its
+    Python frames. Never raises: a hang report must not."""
+    raw = _own_bytes(stacks=stacks)
+    dump = None if raw is None else load_plain(raw)
+    return dump if isinstance(dump, dict) else None  # (_own_bytes checked it is one)
 
 
 def _own_bytes(stacks: bool) -> bytes | None:
@@ -200,20 +201,16 @@ def _own_bytes(stacks: bool) -> bytes | None:
     return None
 
 
-def write_own_dump(rank: int) -> Path | None:
-    """At a hang report: this rank's recorder, with Python frames, in `<prefix><rank>`
-    — the file NCCL's own timeout would write, which torch never writes for gloo (its
-    groups' table named as its entries name them, `_named_groups`) — so torch's analyser
-    reads the same dumps as Phalanx (`python -m
+def write_own_dump(rank: int, dump: dict) -> Path | None:
+    """At a hang report: this rank's recorder (`dump`: `own_dump(stacks=True)`) in
+    `<prefix><rank>` — the file NCCL's own timeout would write, which torch never writes
+    for gloo (its groups' table named as its entries name them, `_named_groups`) — so
+    torch's analyser reads the same dumps as Phalanx (`python -m
     torch.distributed.flight_recorder.fr_trace DIR -p NAME`). Replaced atomically (a link
-    there is replaced, not followed); None when the recorder is off or the write failed.
-    Never raises."""
-    raw = _own_bytes(stacks=True)
-    if raw is None:
-        return None
+    there is replaced, not followed); None when the write failed. Never raises."""
     path = Path(prefix_from_env() + str(rank))
     try:
-        return atomic_write(path, pickle.dumps(_named_groups(load_plain(raw))), mode=0o600)
+        return atomic_write(path, pickle.dumps(_named_groups(dump)), mode=0o600)
     except (OSError, pickle.PickleError, TypeError, AttributeError):
         return None
 

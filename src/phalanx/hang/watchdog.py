@@ -34,7 +34,7 @@ from phalanx.cluster import protocol
 from phalanx.cluster.protocol import record_for_agent
 from phalanx.cluster.rendezvous import restart_attempt
 from phalanx.errors import DistributedError, UserError
-from phalanx.hang import flight_recorder
+from phalanx.hang import flight_recorder, parting
 from phalanx.hang.crash import CrashRecorder
 from phalanx.hang.diagnosis import build_report
 from phalanx.hang.stacks import Frame, live_wrappers, main_frame, rank_stack
@@ -42,6 +42,7 @@ from phalanx.paths import HANG_REPORT, atomic_write
 
 HANG_EXIT_CODE = 3
 AHEAD = 64  # collectives one rank may have issued beyond another's and still progress
+HISTORY_WAIT_S = 10.0  # for the ranks' recorded collectives, once their stacks came
 REPORT_NAME = HANG_REPORT
 
 
@@ -147,6 +148,8 @@ class Watchdog:
         if not self._answered and self.store.check(["dump"]):
             self._answered = True
             self.store.set(f"stack/{self.rank}", _stack_answer(self.rank))
+            if flight_recorder.enabled():  # (after the stack: it is slow the first time)
+                self.store.set(f"history/{self.rank}", _history_answer(self.rank))
             self._await_abort()
         if self.store.check(["abort"]):
             self._exit(report=None)
@@ -208,7 +211,8 @@ class Watchdog:
             deadline=time.monotonic() + max(5.0, 3 * self.poll))
         flight = flight_recorder.section(self.world_size, self._flight, since=self._started)
         text, summary = build_report(stacks, beats, self.timeout, self.world_size, wrappers,
-                                     finished=self.finished_ranks(), flight=flight)
+                                     finished=self.finished_ranks(), flight=flight,
+                                     parted=self._parted([r for r, s in stacks.items() if s]))
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -235,6 +239,22 @@ class Watchdog:
                     self._flight[r] = raw.get("flight")
             time.sleep(0.1)
         return {r: stacks.get(r) for r in range(self.world_size)}, wrappers
+
+    def _parted(self, answered: list[int]) -> str | None:
+        """With the flight recorder on: where the ranks' recorded collectives first differ
+        (hang.parting), from this rank's history and those of the ranks that answered
+        (each waited for up to HISTORY_WAIT_S); None otherwise."""
+        if not flight_recorder.enabled():
+            return None
+        self.store.set(f"history/{self.rank}", _history_answer(self.rank))
+        found: dict[int, list | None] = {}
+        deadline = time.monotonic() + HISTORY_WAIT_S
+        while time.monotonic() < deadline and len(found) < len(answered):
+            for r in answered:
+                if r not in found and self.store.check([f"history/{r}"]):
+                    found[r] = json.loads(self.store.get(f"history/{r}"))
+            time.sleep(0.1)
+        return parting.parted(found)
 
     def _await_abort(self) -> None:
         """A hang is being reported: the job is ending. Wait for the reporter to go first
@@ -275,10 +295,19 @@ def collectives_issued() -> int | None:
 
 
 def _stack_answer(rank: int) -> str:
-    flight_recorder.write_own_dump(rank)  # (torch's analyser reads it: with the recorder on)
     return json.dumps({"frames": [f.__dict__ for f in rank_stack()],
                        "wrappers": live_wrappers(),
                        "flight": flight_recorder.own_last(rank)})
+
+
+def _history_answer(rank: int) -> str:
+    """With the flight recorder on: this rank's recorded collectives with their frames
+    (hang.parting), its dump written for torch's analyser on the way. Slow the first time
+    (torch gathers the stacks: ~3-4 s here), so it follows the stack answer."""
+    dump = flight_recorder.own_dump(stacks=True)
+    if dump is not None:
+        flight_recorder.write_own_dump(rank, dump)
+    return json.dumps(parting.history(dump))
 
 
 def _silence_stderr() -> None:
