@@ -1,6 +1,6 @@
 """The resume-conformance matrix (issue 46; docs/conformance.md): each library's script
 (`<library>_script.py`, the task of common.py) is killed and resumed in each scenario of
-scenarios.py, and its record is compared with an uninterrupted reference run's.
+conformance_scenarios.py, and its record is compared with an uninterrupted reference run's.
 
     python benchmarks/conformance/matrix.py --markdown                      # everything
     python benchmarks/conformance/matrix.py --libraries phalanx,torch --scenarios mid-epoch
@@ -23,9 +23,9 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cells import assemble, compare, life_failure, read_records, resume_notes  # noqa: E402
-from runner import RunResult, launch  # noqa: E402
-from scenarios import (  # noqa: E402
+from conformance_cells import assemble, compare, life_failure, read_records, resume_notes  # noqa: E402
+from conformance_runner import RunResult, launch  # noqa: E402
+from conformance_scenarios import (  # noqa: E402
     BY_NAME,
     LIBRARIES,
     SCENARIOS,

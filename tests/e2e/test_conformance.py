@@ -13,10 +13,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "conformance"))
-from cells import assemble, compare, life_failure, resume_notes  # noqa: E402
+from conformance_cells import assemble, compare, life_failure, resume_notes  # noqa: E402
+from conformance_runner import RunResult  # noqa: E402
+from conformance_scenarios import BY_NAME, LIBRARIES, SCENARIOS, Scenario, written  # noqa: E402
 from matrix import markdown, run_cell  # noqa: E402
-from runner import RunResult  # noqa: E402
-from scenarios import BY_NAME, LIBRARIES, SCENARIOS, Scenario, written  # noqa: E402
 
 CI = ("mid-epoch", "accumulation", "strategy-change")
 PEERS = [lib for lib in LIBRARIES if lib != "phalanx"]

@@ -9,6 +9,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
+def _say(text: str) -> None:
+    """One console line as one write: `print` writes the text and its newline apart, and
+    a line another thread prints between them (the stop-signal watcher's, on one rank in
+    the launcher's own process) would join this one."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def _fmt_time(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s"
@@ -39,21 +47,21 @@ class ProgressReporter:
         done = step - self.start
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / max(1, done) * (self.total - step)
-        print(f"step {step}/{self.total} | {status} | eta {_fmt_time(eta)}", flush=True)
+        _say(f"step {step}/{self.total} | {status} | eta {_fmt_time(eta)}")
 
     def first_step(self, step: int, seconds: float, log_every: int) -> None:
         """This process's first step is done (the bar moves; elsewhere, one line)."""
         if self._progress is not None:
             self._progress.update(self._task, completed=step, status="first step done")
             return
-        print(f"step {step}/{self.total} | first step done in {seconds:.2f} s | next line at "
-              f"step {min(self.total, (step // log_every + 1) * log_every)}", flush=True)
+        _say(f"step {step}/{self.total} | first step done in {seconds:.2f} s | next line at "
+             f"step {min(self.total, (step // log_every + 1) * log_every)}")
 
     def message(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
         else:
-            print(text, flush=True)
+            _say(text)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -76,14 +84,14 @@ class PhaseProgress:
             self._task = self._progress.add_task(label, total=self.total)
             self._progress.start()
         else:
-            print(f"bench: {label} (0/{self.total})", flush=True)
+            _say(f"bench: {label} (0/{self.total})")
 
     def advance(self) -> None:
         self.done += 1
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done)
         elif self.enabled and self.done * 4 // self.total > (self.done - 1) * 4 // self.total:
-            print(f"bench: {self.label} ({self.done}/{self.total})", flush=True)
+            _say(f"bench: {self.label} ({self.done}/{self.total})")
 
     def close(self) -> None:
         if self._progress is not None:

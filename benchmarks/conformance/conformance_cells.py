@@ -115,7 +115,7 @@ def compare(ref: dict[int, Step], got: dict[int, Step], ref_final: Path, got_fin
 def life_failure(result, records: list[dict], life: int, kill_after: int,
                  final: Path) -> str | None:
     """Why a run (a life, or the reference: life -1) is not what was asked — a refusal, a
-    timeout, a crash, a kill that did not happen — or None. `result`: runner.RunResult."""
+    timeout, a crash, a kill that did not happen — or None. `result`: conformance_runner.RunResult."""
     refusal = result.refusal()
     if refusal is not None:
         return f"refused: {refusal}"
