@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
+def latest_checkpoint(directory: Path, library: str) -> Path | None:
     """The `step_{n}` folder with the largest n (the examples sort by name or ctime)."""
     folders = [p for p in directory.glob("step_*") if p.is_dir()] if directory.is_dir() else []
-    return max(folders, key=lambda p: int(p.name.split("_")[1]), default=None)
+    return common.latest_or_fresh(folders, lambda p: int(p.name.split("_")[1]), library,
+                                  directory)
 
 
 def main(stateful: bool = False) -> None:
@@ -81,11 +82,8 @@ def main(stateful: bool = False) -> None:
     # The docs' examples track the step themselves and name the folder after it.
     completed_steps, starting_epoch, resume_batches = 0, 0, 0
     if args.resume:
-        path = latest_checkpoint(checkpoints)
-        if path is None:
-            print(f"[{library}] --resume: no checkpoint in {checkpoints}, starting fresh",
-                  file=sys.stderr)
-        else:
+        path = latest_checkpoint(checkpoints, library)
+        if path is not None:
             accelerator.print(f"Resumed from checkpoint: {path}")
             accelerator.load_state(str(path))
             completed_steps = int(path.name.split("_")[1])

@@ -129,6 +129,17 @@ def save_final(out: str | Path, state_dict: dict) -> None:
                Path(out) / "final.pt")
 
 
+def latest_or_fresh(candidates: list[Path], step_of, library: str, where: Path) -> Path | None:
+    """The candidate checkpoint with the largest step (`step_of(path)`); None, said on
+    stderr, when there is none (the run then starts fresh, as the libraries' examples do)."""
+    import sys
+
+    found = max(candidates, key=step_of, default=None)
+    if found is None:
+        print(f"[{library}] --resume: no checkpoint in {where}, starting fresh", file=sys.stderr)
+    return found
+
+
 def refuse(why: str) -> None:
     """The library cannot do what the scenario asks: exit 3 with one line."""
     import sys

@@ -35,7 +35,8 @@ import common  # noqa: E402
 
 def latest_checkpoint(directory: Path) -> Path | None:
     files = list(directory.glob("step-*.ckpt")) if directory.is_dir() else []
-    return max(files, key=lambda p: int(p.stem.split("-")[1]), default=None)
+    return common.latest_or_fresh(files, lambda p: int(p.stem.split("-")[1]), "fabric",
+                                  directory)
 
 
 def main() -> None:
@@ -65,10 +66,7 @@ def main() -> None:
              "step": 0, "epoch": 0}
     if args.resume:
         path = latest_checkpoint(checkpoints)
-        if path is None:
-            print(f"[fabric] --resume: no checkpoint in {checkpoints}, starting fresh",
-                  file=sys.stderr)
-        else:
+        if path is not None:
             remainder = fabric.load(path, state)
             fabric.print(f"resumed from {path}; not restored: {sorted(remainder)}")
 

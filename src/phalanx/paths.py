@@ -300,14 +300,15 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = Fal
             if attempt == 2:
                 raise
     try:
-        _write_all(fd, data.encode() if isinstance(data, str) else data, sync)
+        try:
+            _write_all(fd, data.encode() if isinstance(data, str) else data, sync)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # (fails e.g. when `path` is a directory: no temporary left)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, path)
     return path
 
 

@@ -42,11 +42,12 @@ class Score:
     def came(self) -> bool:
         return self.exit_code != 0
 
-    def right(self, what: str, text: str | None = None) -> bool | None:
-        """Whether the conclusion (`text`: another, e.g. torch's analyser's) names `what`
+    def right(self, what: str, analyser: bool = False) -> bool | None:
+        """Whether the report (`analyser`: torch's analyser's conclusion instead) names `what`
         ("culprit", "line", "collective", "cause"); None when the case has nothing to
         name."""
-        expected, text = getattr(self.case, what), self.report if text is None else text
+        expected = getattr(self.case, what)
+        text = (self.torch_said or "") if analyser else self.report
         if self.case.healthy or not expected:
             return None
         if what == "culprit":  # "rank 1", "rank(s) 1", "[rank 1]"; torch: "missing ranks: {1}"
@@ -55,7 +56,7 @@ class Score:
                 re.search(rf"missing ranks: {{[^}}]*\b{number}\b", text) is not None
         if what == "cause":  # "sizes differ": torch says "size"/"dtype" mismatches its way
             word = expected.split()[0].rstrip("s")
-            return expected in text or (text is not self.report and word in text.lower())
+            return expected in text or (analyser and word in text.lower())
         return expected.replace("-", "_") in text.replace("-", "_")
 
     @property
@@ -64,7 +65,7 @@ class Score:
             return "right (no report)" if not self.came else "FALSE ALARM"
         if not self.came:
             return "MISSED (no report)"
-        return self._graded(None)
+        return self._graded(analyser=False)
 
     @property
     def torch_verdict(self) -> str:
@@ -74,10 +75,10 @@ class Score:
             return "no dumps"
         if "Traceback" in self.torch_said:
             return "crashed"
-        return self._graded(self.torch_said)
+        return self._graded(analyser=True)
 
-    def _graded(self, text: str | None) -> str:
-        named = [self.right(w, text) for w in ("culprit", "line", "collective", "cause")]
+    def _graded(self, analyser: bool) -> str:
+        named = [self.right(w, analyser) for w in ("culprit", "line", "collective", "cause")]
         return "right" if all(n is not False for n in named) else "partly"
 
 
@@ -131,7 +132,7 @@ def table(scores: list[Score], timeout_s: float) -> str:
         secs = "–" if s.seconds is None else f"{s.seconds:.1f}"
         theirs = s.torch_verdict
         if s.torch_said is not None and theirs not in ("crashed", "–"):
-            theirs += " (" + ", ".join(mark(s.right(w, s.torch_said))
+            theirs += " (" + ", ".join(mark(s.right(w, analyser=True))
                                        for w in ("culprit", "line", "collective")) + ")"
         rows.append(f"| {s.case.name} | {s.case.ranks} | {s.verdict} | "
                     f"{mark(s.right('culprit'))} | {mark(s.right('line'))} | "

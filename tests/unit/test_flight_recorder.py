@@ -245,3 +245,15 @@ def test_a_dump_naming_a_function_or_not_ours_is_skipped_unread(tmp_path):
     os.unlink(f"{prefix}1")
     os.replace(tmp_path / "elsewhere", f"{prefix}1")
     assert set(fr.read_dumps(2, prefix)) == {1}  # the plain, own file is read
+
+
+def test_the_dumps_line_names_only_the_ranks_that_wrote_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(tmp_path / "d_"))
+    answer = {"rank": 0, "seq": 3, "op": "all_reduce", "state": "started",
+              "input_sizes": [[4]], "group": "0:default_pg", "source": "in-process"}
+    none = fr.section(2, {0: answer, 1: answer})
+    assert not any("dump:" in line for line in none)  # nobody wrote one: no line
+    some = "\n".join(fr.section(2, {0: answer, 1: answer}, dumped=[1]))
+    assert f"rank(s) 1's (the others wrote none) dump: {tmp_path / 'd_'}<rank>" in some
+    every = "\n".join(fr.section(2, {0: answer, 1: answer}, dumped=[0, 1]))
+    assert f"each rank's dump: {tmp_path / 'd_'}<rank>" in every

@@ -36,6 +36,13 @@ def test_atomic_write_replaces_a_link_at_the_name_or_at_its_temporary(tmp_path, 
     assert sorted(p.name for p in run.iterdir()) == ["environment.json", "report.html"]
 
 
+def test_a_failed_rename_leaves_no_temporary(tmp_path):
+    (tmp_path / "taken").mkdir()  # a directory at the name: os.replace refuses it
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "taken", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 def test_links_are_found_where_phalanx_writes_and_out_itself_may_be_one(tmp_path, outside):
     real = tmp_path / "scratch"
     (real / "checkpoints" / "step-00000005").mkdir(parents=True)

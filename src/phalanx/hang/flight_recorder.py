@@ -174,16 +174,9 @@ def read_dumps(world_size: int, prefix: str | None = None,
 
 def own_dump(stacks: bool = False) -> dict | None:
     """This rank's flight recorder, dumped in-process: NCCL's, else the one gloo records
-    to (None: the recorder is off, or nothing was recorded); `stacks`: each entry with its
-    Python frames. Never raises: a hang report must not."""
-    raw = _own_bytes(stacks=stacks)
-    dump = None if raw is None else load_plain(raw)
-    return dump if isinstance(dump, dict) else None  # (_own_bytes checked it is one)
-
-
-def _own_bytes(stacks: bool) -> bytes | None:
-    """This rank's recorder as torch pickles it (`stacks`: with each entry's Python
-    frames), from the first dumper that has entries; None when off or empty."""
+    to — the first dumper with entries (None: the recorder is off, or nothing was
+    recorded); `stacks`: each entry with its Python frames. Never raises: a hang report
+    must not."""
     if not enabled():
         return None
     try:
@@ -192,12 +185,11 @@ def _own_bytes(stacks: bool) -> bytes | None:
         return None
     for name in DUMPERS:
         try:
-            raw = getattr(c10d, name)(True, stacks, False)
-            dump = load_plain(raw)
+            dump = load_plain(getattr(c10d, name)(True, stacks, False))
         except Exception:  # not in this build, or the dump failed
             continue
         if isinstance(dump, dict) and dump.get("entries"):
-            return raw
+            return dump
     return None
 
 
@@ -236,10 +228,12 @@ def own_last(rank: int) -> dict | None:
 
 
 def section(world_size: int, answers: dict[int, dict | None] | None = None,
-            prefix: str | None = None, since: float = 0.0) -> list[str]:
+            prefix: str | None = None, since: float = 0.0,
+            dumped: list[int] | None = None) -> list[str]:
     """The hang report's lines: each rank's last collective, from its in-process answer
     (`answers`: rank → `own_last`'s dict) or else a dump file written since `since`;
-    [] when there is neither."""
+    [] when there is neither. `dumped`: the ranks that wrote their dump for torch's
+    analyser (`write_own_dump`), named with where it lies."""
     found = read_dumps(world_size, prefix, since) if enabled() or prefix else {}
     for rank, raw in (answers or {}).items():
         try:
@@ -257,12 +251,20 @@ def section(world_size: int, answers: dict[int, dict | None] | None = None,
     behind = _behind(found)
     if behind:
         lines.append(behind)
-    if enabled():  # each rank wrote its own (write_own_dump)
-        where = Path(prefix_from_env())
-        lines.append(f"  each rank's dump: {where}<rank>; torch's analyser: python -m "
-                     f"torch.distributed.flight_recorder.fr_trace {where.parent} -p "
-                     f"{where.name} --print_stack_trace")
+    if dumped:
+        lines.append(_dumps_line(world_size, dumped))
     return lines
+
+
+def _dumps_line(world_size: int, dumped: list[int]) -> str:
+    """Where the ranks that wrote their dump put it (each on its own machine), and the
+    command that analyses them; the ranks that wrote none."""
+    where = Path(prefix_from_env())
+    ranks = "each rank's" if len(dumped) == world_size else \
+        f"rank(s) {', '.join(map(str, dumped))}'s (the others wrote none)"
+    return (f"  {ranks} dump: {where}<rank>; torch's analyser: python -m "
+            f"torch.distributed.flight_recorder.fr_trace {where.parent} -p "
+            f"{where.name} --print_stack_trace")
 
 
 def _behind(found: dict[int, LastCollective]) -> str | None:

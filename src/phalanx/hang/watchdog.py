@@ -209,10 +209,12 @@ class Watchdog:
         self.store.set("dump", "1")
         stacks, wrappers = self._collect_stacks(
             deadline=time.monotonic() + max(5.0, 3 * self.poll))
-        flight = flight_recorder.section(self.world_size, self._flight, since=self._started)
+        parted, dumped = self._parted([r for r, s in stacks.items() if s])
+        flight = flight_recorder.section(self.world_size, self._flight, since=self._started,
+                                         dumped=dumped)
         text, summary = build_report(stacks, beats, self.timeout, self.world_size, wrappers,
                                      finished=self.finished_ranks(), flight=flight,
-                                     parted=self._parted([r for r, s in stacks.items() if s]))
+                                     parted=parted)
         path = self.report_dir / REPORT_NAME
         try:
             self.report_dir.mkdir(parents=True, exist_ok=True)
@@ -240,21 +242,23 @@ class Watchdog:
             time.sleep(0.1)
         return {r: stacks.get(r) for r in range(self.world_size)}, wrappers
 
-    def _parted(self, answered: list[int]) -> str | None:
+    def _parted(self, answered: list[int]) -> tuple[str | None, list[int]]:
         """With the flight recorder on: where the ranks' recorded collectives first differ
         (hang.parting), from this rank's history and those of the ranks that answered
-        (each waited for up to HISTORY_WAIT_S); None otherwise."""
+        (each waited for up to HISTORY_WAIT_S), and the ranks that wrote their dump; (None,
+        []) otherwise."""
         if not flight_recorder.enabled():
-            return None
+            return None, []
         self.store.set(f"history/{self.rank}", _history_answer(self.rank))
-        found: dict[int, list | None] = {}
+        found: dict[int, dict] = {}
         deadline = time.monotonic() + HISTORY_WAIT_S
         while time.monotonic() < deadline and len(found) < len(answered):
             for r in answered:
                 if r not in found and self.store.check([f"history/{r}"]):
                     found[r] = json.loads(self.store.get(f"history/{r}"))
             time.sleep(0.1)
-        return parting.parted(found)
+        return (parting.parted({r: a.get("history") for r, a in found.items()}),
+                sorted(r for r, a in found.items() if a.get("dumped")))
 
     def _await_abort(self) -> None:
         """A hang is being reported: the job is ending. Wait for the reporter to go first
@@ -305,9 +309,8 @@ def _history_answer(rank: int) -> str:
     (hang.parting), its dump written for torch's analyser on the way. Slow the first time
     (torch gathers the stacks: ~3-4 s here), so it follows the stack answer."""
     dump = flight_recorder.own_dump(stacks=True)
-    if dump is not None:
-        flight_recorder.write_own_dump(rank, dump)
-    return json.dumps(parting.history(dump))
+    written = None if dump is None else flight_recorder.write_own_dump(rank, dump)
+    return json.dumps({"history": parting.history(dump), "dumped": written is not None})
 
 
 def _silence_stderr() -> None:
