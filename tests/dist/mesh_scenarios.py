@@ -3,10 +3,11 @@ the one-rank reference at 1), every case on one process group, each layout's mes
 for its case.
 
 - start: the weights right after setup, each rank's generator drawing differently first,
-  for every layout and model kind (rank 0 saves OUT/start-<layout>-<kind>.pt);
+  for every layout and model kind it takes (tensor parallelism: MiniGPT, the model with a
+  plan) (rank 0 saves OUT/start-<layout>-<kind>.pt);
 - train: 3 AdamW steps of the same global batch (8 sequences) under each layout (OUT/
   eq-<layout>.pt: full weights, losses, gradient norms), the consistency check every step;
-  and 3 Muon steps under ddp and HSDP (OUT/muon-<layout>.pt);
+  and 3 Muon steps under ddp, HSDP and tp 2 × dp_shard 2 (OUT/muon-<layout>.pt);
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
   changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
   it on one rank);
@@ -30,6 +31,7 @@ from start_scenarios import KINDS
 import phalanx
 from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
+from phalanx.models.minigpt import GPTConfig, MiniGPT
 from phalanx.strategies import build, choose_for_script
 from phalanx.train.loop import train
 
@@ -38,7 +40,17 @@ LAYOUTS = {
     "ddp": ("ddp", {}),
     "fsdp": ("fsdp", {}),
     "hsdp": (None, {"dp_replicate": 2, "dp_shard": 2}),
+    "tp-shard": (None, {"tp": 2, "dp_shard": 2}),
+    "tp-replicate": (None, {"tp": 2, "dp_replicate": 2}),
 }
+TP = ("tp-shard", "tp-replicate")  # (only models with a tensor-parallel plan: MiniGPT)
+START_KINDS = {**KINDS, "minigpt": lambda: MiniGPT(GPTConfig(vocab_size=64, **TINY))}
+MUON = ("ddp", "hsdp", "tp-shard")
+
+
+def kinds_of(label: str) -> list[str]:
+    """The model kinds layout `label` is set up with at the start."""
+    return ["minigpt"] if label in TP else list(START_KINDS)
 CHAIN = ("fsdp", "hsdp", "ddp")  # the layout of each hop: steps 0-2, 2-4, 4-6
 GLOBAL = 8
 
@@ -58,7 +70,8 @@ def config(steps: int, out: Path | None = None, resume: str = "never", micro: in
 
 @contextlib.contextmanager
 def laid_out(run, label: str):
-    """The run with layout `label`'s strategy, on a mesh built for it."""
+    """The run with layout `label`'s strategy, on a mesh built for it (and, with tensor
+    parallelism, the data-parallel rank and size it sets)."""
     name, dims = LAYOUTS[label]
     choice = choose_for_script(name, run.world_size, **dims)
     topology = run.topology
@@ -66,12 +79,15 @@ def laid_out(run, label: str):
         from torch.distributed.device_mesh import init_device_mesh
 
         names, sizes = choice.layout.mesh_dims()
-        topology = replace(topology, mesh=init_device_mesh("cpu", sizes, mesh_dim_names=names))
-    saved, run.strategy = run.strategy, build(choice, topology)
+        tp = choice.layout.tp
+        topology = replace(topology, mesh=init_device_mesh("cpu", sizes, mesh_dim_names=names),
+                           dp_rank=run.rank // tp, dp_size=run.world_size // tp)
+    saved = run.strategy, run.topology
+    run.strategy, run.topology = build(choice, topology), topology
     try:
         yield run.strategy
     finally:
-        run.strategy = saved
+        run.strategy, run.topology = saved
 
 
 def dump(run, result, path: Path) -> None:
@@ -87,7 +103,8 @@ def dump(run, result, path: Path) -> None:
 def start(run, out: Path) -> None:
     labels = ["single"] if run.world_size == 1 else list(LAYOUTS)
     for label in labels:
-        for kind, make in KINDS.items():
+        for kind in kinds_of(label):
+            make = START_KINDS[kind]
             torch.manual_seed(1000 + run.rank)  # every rank draws differently
             with (laid_out(run, label) if label != "single" else
                   contextlib.nullcontext(run.strategy)) as strategy:
@@ -101,11 +118,11 @@ def start(run, out: Path) -> None:
 def equivalence(run, splits, out: Path) -> None:
     for label in LAYOUTS:
         with laid_out(run, label):
-            dump(run, train(config(3, micro=GLOBAL // 4), run, splits),
+            dump(run, train(config(3, micro=GLOBAL // run.topology.dp_size), run, splits),
                  out / f"eq-{label}.pt")
-    for label in ("ddp", "hsdp"):  # Muon gathers each matrix over both HSDP dimensions
+    for label in MUON:  # Muon gathers each matrix over every mesh dimension
         with laid_out(run, label):
-            dump(run, train(config(3, micro=GLOBAL // 4, optimizer="muon"), run, splits),
+            dump(run, train(config(3, micro=GLOBAL // run.topology.dp_size, optimizer="muon"), run, splits),
                  out / f"muon-{label}.pt")
 
 

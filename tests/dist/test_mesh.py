@@ -1,6 +1,7 @@
 """The layouts of a device mesh on 4 gloo ranks (tests/dist/mesh_scenarios.py is the
-worker, one launch for every case): ddp (dp_replicate 4), fsdp (dp_shard 4) and HSDP
-(dp_replicate 2 × dp_shard 2).
+worker, one launch for every case): ddp (dp_replicate 4), fsdp (dp_shard 4), HSDP
+(dp_replicate 2 × dp_shard 2), and tensor parallelism inside FSDP2 (tp 2 × dp_shard 2,
+tp 2 × dp_replicate 2).
 
 Tolerance, derived here: plain ddp already differs from the one-process run of the same
 global batch by float summation order; each layout may differ from the one-process run
@@ -22,8 +23,7 @@ from phalanx.launch.agent import launch_workers
 from phalanx.train.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mesh_scenarios import GLOBAL, LAYOUTS, config, start  # noqa: E402
-from start_scenarios import KINDS  # noqa: E402
+from mesh_scenarios import GLOBAL, LAYOUTS, MUON, config, kinds_of, start  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "mesh_scenarios.py")
 FLOOR = 1e-6  # fp32: if ddp happened to equal one process bit for bit, 10 × 0 is no bound
@@ -73,8 +73,8 @@ def tolerance(mesh, one_rank) -> tuple[float, float]:
     return ddp, max(10 * ddp, FLOOR)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("label", list(LAYOUTS))
+@pytest.mark.parametrize(("label", "kind"),
+                         [(label, kind) for label in LAYOUTS for kind in kinds_of(label)])
 def test_weights_after_setup_equal_the_one_rank_run(mesh, one_rank, label, kind):
     one = load(one_rank["out"] / f"start-single-{kind}.pt")
     got = load(mesh / f"start-{label}-{kind}.pt")
@@ -93,16 +93,18 @@ def test_each_layout_equals_one_process_on_the_same_global_batch(mesh, one_rank,
     assert found["losses"] == pytest.approx(one_rank["eq"]["losses"], rel=1e-5), label
 
 
-def test_muon_under_hsdp_equals_one_process(mesh, one_rank):
-    """Muon orthogonalises whole matrices: under HSDP each update is gathered over both
-    mesh dimensions, and the result is one process's (the bound derived from ddp's)."""
+@pytest.mark.parametrize("label", [m for m in MUON if m != "ddp"])
+def test_muon_under_a_mesh_equals_one_process(mesh, one_rank, label):
+    """Muon orthogonalises whole matrices: under HSDP and tensor parallelism each update
+    is gathered over every mesh dimension, and the result is one process's (the bound
+    derived from ddp's)."""
     ddp = max_difference(load(mesh / "muon-ddp.pt")["state"], one_rank["muon"]["state"])
-    hsdp = load(mesh / "muon-hsdp.pt")
-    difference = max_difference(hsdp["state"], one_rank["muon"]["state"])
-    print(f"muon hsdp: {difference:.3g} from one process (ddp: {ddp:.3g})")
+    found = load(mesh / f"muon-{label}.pt")
+    difference = max_difference(found["state"], one_rank["muon"]["state"])
+    print(f"muon {label}: {difference:.3g} from one process (ddp: {ddp:.3g})")
     assert difference <= max(10 * ddp, FLOOR), (difference, ddp)
-    assert hsdp["losses"] == pytest.approx(one_rank["muon"]["losses"], rel=1e-5)
-    assert max_difference(hsdp["state"], one_rank["eq"]["state"]) > 1e-3  # not AdamW's
+    assert found["losses"] == pytest.approx(one_rank["muon"]["losses"], rel=1e-5)
+    assert max_difference(found["state"], one_rank["eq"]["state"]) > 1e-3  # not AdamW's
 
 
 def test_resume_across_layouts_lands_where_the_arithmetic_says(mesh, one_rank):

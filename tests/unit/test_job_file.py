@@ -44,9 +44,8 @@ def test_a_job_from_another_phalanx_is_refused_in_one_line(tmp_path):
 
 
 def test_a_layout_not_built_yet_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"`--tp 2`: tensor and pipeline parallelism are not "
-                                        r"built"):
-        _job(tmp_path, tp=2)
+    with pytest.raises(UserError, match=r"`--pp 2`: pipeline parallelism is not built"):
+        _job(tmp_path, pp=2)
     with pytest.raises(UserError, match="`--pp` must be a whole number >= 1, or -1"):
         _job(tmp_path, pp=0)
     assert not (tmp_path / "job.json").exists()

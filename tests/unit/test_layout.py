@@ -77,7 +77,8 @@ def test_plan_checks_layout_flags_as_train_does(capsys):
     """`phalanx plan` takes the layout flags (an HSDP row, tests/unit/test_plan_hsdp.py),
     refusing in one line what `phalanx train` refuses."""
     for argv, said in ((["--dp-replicate", "3", "--world-size", "4"], "does not divide 4"),
-                       (["--tp", "2", "--world-size", "4"], "tensor and pipeline"),
+                       (["--tp", "2", "--world-size", "4"], "does not model tensor parallelism"),
+                       (["--pp", "2", "--world-size", "4"], "pipeline parallelism is not built"),
                        (["--strategy", "ddp", "--dp-shard", "2", "--world-size", "4"],
                         "`--strategy ddp` with `--dp-shard 2`")):
         assert cli.main(["plan", *argv]) == 2, argv

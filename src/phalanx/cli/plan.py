@@ -166,6 +166,11 @@ def layout_rows(cfg, W: int) -> tuple:
     if not given(requested(cfg.dist)):
         return ()
     choice = choose(cfg.dist, W, cfg.train.grad_accum)
+    if choice.layout.tp > 1:
+        raise UserError(f"`--tp {choice.layout.tp}`: `phalanx plan` does not model tensor "
+                        f"parallelism yet (its memory and communication per rank); `phalanx "
+                        f"train --tp` runs it. Leave --tp out to plan the data-parallel "
+                        f"layouts.")
     for dim in DIMS:
         setattr(cfg.dist, dim, None)
     cfg.dist.strategy = choice.name

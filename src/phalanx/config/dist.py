@@ -44,8 +44,9 @@ class DistConfig:
     dp_shard: int | None = opt(None, "Layout: ranks FSDP2 shards over (inside a replica group "
                                      "with --dp-replicate: HSDP); -1: the rest of the world. "
                                      "Without --strategy it means fsdp.", metavar="S")
-    tp: int | None = opt(None, "Layout: tensor-parallel ranks (reserved: not built in this "
-                               "version).", metavar="T")
+    tp: int | None = opt(None, "Layout: tensor-parallel ranks, which split each block's "
+                               "matrices and share one batch (with FSDP2 over the rest: "
+                               "fsdp); -1: the rest of the world.", metavar="T")
     pp: int | None = opt(None, "Layout: pipeline stages (reserved: not built in this "
                                "version).", metavar="P")
     backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",

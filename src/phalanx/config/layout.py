@@ -6,7 +6,10 @@ starts, and each attempt resolves it for the world it joined (`resolve`, called 
 - `dp_replicate`: groups of ranks that hold the same weights (DDP's replicas, or HSDP's
   replicate dimension).
 - `dp_shard`: ranks among which FSDP2 splits parameters, gradients and optimizer state.
-- `tp`, `pp`: tensor and pipeline parallelism — reserved: this version refuses them.
+- `tp`: ranks among which tensor parallelism splits each block's matrices (torch's
+  `parallelize_module`), inside each data-parallel rank; FSDP2 shards (and, with
+  `dp_replicate`, replicates) over the other dimensions.
+- `pp`: pipeline stages — reserved: this version refuses it.
 
 A request holds, per dimension, None (not given), a size >= 1, or -1: "the rest of the
 world" (at most one). `--strategy fsdp` is `--dp-shard -1`, `--strategy ddp` is
@@ -26,7 +29,7 @@ from phalanx.errors import UserError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first
 REST = -1
-BUILT = ("dp_replicate", "dp_shard")  # the dimensions this version builds
+BUILT = ("dp_replicate", "dp_shard", "tp")  # the dimensions this version builds
 
 
 def flag(dim: str) -> str:
@@ -51,9 +54,20 @@ class Layout:
         """HSDP: sharded inside groups, the groups replicas of each other."""
         return self.dp_replicate > 1 and self.dp_shard > 1
 
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different data: all but the tensor-parallel ones, which share
+        their replica's batch."""
+        return self.world // (self.tp * self.pp)
+
     def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """The sharded strategy's mesh: ("dp",) over the world, or (dp_replicate,
-        dp_shard) for HSDP (FSDP2 shards on the last dimension, replicates on the first)."""
+        """The sharded strategy's mesh: ("dp",) over the world, (dp_replicate, dp_shard)
+        for HSDP (FSDP2 shards on the last dimension, replicates on the first), or with
+        tensor parallelism (dp_replicate, dp_shard, tp), sizes of 1 included: rank
+        ((r·S) + s)·T + t, so a tp group is T consecutive ranks."""
+        if self.tp > 1:
+            return (("dp_replicate", "dp_shard", "tp"),
+                    (self.dp_replicate, self.dp_shard, self.tp))
         if self.hybrid:
             return ("dp_replicate", "dp_shard"), (self.dp_replicate, self.dp_shard)
         return ("dp",), (self.world,)
@@ -63,13 +77,17 @@ class Layout:
         reduce-scatters every layer: on the slow network then), with the HSDP layout that
         keeps it inside one; None when each group stays on one machine. Ranks are numbered
         machine by machine, and a dp_shard group is `dp_shard` consecutive ranks."""
-        S = self.dp_shard
-        if machines < 2 or S < 2 or per_machine % S == 0:
+        if machines >= 2 and self.tp > 1 and per_machine % self.tp:
+            return (f"tp {self.tp} spans machines ({per_machine} ranks per machine): tensor "
+                    f"parallelism all-reduces every block's activations, forward and "
+                    f"backward, and would cross the network; a --tp that divides "
+                    f"{per_machine} keeps each group inside one.")
+        S, room = self.dp_shard, per_machine // self.tp  # (a group's ranks lie tp apart)
+        if machines < 2 or S < 2 or per_machine % (S * self.tp) == 0:
             return None
-        keep = math.gcd(per_machine, S)
-        fix = (f"`--dp-shard {per_machine}` (HSDP: --dp-replicate takes the rest) keeps them "
-               f"inside one" if keep == per_machine and self.world % per_machine == 0
-               else f"a --dp-shard that divides {per_machine} keeps them inside one")
+        fix = (f"`--dp-shard {room}` (HSDP: --dp-replicate takes the rest) keeps them "
+               f"inside one" if S % room == 0 and self.world % per_machine == 0
+               else f"a --dp-shard that divides {room} keeps them inside one")
         return (f"dp_shard {S} spans machines ({per_machine} ranks per machine): FSDP's "
                 f"all-gathers and reduce-scatters cross the network every layer; {fix}.")
 
@@ -99,9 +117,9 @@ def check_request(request: dict[str, int | None]) -> None:
                         f"can take the rest of the world. Give the other a size.")
     above = [f"{flag(d)} {v}" for d, v in given.items() if d not in BUILT and v != 1]
     if above:
-        raise UserError(f"`{above[0]}`: tensor and pipeline parallelism are not built in this "
-                        f"version of Phalanx (docs/parallelism.md says what is). Leave it "
-                        f"out; `--dp-replicate` and `--dp-shard` are.")
+        raise UserError(f"`{above[0]}`: pipeline parallelism is not built in this version "
+                        f"of Phalanx (docs/parallelism.md says what is). Leave it out; "
+                        f"`--dp-replicate`, `--dp-shard` and `--tp` are.")
 
 
 def given(request: dict[str, int | None]) -> dict[str, int]:
@@ -134,3 +152,14 @@ def fill(request: dict[str, int | None], world: int, open_dims: tuple[str, ...])
                         f"the sizes must multiply to the world size (or give one of them "
                         f"-1 for the rest).")
     return Layout(**filled)
+
+
+def minigpt_tp_refusal(n_head: int, dropout: float, tp: int) -> str | None:
+    """Why MiniGPT with `n_head` heads and `dropout` cannot be split over `tp` ranks (None:
+    it can): checked before launch (`Config`) and by the model itself at setup."""
+    if n_head % tp:
+        return f"--n-head {n_head} does not divide into {tp} tensor-parallel ranks"
+    if dropout:
+        return ("--dropout draws each rank's own mask, and the ranks of a tensor-parallel "
+                "group must draw the same one on replicated activations (not built yet)")
+    return None

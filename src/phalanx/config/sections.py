@@ -25,6 +25,7 @@ from phalanx.config.fields import (
     step_range,
     tracker_list,
 )
+from phalanx.config.layout import minigpt_tp_refusal
 from phalanx.errors import UserError
 
 __all__ = ["BACKENDS", "NCCL_PRESETS", "STRATEGIES", "DistConfig", "endpoint", "flag_of",
@@ -301,6 +302,14 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        tp, m = self.dist.tp, self.model
+        if m.factory is None and isinstance(tp, int) and tp > 1:  # (a --model: its plan's)
+            why = minigpt_tp_refusal(m.n_head, m.dropout, tp)
+            if why:
+                raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it "
+                                f"out.")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -150,8 +150,9 @@ SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
     StrategySpec("ddp", "DistributedDataParallel: a full replica per rank, gradients "
                         "all-reduced", "phalanx.strategies.ddp:DDPStrategy", DDPOptions,
                  checks=(_sync_bn_on_cuda,), settle=_static_graph_without_accumulation,
-                 dims=("dp_replicate",), hint="DDP replicates, it does not shard. Use "
-                 "`--strategy fsdp` (HSDP with `--dp-replicate`), or drop the flag."),
+                 dims=("dp_replicate",), hint="DDP replicates whole models: it neither "
+                 "shards nor splits matrices. Use `--strategy fsdp` (HSDP with "
+                 "`--dp-replicate`, tensor parallelism with `--tp`), or drop the flag."),
     StrategySpec("zero", "ZeRO-1: DDP + ZeroRedundancyOptimizer, each rank keeps 1/N of the "
                          "optimizer state", "phalanx.strategies.zero:ZeroStrategy", ZeroOptions,
                  shards=frozenset({"optimizer"}), checks=(_sync_bn_on_cuda, _zero_needs_ranks),
@@ -161,9 +162,10 @@ SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
     StrategySpec("fsdp", "FSDP2 (fully_shard): parameters, gradients and optimizer state "
                          "sharded (ZeRO-3)", "phalanx.strategies.fsdp:FSDPStrategy", FSDPOptions,
                  shards=ALL_STATE, flag_prefix="fsdp_",
-                 checks=(_offload_on_cuda, _grad_sync_known), dims=("dp_shard", "dp_replicate"),
-                 hint="FSDP2 shards over --dp-shard, and replicates its groups over "
-                 "--dp-replicate (HSDP)."),
+                 checks=(_offload_on_cuda, _grad_sync_known),
+                 dims=("dp_shard", "dp_replicate", "tp"),
+                 hint="FSDP2 shards over --dp-shard, replicates its groups over "
+                 "--dp-replicate (HSDP), and splits matrices over --tp."),
 )}
 
 
@@ -244,18 +246,19 @@ def check_layout(found: StrategySpec, request: dict[str, int | None],
 def laid_out(name: str | None, request: dict[str, int | None], world: int
              ) -> tuple[StrategySpec, Layout]:
     """The strategy and the mesh layout for `world` ranks. Without a name, the layout
-    chooses: a sharded dimension means fsdp (HSDP when replicated too), replicas alone
-    ddp, nothing given the world's default. The strategy's dimensions not given take the
-    rest of the world, its own first (fsdp: dp_shard, then dp_replicate)."""
+    chooses: a sharded or tensor-parallel dimension means fsdp (HSDP when replicated too),
+    replicas alone ddp, nothing given the world's default. The strategy's dimensions not
+    given take the rest of the world, its own first (fsdp: dp_shard, then dp_replicate);
+    with --tp, fsdp's dp_shard may be 1 (FSDP2 then only replicates, over dp_replicate)."""
     if name is None and given(request):
         probe = fill(request, world, ("dp_shard", "dp_replicate"))
-        name = "fsdp" if probe.dp_shard > 1 else "ddp" if probe.dp_replicate > 1 \
-            else default_name(world)
+        name = "fsdp" if probe.dp_shard > 1 or probe.tp > 1 \
+            else "ddp" if probe.dp_replicate > 1 else default_name(world)
     found = spec(name or default_name(world))
     check_layout(found, request)
     layout = fill(request, world, found.dims or ("dp_replicate",))
     check_layout(found, request, layout)
-    if found.sharded and world > 1 and layout.dp_shard == 1:
+    if found.sharded and world > 1 and layout.dp_shard == 1 and layout.tp == 1:
         raise UserError(f"`--strategy {found.name}` with `{said(request)}` shards nothing "
                         f"(--dp-shard 1). Use `--strategy ddp` to replicate, or give "
                         f"`--dp-shard` a size above 1.")

@@ -20,6 +20,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from phalanx.config.layout import minigpt_tp_refusal
+
 
 @dataclass
 class GPTConfig:
@@ -66,20 +68,21 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.qk_norm = cfg.qk_norm
         self.rotary = Rotary(cfg.n_embd // cfg.n_head, cfg.block_size) if cfg.rope else None
+        # q, k, v by head (B, T, 3, nh, hs) → the heads this rank computes: all of them,
+        # or under tensor parallelism its own (the plan's style on this module)
+        self.heads = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        qkv = self.heads(self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head))
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, nh, T, hs) each
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, C of the heads here)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -135,6 +138,33 @@ class MiniGPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def tp_plan(self) -> dict:
+        """Tensor parallelism (torch's `parallelize_module` styles, by module name):
+        each block's attention output projection and MLP split Megatron-style (columns,
+        then rows: one all-reduce each, forward and backward); `c_attn` — q, k and v fused in
+        one matrix, which a column split would mix — stays whole on every rank, and its
+        output is split by heads (`heads`), so each rank attends with its own heads. The
+        embeddings, norms and head stay replicated."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleOutput,
+            RowwiseParallel,
+        )
+
+        plan: dict = {}
+        for i in range(len(self.blocks)):
+            plan[f"blocks.{i}.attn.heads"] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(3))
+            plan[f"blocks.{i}.attn.c_proj"] = RowwiseParallel()
+            plan[f"blocks.{i}.mlp.c_fc"] = ColwiseParallel()
+            plan[f"blocks.{i}.mlp.c_proj"] = RowwiseParallel()
+        return plan
+
+    def tp_refusal(self, tp: int) -> str | None:
+        """Why this configuration cannot be split over `tp` ranks (None: it can)."""
+        return minigpt_tp_refusal(self.config.n_head, self.config.dropout, tp)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

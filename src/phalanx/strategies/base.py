@@ -65,13 +65,15 @@ class Strategy(ABC):
 
     @property
     def label(self) -> str:
-        """The name, with the mesh's dimensions when it has several: "fsdp" or "fsdp
-        (dp_replicate 2 × dp_shard 2)" (HSDP) — what banners, reports and checkpoints say."""
+        """The name, with the mesh's dimensions above 1 when it has several: "fsdp", "fsdp
+        (dp_replicate 2 × dp_shard 2)" (HSDP), "fsdp (dp_shard 2 × tp 2)" — what banners,
+        reports and checkpoints say."""
         mesh = self.topology.mesh
         if mesh is None or mesh.ndim < 2:
             return self.name
         names = mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)]
-        return f"{self.name} ({' × '.join(f'{n} {s}' for n, s in zip(names, mesh.shape))})"
+        shown = [f"{n} {s}" for n, s in zip(names, mesh.shape) if s > 1]
+        return f"{self.name} ({' × '.join(shown)})" if shown else self.name
 
     @property
     def sharded(self) -> bool:

@@ -29,11 +29,10 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.tensor import DTensor
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
-from phalanx.strategies import start
+from phalanx.strategies import start, tensor_parallel
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import find_blocks, sharding_note
 from phalanx.strategies.guards import check_sharded
@@ -75,12 +74,18 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
                             f"{type(model).__name__} has no trainable ones. Use `--strategy "
                             f"ddp` (or single), or give run.setup() the model to train.")
         meta = start.on_meta(model)
+        tp_mesh = self.topology.tp_mesh
+        if meta and tp_mesh is not None:
+            raise UserError(f"`--tp {tp_mesh.size()}` with a model built on the meta device "
+                            f"is not built yet: build it on the CPU (or the GPU) instead.")
         full = start.full_weights_on_rank0(model, self.topology) if meta else None
         if not meta:
             model = start.place(model, self.topology)
             self.start_from_rank0(model)
         chosen = list(blocks) if blocks is not None else find_blocks(model)
         self.note = f"fsdp: {sharding_note(model, chosen)}"
+        if tp_mesh is not None:  # (every rank holds rank 0's weights: the split is theirs)
+            model = tensor_parallel.split(model, tp_mesh)
         kwargs = self._shard_kwargs(precision)
         for block in chosen:
             fully_shard(block, **kwargs)
@@ -96,7 +101,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         if precision.dtype is not None:  # gather low-precision params, reduce in fp32
             reduce = torch.bfloat16 if o.bf16_reduce else torch.float32
             policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=reduce)
-        kwargs = {"mesh": self.topology.mesh, "reshard_after_forward": o.reshard_after_forward,
+        kwargs = {"mesh": self.topology.dp_mesh, "reshard_after_forward": o.reshard_after_forward,
                   "mp_policy": policy}
         if o.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
@@ -137,15 +142,10 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         return _no_gradient_sync(model)
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """The global norm over every rank's gradient shards (one all-reduce), then each
-        rank scales its shards: the same number as DDP's, on every rank."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None],
-                                              2.0)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
+        """The global norm over every rank's gradient shards (one all-reduce per mesh the
+        gradients live on: two with tensor parallelism), then each rank scales its shards:
+        the same number as DDP's, on every rank."""
+        return tensor_parallel.clip(list(model.parameters()), max_norm)
 
     def save_state(self, model: nn.Module, optimizer) -> dict:
         """Every rank's own shards (DTensors): DCP writes each once, with their offsets."""

@@ -102,11 +102,17 @@ def _name_difference(rows: list, ranks: list[int], names: list[str], what: str) 
 
 
 def replica_sets(mesh: Any) -> list[list[int]]:
-    """The sets of ranks that hold the same shards: the columns of HSDP's (dp_replicate,
-    dp_shard) mesh; with one dimension, each rank alone (its shard is its own)."""
-    if mesh is None or mesh.ndim < 2:
+    """The sets of ranks that hold the same shards: those whose mesh coordinates differ
+    only in dp_replicate (HSDP's columns; with tp, per tp coordinate too); [] when nothing
+    is replicated (each rank's shard is its own)."""
+    names = list(getattr(mesh, "mesh_dim_names", None) or ())
+    if "dp_replicate" not in names:
         return []
-    return [list(column) for column in mesh.mesh.t().tolist()]
+    at = names.index("dp_replicate")
+    if mesh.mesh.shape[at] < 2:
+        return []
+    ranks = mesh.mesh.movedim(at, -1)
+    return ranks.reshape(-1, ranks.shape[-1]).tolist()
 
 
 def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank: int,

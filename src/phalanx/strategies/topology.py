@@ -1,10 +1,10 @@
 """The job's shape as one value, built before any strategy: who this process is, where
 its tensors live, and how data is split (the data-parallel rank and size).
 
-Every layout Phalanx builds today is data parallel (replicated, sharded, or both: HSDP),
-so the data-parallel group is the whole world; the fields are separate so that data
-loading never asks the global rank by accident (a tensor-parallel group would share one
-data shard).
+Data loading reads the data-parallel rank and size, never the global rank: the ranks of
+one tensor-parallel group share their replica's batch, so with `--tp T` the data-parallel
+rank is `rank // T` (the mesh puts a tp group on T consecutive ranks) and the size the
+world over T. Without tensor parallelism every rank is its own data-parallel rank.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ class Topology:
     launcher: str
     dp_rank: int
     dp_size: int
-    # the sharded strategy's DeviceMesh: 1-D "dp" over the world, or 2-D (dp_replicate,
-    # dp_shard) for HSDP (config.layout.Layout.mesh_dims); None for the others
+    # the sharded strategy's DeviceMesh: 1-D "dp" over the world, 2-D (dp_replicate,
+    # dp_shard) for HSDP, 3-D (dp_replicate, dp_shard, tp) with tensor parallelism
+    # (config.layout.Layout.mesh_dims); None for the others
     mesh: Any = None
     peers: Any = None  # a phalanx.cluster.peers.Peers: each rank's host, for errors that name it
 
@@ -47,6 +48,21 @@ class Topology:
         return self.rank == 0
 
     @property
+    def dp_mesh(self) -> Any:
+        """The mesh FSDP2 shards (and replicates) over: the whole mesh, or without tensor
+        parallelism's dimension (dp_shard alone when nothing is replicated)."""
+        if self.tp_mesh is None:
+            return self.mesh
+        replicated = self.mesh["dp_replicate"].size() > 1
+        return self.mesh["dp_replicate", "dp_shard"] if replicated else self.mesh["dp_shard"]
+
+    @property
+    def tp_mesh(self) -> Any:
+        """This rank's tensor-parallel group as a 1-D mesh; None without one."""
+        names = getattr(self.mesh, "mesh_dim_names", None) or ()
+        return self.mesh["tp"] if "tp" in names else None
+
+    @property
     def nodes(self) -> int:
         return max(1, self.world_size // max(1, self.local_world_size))
 
@@ -54,10 +70,10 @@ class Topology:
 def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size: int,
                   device: torch.device, backend: str, launcher: str,
                   layout: Layout | None = None, peers: Any = None) -> Topology:
-    """Data parallelism over the whole world; `layout` (a sharded strategy's) builds its
-    DeviceMesh (`layout.mesh_dims()`; HSDP's dimensions make subgroups: every rank joins
-    each one's creation)."""
-    mesh = None
+    """The job's shape; `layout` (a sharded strategy's) builds its DeviceMesh
+    (`layout.mesh_dims()`; each dimension makes subgroups: every rank joins each one's
+    creation) and, with tensor parallelism, sets the data-parallel rank and size."""
+    mesh, tp = None, 1
     if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -65,8 +81,8 @@ def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size:
             raise UserError(f"the layout {layout.describe()} spans {layout.world} ranks, and "
                             f"this job has {world_size}.")
         names, sizes = layout.mesh_dims()
-        mesh = init_device_mesh(device.type, sizes, mesh_dim_names=names)
+        mesh, tp = init_device_mesh(device.type, sizes, mesh_dim_names=names), layout.tp
     return Topology(rank=rank, local_rank=local_rank, world_size=world_size,
                     local_world_size=local_world_size, device=device, backend=backend,
-                    launcher=launcher, dp_rank=rank, dp_size=world_size, mesh=mesh,
-                    peers=peers)
+                    launcher=launcher, dp_rank=rank // tp, dp_size=world_size // tp,
+                    mesh=mesh, peers=peers)

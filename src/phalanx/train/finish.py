@@ -40,8 +40,17 @@ def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
             f"precision {t.precision}, {OPTIMIZERS[t.optimizer]}\n"
             f"data:    {splits.description} ({splits.n_train:,} train / {splits.n_val:,} val "
             f"tokens; {splits.tokenizer_label})\n"
-            f"batch:   {t.micro_batch_size} × {t.grad_accum} accum × {run.world_size} ranks = "
+            f"batch:   {t.micro_batch_size} × {t.grad_accum} accum × {_data_ranks(run)} = "
             f"{gb} sequences = {gb * m.block_size:,} tokens/step, {t.max_steps} steps")
+
+
+def _data_ranks(run: Run) -> str:
+    """"4 ranks"; with tensor parallelism, the ranks that see different data: "2
+    data-parallel ranks (tp 2 share each batch)"."""
+    dp = run.topology.dp_size
+    if dp == run.world_size:
+        return f"{dp} ranks"
+    return f"{dp} data-parallel ranks (tp {run.world_size // dp} share each batch)"
 
 
 def sample_prompt(cfg: Config, splits: TokenSplits | None) -> str:
