@@ -49,3 +49,41 @@ def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path
     weights = load_file(str(exported))
     assert sorted(weights) == sorted(written)
     assert all(torch.equal(weights[k], written[k]) for k in written)
+
+
+def test_tensor_parallel_from_the_command_line_and_its_resume_across_layouts(tmp_path):
+    """tp 2 × dp_shard 2 for 4 steps, resumed under tp 2 × dp_replicate 2 to 6, then under
+    dp_shard 4 (one sequence per rank: the same global batch of 4) to 8: every step
+    recorded once, the data cursor where the arithmetic says, and the tp-written
+    checkpoint exported to the weights the run wrote."""
+    out = tmp_path / "run"
+    first = train(out, "--max-steps", "4", "--tp", "2", "--dp-shard", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    lines = first.stdout.splitlines()
+    assert "strategy fsdp (dp_shard 2 × tp 2)" in lines[0], lines[0]
+    assert "2 × 1 accum × 2 data-parallel ranks (tp 2 share each batch) = 4 sequences" in \
+        first.stdout, first.stdout
+    written = load_file(str(out / "model.safetensors"))
+
+    again = train(out, "--max-steps", "6", "--tp", "2", "--dp-replicate", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "now 4 with fsdp (dp_replicate 2 × tp 2)" in again.stdout, again.stdout
+    last = train(out, "--max-steps", "8", "--dp-shard", "4", "--micro-batch-size", "1")
+    assert last.returncode == 0, last.stdout + last.stderr
+    resumed = next(line for line in last.stdout.splitlines() if line.startswith("resumed"))
+    assert "at step 6 (written by 4 rank(s) with fsdp (dp_replicate 2 × tp 2), now 4 with " \
+           "fsdp)" in resumed, resumed
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 9))
+    saved = json.loads((out / "checkpoints" / "step-00000008" / "train_state.json").read_text())
+    state = saved["meta"]["train_state"]  # 8 steps × a global batch of 4 sequences
+    assert state["position"] == 8 * 4 and state["tokens_seen"] == 8 * 4 * 32, state
+
+    exported = tmp_path / "export" / "w.safetensors"
+    done = subprocess.run([sys.executable, "-m", "phalanx", "export",
+                           str(out / "checkpoints" / "step-00000004"), "--out", str(exported)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    weights = load_file(str(exported))
+    assert sorted(weights) == sorted(written)
+    assert all(torch.equal(weights[k], written[k]) for k in written)
