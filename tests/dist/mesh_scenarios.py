@@ -13,6 +13,7 @@ for its case.
   it on one rank);
 - llama: a transformers Llama in a script's own loop under HSDP, exported with
   save_pretrained (OUT/llama-hsdp.pt, OUT/llama-export/);
+- masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
 """
@@ -177,6 +178,39 @@ def llama(run, out: Path) -> None:
                    out / "llama-hsdp.pt")
 
 
+def masks(run, out: Path) -> None:
+    """Dropout under tp 2 × dp_shard 2 (tp groups {0, 1} and {2, 3}): each rank's mask on
+    the residual dropout (replicated activations), a draw inside the attention core (its
+    own heads: its own stream) and a draw after the forward (the shared stream), gathered
+    into OUT/masks.json by rank."""
+    import hashlib
+    import json
+
+    import torch.distributed as dist
+
+    seen: dict[str, str] = {}
+
+    def digest(t: torch.Tensor) -> str:
+        return hashlib.sha256(t.detach().cpu().numpy().tobytes()).hexdigest()[:16]
+
+    with laid_out(run, "tp-shard") as strategy:
+        torch.manual_seed(1000 + run.rank)  # every rank draws differently before setup
+        model = strategy.setup_module(MiniGPT(GPTConfig(vocab_size=64, dropout=0.5, **TINY)),
+                                      strategy.precision("fp32"))
+        attn = model.blocks[0].attn
+        attn.resid_dropout.register_forward_hook(
+            lambda m, i, o: seen.__setitem__("residual", digest(o == 0)))
+        attn.core.register_forward_pre_hook(  # (after the style's: inside the fork)
+            lambda m, i: seen.__setitem__("core", digest(torch.rand(16))))
+        run.seed_step(0)
+        model(torch.arange(32).reshape(2, 16) % 64)
+        seen["after"] = digest(torch.rand(16))
+    every: list = [None] * run.world_size
+    dist.all_gather_object(every, seen)
+    if run.is_main:
+        (out / "masks.json").write_text(json.dumps(every))
+
+
 def guard(run, out: Path) -> None:
     """Rank 2 (replica set {0, 2} under dp_replicate 2 × dp_shard 2) changes its shard."""
     from torch.distributed.tensor import DTensor
@@ -198,6 +232,19 @@ def guard(run, out: Path) -> None:
         except DistributedError as exc:
             message = str(exc)
     (out / f"guard-rank{run.rank}.txt").write_text(message)
+    with laid_out(run, "tp-shard") as strategy:  # c_attn is whole on each tp rank
+        model = strategy.setup_module(MiniGPT(GPTConfig(vocab_size=64, **TINY)),
+                                      strategy.precision("fp32"))
+        strategy.check_consistency(model)  # as set up: the tp group's copies equal
+        if run.rank == 1:
+            with torch.no_grad():
+                model.blocks[0].attn.c_attn.weight.to_local().add_(1.0)
+        try:
+            strategy.check_consistency(model)
+            message = "no error"
+        except DistributedError as exc:
+            message = str(exc)
+    (out / f"guard-tp-rank{run.rank}.txt").write_text(message)
 
 
 def main(out: Path, corpus: str, cache: str) -> None:
@@ -211,6 +258,7 @@ def main(out: Path, corpus: str, cache: str) -> None:
             equivalence(run, splits, out)
             chain(run, splits, out)
             llama(run, out)
+            masks(run, out)
             guard(run, out)
 
 

@@ -156,3 +156,29 @@ def test_an_hsdp_replica_changed_on_one_rank_is_named(mesh):
     assert len(messages) == 1, messages
     message = messages.pop()
     assert "`blocks.1.weight (shard)` differs on rank(s) 2 from rank(s) 0" in message, message
+
+
+def test_tensor_parallel_dropout_masks_are_shared_and_forked_where_the_docs_say(mesh):
+    """tp groups {0, 1} and {2, 3}: on replicated activations (the residual dropout) the
+    ranks of a group draw the same mask and the two data-parallel ranks different ones;
+    inside attention (each rank's own heads) the ranks of a group draw different
+    numbers; after it, the shared stream is in step again."""
+    import json
+
+    seen = json.loads((mesh / "masks.json").read_text())
+    residual, core, after = ([s[k] for s in seen] for k in ("residual", "core", "after"))
+    assert residual[0] == residual[1] and residual[2] == residual[3], residual
+    assert residual[0] != residual[2], residual
+    assert core[0] != core[1] and core[2] != core[3], core
+    assert after[0] == after[1] and after[2] == after[3] and after[0] != after[2], after
+
+
+def test_a_tensor_parallel_ranks_copy_of_a_whole_tensor_changed_is_named(mesh):
+    """c_attn stays whole on each rank of a tp group (FSDP shards it over dp_shard): rank
+    1's copy changed, rank 0 (its tp peer) holds the other."""
+    messages = {(mesh / f"guard-tp-rank{r}.txt").read_text() for r in range(4)}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert "`blocks.0.attn.c_attn.weight (shard)` differs on rank(s) 1 from rank(s) 0" in \
+        message, message
+    assert "across the tensor-parallel group" in message, message

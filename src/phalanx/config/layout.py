@@ -154,12 +154,9 @@ def fill(request: dict[str, int | None], world: int, open_dims: tuple[str, ...])
     return Layout(**filled)
 
 
-def minigpt_tp_refusal(n_head: int, dropout: float, tp: int) -> str | None:
-    """Why MiniGPT with `n_head` heads and `dropout` cannot be split over `tp` ranks (None:
-    it can): checked before launch (`Config`) and by the model itself at setup."""
+def minigpt_tp_refusal(n_head: int, tp: int) -> str | None:
+    """Why MiniGPT with `n_head` heads cannot be split over `tp` ranks (None: it can):
+    checked before launch (`Config`) and by the model itself at setup."""
     if n_head % tp:
         return f"--n-head {n_head} does not divide into {tp} tensor-parallel ranks"
-    if dropout:
-        return ("--dropout draws each rank's own mask, and the ranks of a tensor-parallel "
-                "group must draw the same one on replicated activations (not built yet)")
     return None

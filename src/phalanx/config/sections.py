@@ -306,7 +306,7 @@ class Config:
     def __post_init__(self) -> None:
         tp, m = self.dist.tp, self.model
         if m.factory is None and isinstance(tp, int) and tp > 1:  # (a --model: its plan's)
-            why = minigpt_tp_refusal(m.n_head, m.dropout, tp)
+            why = minigpt_tp_refusal(m.n_head, tp)
             if why:
                 raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it "
                                 f"out.")

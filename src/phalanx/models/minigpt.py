@@ -59,13 +59,28 @@ class Rotary(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+class Attend(nn.Module):
+    """Causal attention of q, k, v by heads (B, nh, T, hs), with dropout on the attention
+    weights: a module of its own so that tensor parallelism can give it each rank's own
+    random stream (its heads are that rank's: `models.tp_styles.ForkRNGByRank`)."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.core = Attend(cfg.dropout)
         self.qk_norm = cfg.qk_norm
         self.rotary = Rotary(cfg.n_embd // cfg.n_head, cfg.block_size) if cfg.rope else None
         # q, k, v by head (B, T, 3, nh, hs) → the heads this rank computes: all of them,
@@ -80,9 +95,7 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, C of the heads here)
+        y = self.core(q, k, v).transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, C of the heads here)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -144,8 +157,10 @@ class MiniGPT(nn.Module):
         each block's attention output projection and MLP split Megatron-style (columns,
         then rows: one all-reduce each, forward and backward); `c_attn` — q, k and v fused in
         one matrix, which a column split would mix — stays whole on every rank, and its
-        output is split by heads (`heads`), so each rank attends with its own heads. The
-        embeddings, norms and head stay replicated."""
+        output is split by heads (`heads`), so each rank attends with its own heads and
+        draws their attention-dropout masks from its own stream (`core`); dropout on
+        replicated activations draws the same masks on every rank of the group (they are
+        seeded alike: `Run.seed_step`). The embeddings, norms and head stay replicated."""
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -153,10 +168,13 @@ class MiniGPT(nn.Module):
             RowwiseParallel,
         )
 
+        from phalanx.models.tp_styles import ForkRNGByRank
+
         plan: dict = {}
         for i in range(len(self.blocks)):
             plan[f"blocks.{i}.attn.heads"] = PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=Shard(3))
+            plan[f"blocks.{i}.attn.core"] = ForkRNGByRank()  # its dropout: own heads, own masks
             plan[f"blocks.{i}.attn.c_proj"] = RowwiseParallel()
             plan[f"blocks.{i}.mlp.c_fc"] = ColwiseParallel()
             plan[f"blocks.{i}.mlp.c_proj"] = RowwiseParallel()
@@ -164,7 +182,7 @@ class MiniGPT(nn.Module):
 
     def tp_refusal(self, tp: int) -> str | None:
         """Why this configuration cannot be split over `tp` ranks (None: it can)."""
-        return minigpt_tp_refusal(self.config.n_head, self.config.dropout, tp)
+        return minigpt_tp_refusal(self.config.n_head, tp)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

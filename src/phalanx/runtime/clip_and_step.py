@@ -53,10 +53,11 @@ class StepMethods:
 
     def seed_step(self, step: int, rank: int | None = None) -> None:
         """Seed torch's RNG from (seed, step, rank) at the top of a step, for a loop
-        without `run.accumulate` (whose micro-steps seed themselves). `rank`: this
-        process's data-parallel rank when it is not `run.rank` (a torchft replica
-        group's place in this step's quorum)."""
-        rank = self.topology.rank if rank is None else rank
+        without `run.accumulate` (whose micro-steps seed themselves). `rank`: the
+        data-parallel rank to seed with when it is not this process's (a torchft replica
+        group's place in this step's quorum); the ranks of a tensor-parallel group share
+        theirs, so they draw the same dropout masks on replicated activations."""
+        rank = self.topology.dp_rank if rank is None else rank
         torch.manual_seed(derive_seed(self.seed, step, rank))
 
     def at_step(self, step: int, rank: int | None = None) -> None:

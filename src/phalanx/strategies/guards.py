@@ -9,6 +9,7 @@ all_gather of these numbers compares every tensor on every rank.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import torch
@@ -101,18 +102,17 @@ def _name_difference(rows: list, ranks: list[int], names: list[str], what: str) 
                 f"on one rank, or a non-deterministic kernel.", disagree)
 
 
-def replica_sets(mesh: Any) -> list[list[int]]:
+def replica_sets(mesh: Any, dims: tuple[str, ...] = ("dp_replicate",)) -> list[list[int]]:
     """The sets of ranks that hold the same shards: those whose mesh coordinates differ
-    only in dp_replicate (HSDP's columns; with tp, per tp coordinate too); [] when nothing
-    is replicated (each rank's shard is its own)."""
+    only in `dims` (dp_replicate: HSDP's columns, per tp coordinate with tp; with "tp"
+    too: the tensors tensor parallelism leaves whole); [] when those dimensions are all
+    of size 1 or absent (each rank's shard is its own)."""
     names = list(getattr(mesh, "mesh_dim_names", None) or ())
-    if "dp_replicate" not in names:
+    at = [names.index(d) for d in dims if d in names and mesh.mesh.shape[names.index(d)] > 1]
+    if not at:
         return []
-    at = names.index("dp_replicate")
-    if mesh.mesh.shape[at] < 2:
-        return []
-    ranks = mesh.mesh.movedim(at, -1)
-    return ranks.reshape(-1, ranks.shape[-1]).tolist()
+    ranks = mesh.mesh.movedim(at, list(range(-len(at), 0)))
+    return ranks.reshape(-1, math.prod(mesh.mesh.shape[i] for i in at)).tolist()
 
 
 def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank: int,
@@ -149,6 +149,12 @@ def check_sharded(model: nn.Module, device: torch.device, world_size: int, rank:
         shards = [(f"{name} (shard)", t.to_local()) for name, t in named_state(model)
                   if isinstance(t, DTensor)]
         check_same(shards, device, world_size, "parameter shards (HSDP replicas)", sets)
+    whole = replica_sets(mesh, ("dp_replicate", "tp"))
+    if whole and whole != sets:  # what tensor parallelism leaves whole: the same on a tp group
+        shards = [(f"{name} (shard)", t.to_local()) for name, t in named_state(model)
+                  if isinstance(t, DTensor) and "tp" not in (t.device_mesh.mesh_dim_names or ())]
+        check_same(shards, device, world_size,
+                   "parameter shards (replicas across the tensor-parallel group)", whole)
 
 
 def diagnose_devices(model: nn.Module, expected: torch.device, batch: Any = None) -> list[str]:
