@@ -11,8 +11,9 @@ for its case.
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
   changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
   it on one rank);
-- llama: a transformers Llama in a script's own loop under HSDP, exported with
-  save_pretrained (OUT/llama-hsdp.pt, OUT/llama-export/);
+- llama: a transformers Llama in a script's own loop under HSDP and under tp 2 × dp_shard 2
+  (the plan its config ships), exported with save_pretrained (OUT/llama-<layout>.pt,
+  OUT/llama-<layout>-export/);
 - masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
@@ -154,17 +155,31 @@ def llama_batch(step: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (GLOBAL, 16), generator=torch.Generator().manual_seed(step))
 
 
-def llama(run, out: Path) -> None:
-    """A transformers Llama in a script's own loop under HSDP (phalanx.init's keywords
-    through `laid_out`): 3 clipped AdamW steps, then `run.export` (save_pretrained)."""
+def llama_for_tp() -> torch.nn.Module:
+    """The test's Llama with as many key/value heads as heads (2): tp 2 splits both."""
+    from transformers import LlamaForCausalLM
+    from transformers_scenarios import llama_config
+
+    config = llama_config()
+    config.num_key_value_heads = 2
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def llama(run, out: Path, label: str = "hsdp") -> None:
+    """A transformers Llama in a script's own loop under `label` (phalanx.init's keywords
+    through `laid_out`; tp: the plan its config ships): 3 clipped AdamW steps, each rank
+    on its data-parallel share, then `run.export` (save_pretrained)."""
     from transformers_scenarios import LR, build
 
-    with laid_out(run, "hsdp"):
-        model, opt = run.setup(build("llama"), lambda p: torch.optim.AdamW(p, lr=LR))
-        per = GLOBAL // run.world_size
+    with laid_out(run, label):
+        make = llama_for_tp if label in TP else lambda: build("llama")
+        model, opt = run.setup(make(), lambda p: torch.optim.AdamW(p, lr=LR))
+        t = run.topology
+        per = GLOBAL // t.dp_size
         losses = []
         for step in range(3):
-            x = llama_batch(step)[run.rank * per:(run.rank + 1) * per]
+            x = llama_batch(step)[t.dp_rank * per:(t.dp_rank + 1) * per]
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
             run.clip_grad_norm_(model, 1.0)
@@ -172,10 +187,10 @@ def llama(run, out: Path) -> None:
             opt.zero_grad(set_to_none=True)
             losses.append(run.all_reduce_mean(loss.item()))
         state = run.full_state_dict(model)
-        run.export(model, out / "llama-export")
+        run.export(model, out / f"llama-{label}-export")
     if run.is_main:
         torch.save({"state": {k: v.clone() for k, v in state.items()}, "losses": losses},
-                   out / "llama-hsdp.pt")
+                   out / f"llama-{label}.pt")
 
 
 def masks(run, out: Path) -> None:
@@ -258,6 +273,7 @@ def main(out: Path, corpus: str, cache: str) -> None:
             equivalence(run, splits, out)
             chain(run, splits, out)
             llama(run, out)
+            llama(run, out, "tp-shard")
             masks(run, out)
             guard(run, out)
 

@@ -124,14 +124,16 @@ def test_resume_across_layouts_lands_where_the_arithmetic_says(mesh, one_rank):
     assert max_difference(straight["state"], load(mesh / "straight-6.pt")["state"]) > 1e-3
 
 
-def test_a_transformers_llama_in_a_script_under_hsdp_equals_one_process(mesh):
+@pytest.mark.parametrize("label", ["hsdp", "tp-shard"])
+def test_a_transformers_llama_in_a_script_equals_one_process(mesh, label):
     """Plain torch in one process on the whole batch against the script's own loop under
-    HSDP on 4 ranks; its save_pretrained export loads with from_pretrained, bit for bit."""
-    from mesh_scenarios import llama_batch
+    HSDP, and under tp 2 × dp_shard 2 with the tensor-parallel plan Llama's config ships,
+    on 4 ranks; its save_pretrained export loads with from_pretrained, bit for bit."""
+    from mesh_scenarios import llama_batch, llama_for_tp
     from transformers import LlamaForCausalLM
     from transformers_scenarios import LR, build
 
-    model = build("llama")
+    model = llama_for_tp() if label == "tp-shard" else build("llama")
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for step in range(3):
@@ -142,12 +144,12 @@ def test_a_transformers_llama_in_a_script_under_hsdp_equals_one_process(mesh):
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    found = load(mesh / "llama-hsdp.pt")
+    found = load(mesh / f"llama-{label}.pt")
     one = {k: v for k, v in model.state_dict().items() if k in found["state"]}
     difference = max_difference(found["state"], one)
-    print(f"llama hsdp: {difference:.3g} from one process")
+    print(f"llama {label}: {difference:.3g} from one process")
     assert difference < 1e-5 and found["losses"] == pytest.approx(losses, rel=1e-5)
-    loaded = LlamaForCausalLM.from_pretrained(mesh / "llama-export").state_dict()
+    loaded = LlamaForCausalLM.from_pretrained(mesh / f"llama-{label}-export").state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in found["state"].items())
 
 

@@ -5,8 +5,12 @@ dimensions — torchtitan's order, on one DeviceMesh (`Topology.tp_mesh`, `dp_me
 
 The plan comes from the model: a `tp_plan()` method returning {module name: torch
 ParallelStyle} (MiniGPT's: `models.minigpt.MiniGPT.tp_plan`), and optionally
-`tp_refusal(tp)`, a reason the model cannot be split over `tp` ranks. A model without a
-plan is refused in one line, as is a plan naming a module the model does not have.
+`tp_refusal(tp)`, a reason the model cannot be split over `tp` ranks; else the plan a
+transformers model ships in its config (`base_model_tp_plan`: Llama, Mistral, Qwen …),
+its "colwise"/"rowwise" entries as torch's styles, its `*` over the layer indices, under
+the base model's prefix (the class's own head plan is left out: the head stays whole).
+A model without a plan is refused in one line, as is a plan naming a module the model
+does not have, a style Phalanx does not map, or head counts `tp` does not divide.
 
 Gradient clipping and the non-finite checks see gradients on two meshes (the split
 matrices' on (dp, tp), the rest's on dp alone), which torch's `clip_grad_norm_` refuses:
@@ -28,23 +32,7 @@ def split(model: nn.Module, tp_mesh: Any) -> nn.Module:
     """`model` with its plan applied over `tp_mesh` (in place; the model returned)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    tp = tp_mesh.size()
-    plan_of = getattr(model, "tp_plan", None)
-    if not callable(plan_of):
-        raise UserError(f"`--tp {tp}`: {type(model).__name__} has no tensor-parallel plan. "
-                        f"Give it a `tp_plan()` method returning {{module name: torch "
-                        f"ParallelStyle}} (docs/parallelism.md), or leave --tp out.")
-    refusal = getattr(model, "tp_refusal", None)
-    why = refusal(tp) if callable(refusal) else None
-    if why:
-        raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it out.")
-    plan = plan_of()
-    names = {name for name, _ in model.named_modules()}
-    unknown = sorted(set(plan) - names)
-    if unknown:
-        raise UserError(f"`--tp {tp}`: the tensor-parallel plan names `{unknown[0]}`, which "
-                        f"{type(model).__name__} does not have. Name its modules as "
-                        f"model.named_modules() does.")
+    plan = checked_plan(model, tp_mesh.size())
     # (DTensor warns, once per shape, that a norm over two mesh dimensions takes two
     # all-reduces: true, small, and not the user's to act on)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -70,6 +58,73 @@ def _by_mesh(items: list, tensor_of=lambda t: t) -> dict[Any, list]:
         t = tensor_of(item)
         groups.setdefault(t.device_mesh if isinstance(t, DTensor) else None, []).append(item)
     return groups
+
+
+def checked_plan(model: nn.Module, tp: int) -> dict[str, Any]:
+    """The plan `split` applies over `tp` ranks, every module it names checked to exist."""
+    plan = _plan(model, tp)
+    unknown = sorted(set(plan) - {name for name, _ in model.named_modules()})
+    if unknown:
+        raise UserError(f"`--tp {tp}`: the tensor-parallel plan names `{unknown[0]}`, which "
+                        f"{type(model).__name__} does not have. Name its modules as "
+                        f"model.named_modules() does.")
+    return plan
+
+
+def _plan(model: nn.Module, tp: int) -> dict[str, Any]:
+    """The model's own plan, else its transformers config's; refused when it has none or
+    cannot be split over `tp` ranks."""
+    plan_of = getattr(model, "tp_plan", None)
+    shipped = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
+    if not callable(plan_of) and not shipped:
+        raise UserError(f"`--tp {tp}`: {type(model).__name__} has no tensor-parallel plan. "
+                        f"Give it a `tp_plan()` method returning {{module name: torch "
+                        f"ParallelStyle}} (docs/parallelism.md), or leave --tp out.")
+    refusal = getattr(model, "tp_refusal", None)
+    why = refusal(tp) if callable(refusal) else _heads_refusal(getattr(model, "config", None), tp)
+    if why:
+        raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it out.")
+    if callable(plan_of):
+        return plan_of()
+    return _transformers_plan(model, shipped, tp)
+
+
+def _heads_refusal(config: Any, tp: int) -> str | None:
+    """A transformers config whose attention or key/value heads `tp` does not divide."""
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        n = getattr(config, field, None)
+        if isinstance(n, int) and n % tp:
+            return f"{type(config).__name__}.{field} = {n} does not divide into {tp} ranks"
+    return None
+
+
+STYLES = {"colwise": "ColwiseParallel", "rowwise": "RowwiseParallel"}
+
+
+def _transformers_plan(model: nn.Module, shipped: dict[str, str], tp: int) -> dict[str, Any]:
+    """`config.base_model_tp_plan` as torch styles, by the model's own module names."""
+    import re
+
+    from torch.distributed.tensor import parallel
+
+    prefix = getattr(model, "base_model_prefix", "")
+    names = [name for name, _ in model.named_modules()]
+    plan: dict[str, Any] = {}
+    for pattern, style in shipped.items():
+        if style not in STYLES:
+            raise UserError(f"`--tp {tp}`: {type(model).__name__}'s shipped plan splits "
+                            f"`{pattern}` as `{style}`, which Phalanx does not map to a "
+                            f"torch style (it maps {', '.join(STYLES)}). Give the model a "
+                            f"`tp_plan()` method, or leave --tp out.")
+        full = f"{prefix}.{pattern}" if prefix and hasattr(model, prefix) else pattern
+        wanted = re.compile(re.escape(full).replace(r"\*", r"\d+") + "$")
+        for name in filter(wanted.match, names):
+            plan[name] = getattr(parallel, STYLES[style])()
+    if not plan:
+        raise UserError(f"`--tp {tp}`: {type(model).__name__}'s shipped plan names no module "
+                        f"it has (e.g. `{next(iter(shipped))}`). Give it a `tp_plan()` "
+                        f"method, or leave --tp out.")
+    return plan
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

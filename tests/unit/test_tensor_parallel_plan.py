@@ -1,0 +1,69 @@
+"""The tensor-parallel plans (strategies/tensor_parallel.py): MiniGPT's own, the one a
+transformers config ships, and every refusal in one line — no process group needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from phalanx.config.sections import build_config
+from phalanx.errors import UserError
+from phalanx.models.minigpt import GPTConfig, MiniGPT
+from phalanx.models.tp_styles import ForkRNGByRank
+from phalanx.strategies.tensor_parallel import checked_plan
+
+
+def test_minigpts_plan_splits_attention_by_heads_and_the_mlp_megatron_style():
+    plan = checked_plan(MiniGPT(GPTConfig(n_layer=2, n_head=4, n_embd=32)), 2)
+    assert isinstance(plan["blocks.1.mlp.c_fc"], ColwiseParallel)
+    assert isinstance(plan["blocks.1.mlp.c_proj"], RowwiseParallel)
+    assert isinstance(plan["blocks.0.attn.c_proj"], RowwiseParallel)
+    assert isinstance(plan["blocks.0.attn.core"], ForkRNGByRank)
+    assert "blocks.0.attn.c_attn" not in plan  # q, k, v fused: whole, split by heads after
+    with pytest.raises(UserError, match=r"`--tp 8`: --n-head 4 does not divide into 8"):
+        checked_plan(MiniGPT(GPTConfig(n_layer=1, n_head=4, n_embd=32)), 8)
+
+
+def test_the_head_count_is_checked_before_launch():
+    with pytest.raises(UserError, match=r"`--tp 2`: --n-head 3 does not divide into 2"):
+        build_config({"model": {"n_head": 3, "n_embd": 48}, "dist": {"tp": 2}})
+
+
+def llama(kv_heads: int):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                       "(the `test` extra has it)")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=kv_heads, vocab_size=64)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_a_transformers_model_takes_the_plan_its_config_ships():
+    plan = checked_plan(llama(2), 2)
+    assert isinstance(plan["model.layers.1.self_attn.k_proj"], ColwiseParallel)
+    assert isinstance(plan["model.layers.0.mlp.down_proj"], RowwiseParallel)
+    assert len(plan) == 2 * 7 and "lm_head" not in plan  # 7 per layer; the head whole
+    with pytest.raises(UserError, match=r"LlamaConfig.num_key_value_heads = 1 does not "
+                                        r"divide into 2 ranks"):
+        checked_plan(llama(1), 2)
+
+
+def test_a_style_phalanx_does_not_map_is_refused():
+    model = llama(2)
+    model.config.base_model_tp_plan = {"layers.*.self_attn.q_proj": "colwise_rep"}
+    with pytest.raises(UserError, match=r"splits `layers.\*.self_attn.q_proj` as "
+                                        r"`colwise_rep`, which Phalanx does not map"):
+        checked_plan(model, 2)
+
+
+def test_a_model_without_a_plan_or_with_a_wrong_name_is_refused():
+    with pytest.raises(UserError, match=r"`--tp 2`: Sequential has no tensor-parallel plan"):
+        checked_plan(nn.Sequential(nn.Linear(4, 4)), 2)
+
+    class Named(nn.Sequential):
+        def tp_plan(self) -> dict:
+            return {"0": ColwiseParallel(), "missing": RowwiseParallel()}
+
+    with pytest.raises(UserError, match=r"names `missing`, which Named does not have"):
+        checked_plan(Named(nn.Linear(4, 4)), 2)
