@@ -86,7 +86,7 @@ def _plan(model: nn.Module, tp: int) -> dict[str, Any]:
         raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it out.")
     if callable(plan_of):
         return plan_of()
-    return _transformers_plan(model, dict(shipped), tp)
+    return _transformers_plan(model, dict(shipped or {}), tp)
 
 
 def _heads_refusal(config: Any, tp: int) -> str | None:
