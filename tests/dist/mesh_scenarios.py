@@ -9,8 +9,8 @@ for its case.
   eq-<layout>.pt: full weights, losses, gradient norms), the consistency check every step;
   and 3 Muon steps under ddp, HSDP and tp 2 × dp_shard 2 (OUT/muon-<layout>.pt);
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
-  changes the layout at each checkpoint (dp_shard 4 → HSDP 2×2 → ddp 4; the test ends
-  it on one rank);
+  changes the layout at each checkpoint (tp 2 × dp_shard 2 → dp_shard 4 → HSDP 2×2, the
+  global batch kept; the test ends it on one rank);
 - llama: a transformers Llama in a script's own loop under HSDP and under tp 2 × dp_shard 2
   (the plan its config ships), exported with save_pretrained (OUT/llama-<layout>.pt,
   OUT/llama-<layout>-export/);
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from phalanx.config.sections import build_config
 from phalanx.data.corpus import prepare
 from phalanx.models.minigpt import GPTConfig, MiniGPT
 from phalanx.strategies import build, choose_for_script
+from phalanx.strategies.topology import data_parallel
 from phalanx.train.loop import train
 
 # label: (strategy, layout keywords) on 4 ranks
@@ -53,7 +53,7 @@ MUON = ("ddp", "hsdp", "tp-shard")
 def kinds_of(label: str) -> list[str]:
     """The model kinds layout `label` is set up with at the start."""
     return ["minigpt"] if label in TP else list(START_KINDS)
-CHAIN = ("fsdp", "hsdp", "ddp")  # the layout of each hop: steps 0-2, 2-4, 4-6
+CHAIN = ("tp-shard", "fsdp", "hsdp")  # the layout of each hop: steps 0-2, 2-4, 4-6
 GLOBAL = 8
 
 
@@ -77,13 +77,11 @@ def laid_out(run, label: str):
     name, dims = LAYOUTS[label]
     choice = choose_for_script(name, run.world_size, **dims)
     topology = run.topology
-    if choice.spec.sharded:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        names, sizes = choice.layout.mesh_dims()
-        tp = choice.layout.tp
-        topology = replace(topology, mesh=init_device_mesh("cpu", sizes, mesh_dim_names=names),
-                           dp_rank=run.rank // tp, dp_size=run.world_size // tp)
+    if choice.spec.sharded:  # (as phalanx.init builds it: the mesh, the data-parallel rank)
+        t = topology
+        topology = data_parallel(t.rank, t.local_rank, t.world_size, t.local_world_size,
+                                 t.device, t.backend, t.launcher, layout=choice.layout,
+                                 peers=t.peers)
     saved = run.strategy, run.topology
     run.strategy, run.topology = build(choice, topology), topology
     try:
@@ -142,8 +140,8 @@ def chain(run, splits, out: Path) -> None:
     for hop, label in enumerate(CHAIN):
         where = out / f"hop{hop}-{label}"
         with laid_out(run, label):
-            result = train(config(2 * hop + 2, where, resume, micro=GLOBAL // 4), run, splits,
-                           where)
+            result = train(config(2 * hop + 2, where, resume, micro=GLOBAL // run.topology.dp_size),
+                           run, splits, where)
             dump(run, result, out / f"hop{hop}.pt")
         resume = str(where / "checkpoints" / f"step-{2 * hop + 2:08d}")
 
@@ -230,8 +228,6 @@ def guard(run, out: Path) -> None:
     """Rank 2 (replica set {0, 2} under dp_replicate 2 × dp_shard 2) changes its shard."""
     from torch.distributed.tensor import DTensor
 
-    from phalanx.errors import DistributedError
-
     with laid_out(run, "hsdp") as strategy:
         torch.manual_seed(5)
         model = strategy.setup_module(KINDS["own_init"](), strategy.precision("fp32"))
@@ -241,11 +237,7 @@ def guard(run, out: Path) -> None:
         if run.rank == 2:
             with torch.no_grad():
                 weight.to_local().add_(1.0)
-        try:
-            strategy.check_consistency(model)
-            message = "no error"
-        except DistributedError as exc:
-            message = str(exc)
+        message = consistency_message(strategy, model)
     (out / f"guard-rank{run.rank}.txt").write_text(message)
     with laid_out(run, "tp-shard") as strategy:  # c_attn is whole on each tp rank
         model = strategy.setup_module(MiniGPT(GPTConfig(vocab_size=64, **TINY)),
@@ -254,12 +246,19 @@ def guard(run, out: Path) -> None:
         if run.rank == 1:
             with torch.no_grad():
                 model.blocks[0].attn.c_attn.weight.to_local().add_(1.0)
-        try:
-            strategy.check_consistency(model)
-            message = "no error"
-        except DistributedError as exc:
-            message = str(exc)
+        message = consistency_message(strategy, model)
     (out / f"guard-tp-rank{run.rank}.txt").write_text(message)
+
+
+def consistency_message(strategy, model) -> str:
+    """What the consistency check says of `model` ("no error" when it passes)."""
+    from phalanx.errors import DistributedError
+
+    try:
+        strategy.check_consistency(model)
+        return "no error"
+    except DistributedError as exc:
+        return str(exc)
 
 
 def main(out: Path, corpus: str, cache: str) -> None:

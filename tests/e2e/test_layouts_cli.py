@@ -21,6 +21,17 @@ def train(out, *argv: str) -> subprocess.CompletedProcess:
                            *argv], capture_output=True, text=True, timeout=300)
 
 
+def assert_exported_equal(checkpoint, folder, written: dict) -> None:
+    """`phalanx export CHECKPOINT` to plain safetensors holds exactly `written`."""
+    exported = folder / "w.safetensors"
+    done = subprocess.run([sys.executable, "-m", "phalanx", "export", str(checkpoint),
+                           "--out", str(exported)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    weights = load_file(str(exported))
+    assert sorted(weights) == sorted(written)
+    assert all(torch.equal(weights[k], written[k]) for k in written)
+
+
 def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path):
     out = tmp_path / "run"
     first = train(out, "--max-steps", "4", "--dp-replicate", "2")
@@ -41,14 +52,7 @@ def test_hsdp_from_the_command_line_and_its_resume_under_another_layout(tmp_path
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
 
     # the HSDP-written checkpoint exported to plain safetensors: the run's own weights
-    exported = tmp_path / "export" / "w.safetensors"
-    done = subprocess.run([sys.executable, "-m", "phalanx", "export",
-                           str(out / "checkpoints" / "step-00000004"), "--out", str(exported)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    weights = load_file(str(exported))
-    assert sorted(weights) == sorted(written)
-    assert all(torch.equal(weights[k], written[k]) for k in written)
+    assert_exported_equal(out / "checkpoints" / "step-00000004", tmp_path / "export", written)
 
 
 def test_tensor_parallel_from_the_command_line_and_its_resume_across_layouts(tmp_path):
@@ -79,11 +83,4 @@ def test_tensor_parallel_from_the_command_line_and_its_resume_across_layouts(tmp
     state = saved["meta"]["train_state"]  # 8 steps × a global batch of 4 sequences
     assert state["position"] == 8 * 4 and state["tokens_seen"] == 8 * 4 * 32, state
 
-    exported = tmp_path / "export" / "w.safetensors"
-    done = subprocess.run([sys.executable, "-m", "phalanx", "export",
-                           str(out / "checkpoints" / "step-00000004"), "--out", str(exported)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    weights = load_file(str(exported))
-    assert sorted(weights) == sorted(written)
-    assert all(torch.equal(weights[k], written[k]) for k in written)
+    assert_exported_equal(out / "checkpoints" / "step-00000004", tmp_path / "export", written)
