@@ -54,12 +54,6 @@ class Layout:
         """HSDP: sharded inside groups, the groups replicas of each other."""
         return self.dp_replicate > 1 and self.dp_shard > 1
 
-    @property
-    def data_parallel(self) -> int:
-        """Ranks that see different data: all but the tensor-parallel ones, which share
-        their replica's batch."""
-        return self.world // (self.tp * self.pp)
-
     def mesh_dims(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The sharded strategy's mesh: ("dp",) over the world, (dp_replicate, dp_shard)
         for HSDP (FSDP2 shards on the last dimension, replicates on the first), or with

@@ -77,7 +77,9 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         tp_mesh = self.topology.tp_mesh
         if meta and tp_mesh is not None:
             raise UserError(f"`--tp {tp_mesh.size()}` with a model built on the meta device "
-                            f"is not built yet: build it on the CPU (or the GPU) instead.")
+                            f"(as `phalanx train --model` builds one) is not built yet: in a "
+                            f"script, build the model on the CPU or GPU before run.setup(); "
+                            f"or leave --tp out.")
         full = start.full_weights_on_rank0(model, self.topology) if meta else None
         if not meta:
             model = start.place(model, self.topology)
