@@ -11,6 +11,8 @@ draws one number from the shared stream (every rank of the group draws the same,
 shared stream stays in step), forks torch's generators, and seeds them from that number
 and the rank's place in the group; after the module, the shared stream is restored.
 Activation checkpointing replays it (torch restores the generator before a recompute).
+In evaluation, or when the module's `dropout` is 0, nothing random runs and nothing is
+drawn or forked.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ class ForkRNGByRank(ParallelStyle):
         rank = device_mesh.get_local_rank()
         held = ExitStack()  # (entered in the pre-hook, closed in the post-hook)
 
-        def enter(_module: nn.Module, args: tuple) -> None:
+        def enter(module: nn.Module, args: tuple) -> None:
+            if not module.training or getattr(module, "dropout", None) == 0:
+                return  # (nothing random runs: no draw, no fork on the forward's path)
             base = int(torch.randint(0, 2 ** 62, (1,)).item())  # the same on every rank
             gpu = next((t.device for t in args if isinstance(t, torch.Tensor)
                         and t.device.type != "cpu"), None)
@@ -40,7 +44,7 @@ class ForkRNGByRank(ParallelStyle):
             torch.manual_seed(base + rank)
 
         def leave(_module: nn.Module, _args: tuple, _output: Any) -> None:
-            held.close()
+            held.close()  # (nothing to close when `enter` forked nothing)
 
         module.register_forward_pre_hook(enter)
         module.register_forward_hook(leave)
