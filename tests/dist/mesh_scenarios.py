@@ -11,9 +11,10 @@ for its case.
 - chain: 8 steps straight under HSDP (checkpoints every 2), and a resume chain that
   changes the layout at each checkpoint (tp 2 × dp_shard 2 → dp_shard 4 → HSDP 2×2, the
   global batch kept; the test ends it on one rank);
-- llama: a transformers Llama in a script's own loop under HSDP and under tp 2 × dp_shard 2
-  (the plan its config ships), exported with save_pretrained (OUT/llama-<layout>.pt,
-  OUT/llama-<layout>-export/);
+- scripted: a transformers Llama in a script's own loop under HSDP and under tp 2 ×
+  dp_shard 2 (the plan its config ships), exported with save_pretrained (OUT/llama-
+  <layout>.pt, OUT/llama-<layout>-export/); and a script's own model under tp 2 × dp_shard
+  2 with the plan the script gives run.setup (OUT/script-tp-shard.pt);
 - masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
@@ -164,31 +165,60 @@ def llama_for_tp() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def llama(run, out: Path, label: str = "hsdp") -> None:
-    """A transformers Llama in a script's own loop under `label` (phalanx.init's keywords
-    through `laid_out`; tp: the plan its config ships): 3 clipped AdamW steps, each rank
-    on its data-parallel share, then `run.export` (save_pretrained)."""
+class ScriptLM(torch.nn.Module):
+    """A script's own model with no plan of its own: the script hands run.setup one
+    (`SCRIPT_PLAN`); called as transformers models are, its loss under "loss" (in a dict:
+    FSDP2 finds the tensors to hook for the backward only in what torch's pytree opens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(64, 16)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, input_ids, labels):
+        x = self.embed(input_ids)
+        logits = self.head(x + self.down(torch.nn.functional.gelu(self.up(x))))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return {"loss": loss}
+
+
+SCRIPT_PLAN = {"up": "colwise", "down": "rowwise"}
+
+
+def scripted(run, out: Path, name: str, label: str = "hsdp") -> None:
+    """A script's own loop under `label` (phalanx.init's keywords through `laid_out`):
+    `name` "llama", a transformers Llama (under tp: the plan its config ships), or
+    "script", `ScriptLM` with the plan the script gives run.setup; 3 clipped AdamW steps,
+    each rank on its data-parallel share, then `run.export` (save_pretrained for Llama)."""
     from transformers_scenarios import LR, build
 
     with laid_out(run, label):
-        make = llama_for_tp if label in TP else lambda: build("llama")
-        model, opt = run.setup(make(), lambda p: torch.optim.AdamW(p, lr=LR))
+        make = {"llama": llama_for_tp if label in TP else lambda: build("llama"),
+                "script": ScriptLM}[name]
+        model, opt = run.setup(make(), lambda p: torch.optim.AdamW(p, lr=LR),
+                               tp_plan=SCRIPT_PLAN if name == "script" else None)
         t = run.topology
         per = GLOBAL // t.dp_size
+        placed = {n: [str(x) for x in getattr(p, "placements", ())]
+                  for n, p in model.named_parameters()}  # (how each parameter was split)
         losses = []
         for step in range(3):
             x = llama_batch(step)[t.dp_rank * per:(t.dp_rank + 1) * per]
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(input_ids=x, labels=x)["loss"]
             loss.backward()
             run.clip_grad_norm_(model, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(run.all_reduce_mean(loss.item()))
         state = run.full_state_dict(model)
-        run.export(model, out / f"llama-{label}-export")
+        if name == "llama":
+            run.export(model, out / f"{name}-{label}-export")
     if run.is_main:
-        torch.save({"state": {k: v.clone() for k, v in state.items()}, "losses": losses},
-                   out / f"llama-{label}.pt")
+        torch.save({"state": {k: v.clone() for k, v in state.items()}, "losses": losses,
+                    "placed": placed}, out / f"{name}-{label}.pt")
 
 
 def masks(run, out: Path) -> None:
@@ -271,8 +301,9 @@ def main(out: Path, corpus: str, cache: str) -> None:
         if run.world_size > 1:
             equivalence(run, splits, out)
             chain(run, splits, out)
-            llama(run, out)
-            llama(run, out, "tp-shard")
+            scripted(run, out, "llama")
+            scripted(run, out, "llama", "tp-shard")
+            scripted(run, out, "script", "tp-shard")
             masks(run, out)
             guard(run, out)
 

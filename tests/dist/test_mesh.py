@@ -128,33 +128,60 @@ def test_resume_across_layouts_lands_where_the_arithmetic_says(mesh, one_rank):
     assert max_difference(straight["state"], load(mesh / "straight-6.pt")["state"]) > 1e-3
 
 
-@pytest.mark.parametrize("label", ["hsdp", "tp-shard"])
-def test_a_transformers_llama_in_a_script_equals_one_process(mesh, label):
-    """Plain torch in one process on the whole batch against the script's own loop under
-    HSDP, and under tp 2 × dp_shard 2 with the tensor-parallel plan Llama's config ships,
-    on 4 ranks; its save_pretrained export loads with from_pretrained, bit for bit."""
-    from mesh_scenarios import llama_batch, llama_for_tp
-    from transformers import LlamaForCausalLM
-    from transformers_scenarios import LR, build
+def one_process(model: torch.nn.Module) -> tuple[dict, list[float]]:
+    """The scripted cases' loop in plain torch, one process on the whole batch: the
+    weights and losses after 3 clipped AdamW steps."""
+    from mesh_scenarios import llama_batch
+    from transformers_scenarios import LR
 
-    model = llama_for_tp() if label == "tp-shard" else build("llama")
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for step in range(3):
         x = llama_batch(step)
-        loss = model(input_ids=x, labels=x).loss
+        loss = model(input_ids=x, labels=x)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    found = load(mesh / f"llama-{label}.pt")
-    one = {k: v for k, v in model.state_dict().items() if k in found["state"]}
-    difference = max_difference(found["state"], one)
-    print(f"llama {label}: {difference:.3g} from one process")
+    return model.state_dict(), losses
+
+
+def compare_scripted(mesh, name: str, label: str, model: torch.nn.Module) -> dict:
+    found = load(mesh / f"{name}-{label}.pt")
+    state, losses = one_process(model)
+    difference = max_difference(found["state"], {k: v for k, v in state.items()
+                                                 if k in found["state"]})
+    print(f"{name} {label}: {difference:.3g} from one process")
     assert difference < 1e-5 and found["losses"] == pytest.approx(losses, rel=1e-5)
+    return found
+
+
+@pytest.mark.parametrize("label", ["hsdp", "tp-shard"])
+def test_a_transformers_llama_in_a_script_equals_one_process(mesh, label):
+    """Plain torch in one process on the whole batch against the script's own loop under
+    HSDP, and under tp 2 × dp_shard 2 with the tensor-parallel plan Llama's config ships,
+    on 4 ranks; its save_pretrained export loads with from_pretrained, bit for bit."""
+    from mesh_scenarios import llama_for_tp
+    from transformers import LlamaForCausalLM
+    from transformers_scenarios import build
+
+    found = compare_scripted(mesh, "llama", label,
+                             llama_for_tp() if label == "tp-shard" else build("llama"))
     loaded = LlamaForCausalLM.from_pretrained(mesh / f"llama-{label}-export").state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in found["state"].items())
+
+
+def test_a_scripts_own_tensor_parallel_plan_equals_one_process(mesh):
+    """run.setup(model, tp_plan={"up": "colwise", "down": "rowwise"}) on a script's own
+    model (no plan of its own) under tp 2 × dp_shard 2, against one process."""
+    from mesh_scenarios import ScriptLM
+
+    placed = compare_scripted(mesh, "script", "tp-shard", ScriptLM())["placed"]
+    print(placed)  # e.g. up.weight ['_S(0, 2)', 'S(0)']: (dp_shard, tp)
+    assert len(placed["up.weight"]) == 2 and placed["up.weight"][-1] == "S(0)"  # by columns
+    assert len(placed["down.weight"]) == 2 and placed["down.weight"][-1] == "S(1)"  # by rows
+    assert len(placed["head.weight"]) == 1  # not in the plan: on the dp mesh alone
 
 
 def test_an_hsdp_replica_changed_on_one_rank_is_named(mesh):

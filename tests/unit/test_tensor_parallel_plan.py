@@ -67,3 +67,62 @@ def test_a_model_without_a_plan_or_with_a_wrong_name_is_refused():
 
     with pytest.raises(UserError, match=r"names `missing`, which Named does not have"):
         checked_plan(Named(nn.Linear(4, 4)), 2)
+
+
+class Mlp(nn.Module):
+    """A script's own model with no plan of its own."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.up = nn.Linear(4, hidden)
+        self.down = nn.Linear(hidden, 4)
+        self.norm = nn.LayerNorm(4)
+
+
+def test_a_scripts_plan_is_taken_as_given_strings_as_torchs_styles():
+    plan = checked_plan(Mlp(), 2, {"up": "colwise", "down": RowwiseParallel(),
+                                   "embed": "rowwise"})
+    assert isinstance(plan["up"], ColwiseParallel) and isinstance(plan["embed"], RowwiseParallel)
+    assert isinstance(plan["down"], RowwiseParallel)
+    built = checked_plan(Mlp(), 2, lambda model: {"up": "colwise"})  # a function of the model
+    assert list(built) == ["up"] and isinstance(built["up"], ColwiseParallel)
+    # the script's plan replaces the model's own
+    assert list(checked_plan(MiniGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16)), 2,
+                             {"blocks.0.mlp.c_fc": "colwise"})) == ["blocks.0.mlp.c_fc"]
+
+
+def test_a_scripts_plan_that_cannot_apply_is_refused_in_one_line():
+    with pytest.raises(UserError, match=r"splits `up` as `colwise_rep`; Phalanx maps "
+                                        r"colwise, rowwise"):
+        checked_plan(Mlp(), 2, {"up": "colwise_rep"})
+    with pytest.raises(UserError, match=r"entry for `up` is a int, not a torch ParallelStyle"):
+        checked_plan(Mlp(), 2, {"up": 3})
+    with pytest.raises(UserError, match=r"run.setup\(tp_plan=\) got a list"):
+        checked_plan(Mlp(), 2, ["up"])
+    with pytest.raises(UserError, match=r"splits `norm` by columns, but it is a LayerNorm; "
+                                        r"torch's column and row styles split nn.Linear and "
+                                        r"nn.Embedding only\. Leave `norm` out"):
+        checked_plan(Mlp(), 2, {"norm": "colwise"})
+    with pytest.raises(UserError, match=r"splits `up` by columns, and its out_features = 6 "
+                                        r"does not divide into 4 ranks"):
+        checked_plan(Mlp(hidden=6), 4, {"up": "colwise"})
+    with pytest.raises(UserError, match=r"splits `embed` by rows, and its num_embeddings = "
+                                        r"10 does not divide into 4 ranks"):
+        checked_plan(Mlp(hidden=8), 4, {"embed": "rowwise"})
+    with pytest.raises(UserError, match=r"names `missing`, which Mlp does not have"):
+        checked_plan(Mlp(), 2, {"missing": "colwise"})
+
+
+def test_gpt2s_conv1d_is_refused_in_one_line_saying_why():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                       "(the `test` extra has it)")
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8))
+    with pytest.raises(UserError, match=r"GPT2LMHeadModel has no tensor-parallel plan\. Pass "
+                                        r"one to run.setup\(model, tp_plan="):
+        checked_plan(model, 2)
+    with pytest.raises(UserError, match=r"`transformer.h.0.mlp.c_fc` by columns, but it is a "
+                                        r"Conv1D; .* \(transformers' Conv1D, GPT-2's, holds its "
+                                        r"weight transposed: GPT-2 cannot be split"):
+        checked_plan(model, 2, {"transformer.h.0.mlp.c_fc": "colwise"})

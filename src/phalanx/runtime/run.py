@@ -80,7 +80,8 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
     # -- model and data ------------------------------------------------------------
     def setup(self, model: nn.Module,
               optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
-              *, precision: str = "fp32", blocks: list[nn.Module] | None = None):
+              *, precision: str = "fp32", blocks: list[nn.Module] | None = None,
+              tp_plan: dict | Callable[[nn.Module], dict] | None = None):
         """The strategy places and wraps `model` (move → prepare → wrap; sharded: each of
         `blocks`, found if not given, then the root), then the optimizer is built on the
         wrapped parameters — the order every strategy needs (FSDP: after sharding).
@@ -88,10 +89,13 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
         `optimizer` is an optimizer built on `model.parameters()` (replicated strategies
         only) or a factory called with the wrapped model's parameters. `precision`
         (fp32/bf16/fp16) sets `run.precision` (autocast, scaler) and FSDP's policy.
-        Returns `model` or `(model, optimizer)`.
+        `tp_plan` (with `tp` above 1): {module name: "colwise" | "rowwise" | torch
+        ParallelStyle}, or a function of the model returning one; it replaces the model's
+        own plan (`strategies.tensor_parallel`). With tp 1 it is not used, so one script
+        runs under every layout. Returns `model` or `(model, optimizer)`.
         """
         self.precision = self.strategy.precision(precision)
-        wrapped = self.strategy.setup_module(model, self.precision, blocks)
+        wrapped = self.strategy.setup_module(model, self.precision, blocks, tp_plan)
         timed = self.pace is not None and self.pace.on  # (hooks: only when they are read)
         if timed:
             self.strategy.time_waits(wrapped, self.waiting)

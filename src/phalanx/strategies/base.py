@@ -96,11 +96,12 @@ class Strategy(ABC):
         return Precision(name, self.topology.device)
 
     def setup_module(self, model: nn.Module, precision: Precision,
-                     blocks: list[nn.Module] | None = None) -> nn.Module:
+                     blocks: list[nn.Module] | None = None, tp_plan: Any = None) -> nn.Module:
         """Move to the device (a meta-device model: rank 0's initialisation, see `start`)
         → rank 0's weights on every rank → prepare (e.g. SyncBatchNorm) → wrap: the order
         the field guides prescribe. `blocks` (repeated submodules) matter to sharded
-        strategies."""
+        strategies; `tp_plan` to tensor parallelism, which only FSDP's layouts take (with
+        tp 1 there is nothing to split: it is not used)."""
         model = start.place(model, self.topology)
         self.start_from_rank0(model)
         return self.wrap(self.prepare(model))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -66,9 +66,11 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         return ShardedPrecision(name, self.topology.device)
 
     def setup_module(self, model: nn.Module, precision: Precision,
-                     blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Rank 0's weights on every rank, then blocks first, then the root. A meta-device
-        model is sharded first, then filled from rank 0's initialisation (`start`)."""
+                     blocks: list[nn.Module] | None = None, tp_plan: Any = None) -> nn.Module:
+        """Rank 0's weights on every rank, then (with --tp) the tensor-parallel split
+        (`tp_plan`: the script's, else the model's: `tensor_parallel.checked_plan`), then
+        blocks first, then the root. A meta-device model is sharded first, then filled
+        from rank 0's initialisation (`start`)."""
         if not any(p.requires_grad for p in model.parameters()):
             raise UserError(f"`--strategy fsdp` shards parameters, and this "
                             f"{type(model).__name__} has no trainable ones. Use `--strategy "
@@ -87,7 +89,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         chosen = list(blocks) if blocks is not None else find_blocks(model)
         self.note = f"fsdp: {sharding_note(model, chosen)}"
         if tp_mesh is not None:  # (every rank holds rank 0's weights: the split is theirs)
-            model = tensor_parallel.split(model, tp_mesh)
+            model = tensor_parallel.split(model, tp_mesh, tp_plan)
         kwargs = self._shard_kwargs(precision)
         for block in chosen:
             fully_shard(block, **kwargs)

@@ -3,14 +3,17 @@ consecutive ranks of a tensor-parallel group with torch's `parallelize_module`, 
 `fully_shard` shards (and replicates) what every rank holds over the other mesh
 dimensions — torchtitan's order, on one DeviceMesh (`Topology.tp_mesh`, `dp_mesh`).
 
-The plan comes from the model: a `tp_plan()` method returning {module name: torch
-ParallelStyle} (MiniGPT's: `models.minigpt.MiniGPT.tp_plan`), and optionally
+The plan is the script's (`run.setup(model, tp_plan=)`: {module name: torch ParallelStyle,
+"colwise" or "rowwise"}, or a function of the model returning one), else the model's own:
+a `tp_plan()` method (MiniGPT's: `models.minigpt.MiniGPT.tp_plan`), and optionally
 `tp_refusal(tp)`, a reason the model cannot be split over `tp` ranks; else the plan a
 transformers model ships in its config (`base_model_tp_plan`: Llama, Mistral, Qwen …),
 its "colwise"/"rowwise" entries as torch's styles, its `*` over the layer indices, under
 the base model's prefix (the class's own head plan is left out: the head stays whole).
-A model without a plan is refused in one line, as is a plan naming a module the model
-does not have, a style Phalanx does not map, or head counts `tp` does not divide.
+Refused in one line: a model without a plan, a plan naming a module the model does not
+have, a style Phalanx does not map, a column or row split of anything but nn.Linear and
+nn.Embedding (GPT-2's transposed `Conv1D` included), and a split dimension or head count
+`tp` does not divide.
 
 Gradient clipping and the non-finite checks see gradients on two meshes (the split
 matrices' on (dp, tp), the rest's on dp alone), which torch's `clip_grad_norm_` refuses:
@@ -28,11 +31,12 @@ import torch.nn as nn
 from phalanx.errors import UserError
 
 
-def split(model: nn.Module, tp_mesh: Any) -> nn.Module:
-    """`model` with its plan applied over `tp_mesh` (in place; the model returned)."""
+def split(model: nn.Module, tp_mesh: Any, given: Any = None) -> nn.Module:
+    """`model` with its plan (`given`: the script's, see `checked_plan`) applied over
+    `tp_mesh` (in place; the model returned)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = checked_plan(model, tp_mesh.size())
+    plan = checked_plan(model, tp_mesh.size(), given)
     # (DTensor warns, once per shape, that a norm over two mesh dimensions takes two
     # all-reduces: true, small, and not the user's to act on)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -60,33 +64,92 @@ def _by_mesh(items: list, tensor_of=lambda t: t) -> dict[Any, list]:
     return groups
 
 
-def checked_plan(model: nn.Module, tp: int) -> dict[str, Any]:
-    """The plan `split` applies over `tp` ranks, every module it names checked to exist."""
-    plan = _plan(model, tp)
-    unknown = sorted(set(plan) - {name for name, _ in model.named_modules()})
+def checked_plan(model: nn.Module, tp: int, given: Any = None) -> dict[str, Any]:
+    """The plan `split` applies over `tp` ranks — `given` (a script's: {module name: style}
+    or a function of the model returning one), else the model's — every module it names
+    checked to exist and to split evenly."""
+    plan = _plan(model, tp, given)
+    modules = dict(model.named_modules())
+    unknown = sorted(set(plan) - set(modules))
     if unknown:
         raise UserError(f"`--tp {tp}`: the tensor-parallel plan names `{unknown[0]}`, which "
                         f"{type(model).__name__} does not have. Name its modules as "
                         f"model.named_modules() does.")
+    for name, style in plan.items():
+        _check_fits(name, modules[name], style, tp)
     return plan
 
 
-def _plan(model: nn.Module, tp: int) -> dict[str, Any]:
-    """The model's own plan, else its transformers config's; refused when it has none or
-    cannot be split over `tp` ranks."""
+def _plan(model: nn.Module, tp: int, given: Any = None) -> dict[str, Any]:
+    """The script's plan, else the model's own, else its transformers config's; refused
+    when there is none or the model cannot be split over `tp` ranks."""
     plan_of = getattr(model, "tp_plan", None)
     shipped = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
-    if not callable(plan_of) and not shipped:
+    if given is None and not callable(plan_of) and not shipped:
         raise UserError(f"`--tp {tp}`: {type(model).__name__} has no tensor-parallel plan. "
-                        f"Give it a `tp_plan()` method returning {{module name: torch "
-                        f"ParallelStyle}} (docs/parallelism.md), or leave --tp out.")
+                        f"Pass one to run.setup(model, tp_plan={{module name: 'colwise' | "
+                        f"'rowwise' | torch ParallelStyle}}), or give the model a `tp_plan()` "
+                        f"method returning one (docs/parallelism.md); or leave --tp out.")
     refusal = getattr(model, "tp_refusal", None)
     why = refusal(tp) if callable(refusal) else _heads_refusal(getattr(model, "config", None), tp)
     if why:
         raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it out.")
+    if given is not None:
+        return _styles(model, given(model) if callable(given) else given, tp)
     if callable(plan_of):
         return plan_of()
     return _transformers_plan(model, dict(shipped or {}), tp)
+
+
+def _styles(model: nn.Module, plan: Any, tp: int) -> dict[str, Any]:
+    """A script's plan with its "colwise"/"rowwise" entries as torch's styles."""
+    from torch.distributed.tensor import parallel
+
+    if not isinstance(plan, dict):
+        raise UserError(f"`--tp {tp}`: run.setup(tp_plan=) got a {type(plan).__name__}; "
+                        f"expected {{module name: 'colwise' | 'rowwise' | torch ParallelStyle}} "
+                        f"or a function of the model returning one.")
+    styles = {}
+    for name, style in plan.items():
+        if isinstance(style, str):
+            if style not in STYLES:
+                raise UserError(f"`--tp {tp}`: the plan splits `{name}` as `{style}`; Phalanx "
+                                f"maps {', '.join(STYLES)} (or give a torch ParallelStyle).")
+            style = getattr(parallel, STYLES[style])()
+        if not isinstance(style, parallel.ParallelStyle):
+            raise UserError(f"`--tp {tp}`: the plan's entry for `{name}` is a "
+                            f"{type(style).__name__}, not a torch ParallelStyle or "
+                            f"'colwise'/'rowwise'.")
+        styles[name] = style
+    return styles
+
+
+def _check_fits(name: str, module: nn.Module, style: Any, tp: int) -> None:
+    """A column or row split: of an nn.Linear or nn.Embedding, along a dimension `tp`
+    divides (torch's styles take no other module; an uneven split is not Phalanx's)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
+        return
+    how = "by columns" if isinstance(style, ColwiseParallel) else "by rows"
+    # (weight dimension split: Linear (out, in): columns 0, rows 1; Embedding: the reverse)
+    kinds = {nn.Linear: ("out_features", "in_features"),
+             nn.Embedding: ("embedding_dim", "num_embeddings")}
+    kind = next((k for k in kinds if isinstance(module, k)), None)
+    if kind is None:
+        hint = (" (transformers' Conv1D, GPT-2's, holds its weight transposed: GPT-2 cannot "
+                "be split; Llama, Mistral and Qwen can)" if type(module).__name__ == "Conv1D"
+                else "")
+        raise UserError(f"`--tp {tp}`: the plan splits `{name}` {how}, but it is a "
+                        f"{type(module).__name__}; torch's column and row styles split "
+                        f"nn.Linear and nn.Embedding only{hint}. Leave `{name}` out of the "
+                        f"plan, or leave --tp out.")
+    field = kinds[kind][0 if isinstance(style, ColwiseParallel) else 1]
+    size = getattr(module, field)
+    if size % tp:
+        raise UserError(f"`--tp {tp}`: the plan splits `{name}` {how}, and its {field} = "
+                        f"{size} does not divide into {tp} ranks. Choose a --tp that "
+                        f"divides it, or leave `{name}` out of the plan.")
 
 
 def _heads_refusal(config: Any, tp: int) -> str | None:
