@@ -1,14 +1,16 @@
-"""The data-parallel layouts side by side on N gloo ranks (default 4): ddp (dp_replicate N),
-fsdp (dp_shard N) and HSDP (dp_replicate 2 × dp_shard N/2), and the same HSDP written by
-hand with torch alone (a 2-D DeviceMesh, `fully_shard`, torch's AdamW) — per-rank memory
+"""The layouts side by side on N gloo ranks (default 4): ddp (dp_replicate N), fsdp
+(dp_shard N), HSDP (dp_replicate 2 × dp_shard N/2), tensor parallelism inside FSDP2 (tp 2
+× dp_shard N/2, tp 2 × dp_replicate N/2), and the same HSDP written by hand with torch alone (a 2-D DeviceMesh, `fully_shard`, torch's AdamW) — per-rank memory
 of the model states, measured with torch's trackers (`MemTracker`; `FSDPMemTracker` for
 FSDP2), and the step time (median over the timed steps, with its interquartile range), in
 one run; then Phalanx's HSDP over the hand-written one, paired by round, with a bootstrap
 interval.
 
-Each layout is its own launch: `phalanx.init(strategy=..., dp_replicate=...)`, `run.setup`
-of MiniGPT + AdamW (fp32), warm-up steps, one tracked step, then the timed steps (each
-ends with a barrier, so the slowest rank sets it). Each round runs every layout once,
+Each layout is its own launch: `phalanx.init(strategy=..., dp_replicate=..., tp=...)`,
+`run.setup` of MiniGPT + AdamW (fp32), warm-up steps, one tracked step, then the timed
+steps (each ends with a barrier, so the slowest rank sets it). Every layout steps the same
+global batch (2 × N sequences: 2 a data-parallel rank, 4 under tp 2, whose pair of ranks
+shares one). Each round runs every layout once,
 alternating the order.
 
     python benchmarks/layouts.py [--preset small] [--nproc 4] [--steps 10] [--rounds 3]
@@ -37,7 +39,10 @@ TORCH_HSDP = "hsdp, torch only"  # the same layout by hand: DeviceMesh + fully_s
 def layouts(n: int) -> dict[str, dict | None]:
     """label → phalanx.init keywords (None: the hand-written torch script)."""
     return {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
-            f"hsdp 2×{n // 2}": {"strategy": "fsdp", "dp_replicate": 2}, TORCH_HSDP: None}
+            f"hsdp 2×{n // 2}": {"strategy": "fsdp", "dp_replicate": 2},
+            f"tp 2 × dp_shard {n // 2}": {"tp": 2, "dp_shard": n // 2},
+            f"tp 2 × dp_replicate {n // 2}": {"tp": 2, "dp_replicate": n // 2},
+            TORCH_HSDP: None}
 
 
 def worker(label: str, preset: str, steps: int, out: str) -> None:
@@ -55,7 +60,8 @@ def worker(label: str, preset: str, steps: int, out: str) -> None:
     with phalanx.init(0, **keywords) as run:
         model, opt = run.setup(build_model(cfg), lambda p: adamw(
             p, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device=run.device))
-        found, times = measured(model, opt, steps, run.strategy.sharded)
+        per = 2 * n // run.topology.dp_size  # (the same global batch, 2 × n sequences)
+        found, times = measured(model, opt, steps, run.strategy.sharded, per)
         everyone = run.gather_objects(found)
         if run.is_main:
             Path(out).write_text(json.dumps({"label": run.strategy.label, "ranks": everyone,
@@ -85,15 +91,16 @@ def torch_hsdp(model, n: int, steps: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def measured(model, opt, steps: int, sharded: bool) -> tuple[dict, list[float]]:
+def measured(model, opt, steps: int, sharded: bool, per: int = 2) -> tuple[dict, list[float]]:
     """Two warm-up steps, one under torch's memory tracker (its peak by category), then
-    `steps` timed ones, each ending in a barrier (the slowest rank sets it)."""
+    `steps` timed ones, each ending in a barrier (the slowest rank sets it); `per`
+    sequences of 64 tokens a step."""
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    x = torch.randint(0, 256, (2, 64))
+    x = torch.randint(0, 256, (per, 64))
 
     def step():
         _, loss = model(x, x)
@@ -126,7 +133,8 @@ def state(found: dict) -> float:
 
 def summarise(results: dict, n: int, preset: str) -> list[str]:
     base = max(state(f) for f in results["ddp"]["ranks"])
-    lines = [f"MiniGPT `{preset}`, fp32 AdamW, micro-batch 2 × 64 tokens, {n} gloo ranks; "
+    lines = [f"MiniGPT `{preset}`, fp32 AdamW, a global batch of {2 * n} × 64 tokens (2 "
+             f"sequences a data-parallel rank; under tp 2, 4 a tp group), {n} gloo ranks; "
              f"model states per rank (the largest rank) and step time.", "",
              "| layout | strategy as run | params+grads+opt MiB | / ddp | peak MiB | "
              "step ms (median) | IQR ms |", "|---|---|---|---|---|---|---|"]

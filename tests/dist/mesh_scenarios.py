@@ -16,7 +16,8 @@ for its case.
   <layout>.pt, OUT/llama-<layout>-export/); and a script's own model under tp 2 × dp_shard
   2 with the plan the script gives run.setup (OUT/script-tp-shard.pt);
 - masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
-- guard: one HSDP replica's shard changed on one rank: the consistency check names it.
+- guard: one HSDP replica's shard changed on one rank: the consistency check names it;
+- eight (on 8 ranks instead of all the above): dp_replicate 2 × dp_shard 2 × tp 2 at once.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
 """
 
@@ -46,7 +47,9 @@ LAYOUTS = {
     "tp-shard": (None, {"tp": 2, "dp_shard": 2}),
     "tp-replicate": (None, {"tp": 2, "dp_replicate": 2}),
 }
-TP = ("tp-shard", "tp-replicate")  # (only models with a tensor-parallel plan: MiniGPT)
+# on 8 ranks (the opt-in case): every dimension at once, and ddp's derived scale
+EIGHT = {"ddp-8": ("ddp", {}), "3d": (None, {"dp_replicate": 2, "dp_shard": 2, "tp": 2})}
+TP = ("tp-shard", "tp-replicate", "3d")  # (only models with a tensor-parallel plan: MiniGPT)
 START_KINDS = {**KINDS, "minigpt": lambda: MiniGPT(GPTConfig(vocab_size=64, **TINY))}
 MUON = ("ddp", "hsdp", "tp-shard")
 
@@ -75,7 +78,7 @@ def config(steps: int, out: Path | None = None, resume: str = "never", micro: in
 def laid_out(run, label: str):
     """The run with layout `label`'s strategy, on a mesh built for it (and, with tensor
     parallelism, the data-parallel rank and size it sets)."""
-    name, dims = LAYOUTS[label]
+    name, dims = {**LAYOUTS, **EIGHT}[label]
     choice = choose_for_script(name, run.world_size, **dims)
     topology = run.topology
     if choice.spec.sharded:  # (as phalanx.init builds it: the mesh, the data-parallel rank)
@@ -101,8 +104,8 @@ def dump(run, result, path: Path) -> None:
     run.barrier()
 
 
-def start(run, out: Path) -> None:
-    labels = ["single"] if run.world_size == 1 else list(LAYOUTS)
+def start(run, out: Path, labels: list[str] | None = None) -> None:
+    labels = labels or (["single"] if run.world_size == 1 else list(LAYOUTS))
     for label in labels:
         for kind in kinds_of(label):
             make = START_KINDS[kind]
@@ -125,6 +128,18 @@ def equivalence(run, splits, out: Path) -> None:
         with laid_out(run, label):
             dump(run, train(config(3, micro=GLOBAL // run.topology.dp_size, optimizer="muon"), run, splits),
                  out / f"muon-{label}.pt")
+
+
+def eight(run, splits, out: Path) -> None:
+    """8 ranks: the start weights under dp_replicate 2 × dp_shard 2 × tp 2, then 3 steps
+    of the global batch under it (checkpointed at step 2, which the test resumes on one
+    rank) and under ddp (the derived scale)."""
+    start(run, out, ["3d"])
+    for label in EIGHT:
+        where = out / label
+        with laid_out(run, label):
+            dump(run, train(config(3, where, micro=GLOBAL // run.topology.dp_size), run,
+                            splits, where), out / f"eq-{label}.pt")
 
 
 def chain(run, splits, out: Path) -> None:
@@ -297,6 +312,8 @@ def main(out: Path, corpus: str, cache: str) -> None:
     transformers.logging.set_verbosity_error()
     splits = prepare(corpus, cache, 0.1)
     with phalanx.init(seed=7, threads=1) as run:
+        if run.world_size == 8:
+            return eight(run, splits, out)
         start(run, out)
         if run.world_size > 1:
             equivalence(run, splits, out)

@@ -215,3 +215,37 @@ def test_a_tensor_parallel_ranks_copy_of_a_whole_tensor_changed_is_named(mesh):
     assert "`blocks.0.attn.c_attn.weight (shard)` differs on rank(s) 1 from rank(s) 0" in \
         message, message
     assert "across the tensor-parallel group" in message, message
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory, corpus_file, cache_dir):
+    out = tmp_path_factory.mktemp("eight")
+    launch_workers([SCRIPT, str(out), str(corpus_file), str(cache_dir)], 8, threads=1)
+    return out
+
+
+@pytest.mark.full
+def test_eight_ranks_every_dimension_at_once(eight, one_rank, corpus_file, cache_dir,
+                                             tmp_path):
+    """dp_replicate 2 × dp_shard 2 × tp 2 on 8 gloo ranks: the weights after setup are
+    the one-rank run's; 3 steps of the global batch equal one process within 10 × ddp's
+    difference on the same 8 ranks; its step-2 checkpoint resumed on one rank lands on
+    the one-process run, the cursor at 3 × the global batch."""
+    ddp = max_difference(load(eight / "eq-ddp-8.pt")["state"], one_rank["eq"]["state"])
+    bound = max(10 * ddp, FLOOR)
+    start_one = load(one_rank["out"] / "start-single-minigpt.pt")
+    start_3d = load(eight / "start-3d-minigpt.pt")
+    assert all(torch.equal(start_3d[k], v) for k, v in start_one.items())
+    found = load(eight / "eq-3d.pt")
+    difference = max_difference(found["state"], one_rank["eq"]["state"])
+    assert found["losses"] == pytest.approx(one_rank["eq"]["losses"], rel=1e-5)
+    splits = prepare(str(corpus_file), str(cache_dir), 0.1)
+    checkpoint = eight / "3d" / "checkpoints" / "step-00000002"
+    with phalanx.init(seed=7, threads=1) as run:
+        result = train(config(3, tmp_path, str(checkpoint), micro=GLOBAL), run, splits, tmp_path)
+        resumed = run.full_state_dict(result.model)
+    after = max_difference(resumed, one_rank["eq"]["state"])
+    print(f"8 ranks: 3d {difference:.3g} from one process, resumed on one rank {after:.3g} "
+          f"(ddp on 8: {ddp:.3g}, bound {bound:.3g})")
+    assert difference <= bound and after <= bound
+    assert result.state.step == 3 and result.state.position == 3 * GLOBAL

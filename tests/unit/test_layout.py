@@ -93,3 +93,32 @@ def test_a_shard_group_across_machines_is_said_with_the_layout_that_keeps_it_ins
     assert Layout(dp_replicate=2, dp_shard=4).across_machines(4, 2) is None  # inside each
     assert Layout(dp_shard=4).across_machines(4, 1) is None  # one machine
     assert "divides 3" in Layout(dp_replicate=3, dp_shard=2).across_machines(3, 2)
+
+
+def test_a_cluster_jobs_layout_is_checked_when_the_job_is_rendered(capsys, tmp_path,
+                                                                  monkeypatch):
+    """`phalanx slurm` and `phalanx k8s` pass the layout flags to the job's command, refuse
+    in one line a layout the job's ranks cannot take, and say when a group would span its
+    machines — at render time, not when the job starts on the cluster."""
+    monkeypatch.chdir(tmp_path)
+    k8s = ["k8s", "--image", "img:1", "--volume-claim", "runs", "--out", "/phalanx/r"]
+    for verb, argv, note in (
+            (k8s, ["--nodes", "2", "--nproc-per-node", "2", "--tp", "4"],
+             "tp 4 spans machines (2 ranks per machine)"),
+            (["slurm"], ["--nodes", "2", "--nproc-per-node", "4", "--dp-shard", "8"],
+             "dp_shard 8 spans machines (4 ranks per machine)"),
+            (["slurm"], ["--nodes", "2", "--nproc-per-node", "2", "--tp", "2"],
+             "dp_shard 2 spans machines (2 ranks per machine): FSDP's all-gathers and "
+             "reduce-scatters cross the network every layer; `--dp-replicate 2` (one tp "
+             "group a machine, FSDP2's replicas across them) keeps them inside one."),
+            (["slurm"], ["--nodes", "2", "--nproc-per-node", "4", "--tp", "2", "--dp-shard",
+                         "2"], None)):
+        assert cli.main([*verb, *argv]) == 0, argv
+        out, err = capsys.readouterr()
+        assert " ".join(argv[-2:]) in out.replace('"\n                - "', " ") \
+            or f"--{argv[-2][2:]} {argv[-1]}" in out, out  # (k8s: one list item a line)
+        assert (note in err) if note else ("spans" not in err), err
+    assert cli.main(["slurm", "--nodes", "2", "--nproc-per-node", "2", "--n-head", "6",
+                     "--n-embd", "48", "--tp", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`--tp 3` needs a multiple of 3 ranks, and this job has 4" in err[0]

@@ -128,3 +128,14 @@ def _trainer_flags(flags: list[str]) -> list[str]:
         if name in trainer and name not in found:
             found.append(name)
     return found
+
+
+def layout_note(cfg, nodes: int, per_node: int) -> str | None:
+    """What the job's layout flags make of `nodes` × `per_node` ranks, checked when the job
+    is rendered rather than when it starts on the cluster: a layout the world cannot take
+    is refused in one line, and a group of ranks that would span machines (the note the
+    run prints at start) is returned."""
+    from phalanx.config.strategy import choose
+
+    layout = choose(cfg.dist, nodes * per_node, cfg.train.grad_accum).layout
+    return layout.across_machines(per_node, nodes)

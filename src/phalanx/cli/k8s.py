@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.cluster_job import add_job_argument, check_value, job_of, show
+from phalanx.cli.cluster_job import add_job_argument, check_value, job_of, layout_note, show
 from phalanx.config.flags import add_config_flags, count, resolve
 from phalanx.errors import UserError
 from phalanx.paths import atomic_write
@@ -198,6 +198,7 @@ def _yaml_lines(value: Any, indent: int) -> list[str]:
 def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
     job = job_of(ns, argv, "k8s")  # its errors first: a trainer flag given with `run`
     cfg = resolve(ns)
+    spread = layout_note(cfg, ns.nodes, ns.gpus_per_node or cfg.dist.nproc_per_node or 1)
     text = ("# Rendered by `phalanx k8s`: a Kubeflow PyTorchJob; `kubectl apply -f` it.\n"
             + to_yaml(manifest(ns, cfg, argv)))
     if ns.manifest:
@@ -211,6 +212,8 @@ def run_k8s(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.nodes > 1 and not ns.volume_claim:
         print(f"# note: {ns.nodes} pods write `--out {cfg.train.out}`; give `--volume-claim` "
               f"so that it is storage they share", file=sys.stderr)
+    if spread:
+        print(f"# note: {spread}", file=sys.stderr)
     if job.script is not None and not job.script.startswith("/"):
         print(f"# note: `{show(job.script)}` is read inside the container, relative to the "
               f"image's working directory: it must be in the image (or give its path on the "

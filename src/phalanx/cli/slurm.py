@@ -37,7 +37,14 @@ import sys
 from pathlib import Path
 
 from phalanx.checkpoint.rundir import prepare_out_dir
-from phalanx.cli.cluster_job import Job, add_job_argument, check_value, job_of, show
+from phalanx.cli.cluster_job import (
+    Job,
+    add_job_argument,
+    check_value,
+    job_of,
+    layout_note,
+    show,
+)
 from phalanx.cluster.lifecycle import exit_code
 from phalanx.config.flags import add_config_flags, count, resolve
 from phalanx.errors import UserError
@@ -196,8 +203,12 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = resolve(ns)
     _output_pattern(cfg.train.out)  # as given (a NUL byte stops `resolve`), then resolved
     out = Path(cfg.train.out).expanduser().resolve()
+    spread = layout_note(cfg, ns.nodes, ns.ntasks_per_node or ns.gpus_per_node
+                         or cfg.dist.nproc_per_node or 1)
     text = render(ns, cfg, job, out, Path.cwd())  # every check before anything is written
     if ns.submit:
+        if spread:
+            print(f"# note: {spread}", file=sys.stderr)
         return _submit(cfg, text, Path(ns.script or out / "phalanx.sbatch").expanduser(), out)
     if ns.script:
         script = Path(ns.script).expanduser()
@@ -207,8 +218,9 @@ def run_slurm(ns: argparse.Namespace, argv: list[str]) -> int:
     else:
         note = f"save it (or give --script FILE), then on the cluster: mkdir -p " \
                f"{shlex.quote(str(out))} && sbatch FILE"
-    print(text, end="", flush=True)  # all of it before the note, in a shared stream
-    print(f"# {note}", file=sys.stderr)
+    print(text, end="", flush=True)  # all of it before the notes, in a shared stream
+    for said in filter(None, (spread and f"note: {spread}", note)):
+        print(f"# {said}", file=sys.stderr)
     return 0
 
 

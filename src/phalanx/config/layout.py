@@ -82,6 +82,9 @@ class Layout:
         fix = (f"`--dp-shard {room}` (HSDP: --dp-replicate takes the rest) keeps them "
                f"inside one" if S % room == 0 and self.world % per_machine == 0
                else f"a --dp-shard that divides {room} keeps them inside one")
+        if room == 1 and self.world % per_machine == 0:  # one tp group a machine
+            fix = (f"`--dp-replicate {self.world // self.tp}` (one tp group a machine, "
+                   f"FSDP2's replicas across them) keeps them inside one")
         return (f"dp_shard {S} spans machines ({per_machine} ranks per machine): FSDP's "
                 f"all-gathers and reduce-scatters cross the network every layer; {fix}.")
 
