@@ -17,6 +17,7 @@ for its case.
   2 with the plan the script gives run.setup (OUT/script-tp-shard.pt);
 - masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it;
+- hidden: FSDP2 and a forward whose output hides its loss from torch's pytree;
 - eight (on 8 ranks instead of all the above): dp_replicate 2 × dp_shard 2 × tp 2 at once.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
 """
@@ -295,6 +296,31 @@ def guard(run, out: Path) -> None:
     (out / f"guard-tp-rank{run.rank}.txt").write_text(message)
 
 
+class Namespaced(ScriptLM):
+    """ScriptLM whose forward returns its loss in a SimpleNamespace."""
+
+    def forward(self, input_ids, labels):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(**super().forward(input_ids, labels))
+
+
+def hidden(run, out: Path) -> None:
+    """FSDP2 with a forward whose output hides its loss from torch's pytree: what the
+    first forward says (OUT/hidden-rank<r>.txt)."""
+    from phalanx.errors import UserError
+
+    with laid_out(run, "fsdp") as strategy:
+        model = strategy.setup_module(Namespaced(), strategy.precision("fp32"))
+        x = llama_batch(0)[:2]
+        try:
+            model(input_ids=x, labels=x).loss.backward()
+            said = "no error"
+        except UserError as exc:
+            said = str(exc)
+    (out / f"hidden-rank{run.rank}.txt").write_text(said)
+
+
 def consistency_message(strategy, model) -> str:
     """What the consistency check says of `model` ("no error" when it passes)."""
     from phalanx.errors import DistributedError
@@ -323,6 +349,7 @@ def main(out: Path, corpus: str, cache: str) -> None:
             scripted(run, out, "script", "tp-shard")
             masks(run, out)
             guard(run, out)
+            hidden(run, out)
 
 
 if __name__ == "__main__":

@@ -249,3 +249,14 @@ def test_eight_ranks_every_dimension_at_once(eight, one_rank, corpus_file, cache
           f"(ddp on 8: {ddp:.3g}, bound {bound:.3g})")
     assert difference <= bound and after <= bound
     assert result.state.step == 3 and result.state.position == 3 * GLOBAL
+
+
+def test_an_output_fsdp2_cannot_hook_is_said_at_the_first_forward(mesh):
+    """A forward that returns its loss in a SimpleNamespace: FSDP2 finds no tensor to hook
+    its backward on, and the backward would fail with "setStorage: ... storage of size 0";
+    every rank says why at the first forward instead."""
+    for rank in range(4):
+        said = (mesh / f"hidden-rank{rank}.txt").read_text()
+        assert said.startswith("Namespaced's forward returned a SimpleNamespace holding "
+                               "`loss`, a tensor that needs gradients"), said
+        assert "Return a tensor, tuple, list or dict" in said

@@ -35,6 +35,7 @@ from phalanx.errors import UserError
 from phalanx.strategies import start, tensor_parallel
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import find_blocks, sharding_note
+from phalanx.strategies.fsdp_output import check_outputs
 from phalanx.strategies.guards import check_sharded
 from phalanx.strategies.precision import Precision
 from phalanx.strategies.tensors import uncompiled
@@ -97,6 +98,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         if full is not None:
             model.to_empty(device=self.topology.device)
             start.load_full_weights(model, full, self.topology)
+        check_outputs(model)  # (an output FSDP2 cannot hook: said at the first forward)
         return model
 
     def _shard_kwargs(self, precision: Precision) -> dict:
