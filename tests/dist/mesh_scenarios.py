@@ -4,7 +4,8 @@ for its case.
 
 - start: the weights right after setup, each rank's generator drawing differently first,
   for every layout and model kind it takes (tensor parallelism: MiniGPT, the model with a
-  plan) (rank 0 saves OUT/start-<layout>-<kind>.pt);
+  plan, built on the CPU and on the meta device) (rank 0 saves
+  OUT/start-<layout>-<kind>.pt);
 - train: 3 AdamW steps of the same global batch (8 sequences) under each layout (OUT/
   eq-<layout>.pt: full weights, losses, gradient norms), the consistency check every step;
   and 3 Muon steps under ddp, HSDP and tp 2 × dp_shard 2 (OUT/muon-<layout>.pt);
@@ -18,6 +19,7 @@ for its case.
 - masks: dropout under tp 2 × dp_shard 2: which masks the ranks of a tp group share;
 - guard: one HSDP replica's shard changed on one rank: the consistency check names it;
 - hidden: FSDP2 and a forward whose output hides its loss from torch's pytree;
+- vocab: MiniGPT's vocabulary split under tp (loss parallel), and a tied pair split one way;
 - eight (on 8 ranks instead of all the above): dp_replicate 2 × dp_shard 2 × tp 2 at once.
 Usage: python mesh_scenarios.py OUT CORPUS CACHE
 """
@@ -51,13 +53,19 @@ LAYOUTS = {
 # on 8 ranks (the opt-in case): every dimension at once, and ddp's derived scale
 EIGHT = {"ddp-8": ("ddp", {}), "3d": (None, {"dp_replicate": 2, "dp_shard": 2, "tp": 2})}
 TP = ("tp-shard", "tp-replicate", "3d")  # (only models with a tensor-parallel plan: MiniGPT)
-START_KINDS = {**KINDS, "minigpt": lambda: MiniGPT(GPTConfig(vocab_size=64, **TINY))}
+def minigpt_on_meta() -> torch.nn.Module:
+    with torch.device("meta"):  # (as `phalanx train --model` builds one)
+        return MiniGPT(GPTConfig(vocab_size=64, **TINY))
+
+
+START_KINDS = {**KINDS, "minigpt": lambda: MiniGPT(GPTConfig(vocab_size=64, **TINY)),
+               "minigpt_meta": minigpt_on_meta}
 MUON = ("ddp", "hsdp", "tp-shard")
 
 
 def kinds_of(label: str) -> list[str]:
     """The model kinds layout `label` is set up with at the start."""
-    return ["minigpt"] if label in TP else list(START_KINDS)
+    return ["minigpt", "minigpt_meta"] if label in TP else list(START_KINDS)
 CHAIN = ("tp-shard", "fsdp", "hsdp")  # the layout of each hop: steps 0-2, 2-4, 4-6
 GLOBAL = 8
 
@@ -321,6 +329,49 @@ def hidden(run, out: Path) -> None:
     (out / f"hidden-rank{run.rank}.txt").write_text(said)
 
 
+class TiedLM(ScriptLM):
+    """ScriptLM whose head shares the embedding's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head.weight = self.embed.weight
+
+
+def vocab(run, out: Path) -> None:
+    """Under tp 2 × dp_shard 2: MiniGPT's tied embedding and head split over the
+    vocabulary as one weight, the head's logits left split, the loss taken on them under
+    the strategy's loss context, forward and backward (OUT/vocab.json from rank 0); and a
+    plan that splits one of two tied names refused (OUT/tied-rank<r>.txt)."""
+    import json
+
+    from torch.distributed.tensor import DTensor
+
+    from phalanx.errors import UserError
+
+    seen: dict = {}
+    with laid_out(run, "tp-shard") as strategy:
+        model = strategy.setup_module(MiniGPT(GPTConfig(vocab_size=64, **TINY)),
+                                      strategy.precision("fp32"))
+        model.lm_head.register_forward_hook(lambda m, i, o: seen.__setitem__(
+            "logits", [str(p) for p in o.placements] if isinstance(o, DTensor) else "whole"))
+        x = torch.arange(32).reshape(2, 16) % 64
+        with strategy.loss_context():
+            _, loss = model(x, x)
+            loss.backward()
+        seen["tied"] = model.wte.weight is model.lm_head.weight
+        seen["wte"] = [str(p) for p in model.wte.weight.placements]
+        seen["loss"] = type(loss).__name__
+        try:
+            strategy.setup_module(TiedLM(), strategy.precision("fp32"),
+                                  tp_plan={"head": "colwise"})
+            said = "no error"
+        except UserError as exc:
+            said = str(exc)
+    if run.is_main:
+        (out / "vocab.json").write_text(json.dumps(seen))
+    (out / f"tied-rank{run.rank}.txt").write_text(said)
+
+
 def consistency_message(strategy, model) -> str:
     """What the consistency check says of `model` ("no error" when it passes)."""
     from phalanx.errors import DistributedError
@@ -350,6 +401,7 @@ def main(out: Path, corpus: str, cache: str) -> None:
             masks(run, out)
             guard(run, out)
             hidden(run, out)
+            vocab(run, out)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ replicas fed the same data — moves weights by 1e-3 or more after 3 AdamW steps
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -260,3 +261,18 @@ def test_an_output_fsdp2_cannot_hook_is_said_at_the_first_forward(mesh):
         assert said.startswith("Namespaced's forward returned a SimpleNamespace holding "
                                "`loss`, a tensor that needs gradients"), said
         assert "Return a tensor, tuple, list or dict" in said
+
+
+def test_the_vocabulary_is_split_and_the_loss_taken_on_the_shards(mesh):
+    """MiniGPT under tp 2 × dp_shard 2: its tied embedding and head are one weight split
+    over the vocabulary (rows; FSDP2's shard on top), the head's logits stay split over
+    the vocabulary (Shard(2)) and the loss is a plain tensor; a plan that splits one of
+    two tied names is refused in one line on every rank."""
+    seen = json.loads((mesh / "vocab.json").read_text())
+    assert seen["tied"] and seen["wte"][-1] == "S(0)", seen
+    assert seen["logits"] == ["S(2)"] and seen["loss"] == "Tensor", seen
+    for rank in range(4):
+        said = (mesh / f"tied-rank{rank}.txt").read_text()
+        assert said.startswith("`--tp 2`: `embed.weight` and `head.weight` are one tied "
+                               "weight, and the tensor-parallel plan splits them "
+                               "differently"), said

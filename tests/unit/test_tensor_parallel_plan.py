@@ -21,6 +21,13 @@ def test_minigpts_plan_splits_attention_by_heads_and_the_mlp_megatron_style():
     assert isinstance(plan["blocks.0.attn.c_proj"], RowwiseParallel)
     assert isinstance(plan["blocks.0.attn.core"], ForkRNGByRank)
     assert "blocks.0.attn.c_attn" not in plan  # q, k, v fused: whole, split by heads after
+    # the vocabulary (256) split over 2: the embedding by rows, the head by columns, its
+    # logits left split (loss parallel)
+    assert isinstance(plan["wte"], RowwiseParallel) and isinstance(plan["lm_head"],
+                                                                   ColwiseParallel)
+    assert not plan["lm_head"].use_local_output
+    odd = checked_plan(MiniGPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=255)), 2)
+    assert "wte" not in odd and "lm_head" not in odd  # 255 over 2: both stay whole
     with pytest.raises(UserError, match=r"`--tp 8`: --n-head 4 does not divide into 8"):
         checked_plan(MiniGPT(GPTConfig(n_layer=1, n_head=4, n_embd=32)), 8)
 

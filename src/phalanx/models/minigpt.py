@@ -99,6 +99,13 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a plain tensor: a DTensor (tensor parallelism's split logits, its loss)
+    gathered, differentiably; a plain tensor as it is."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -152,7 +159,7 @@ class MiniGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def tp_plan(self) -> dict:
+    def tp_plan(self, tp: int = 1) -> dict:
         """Tensor parallelism (torch's `parallelize_module` styles, by module name):
         each block's attention output projection and MLP split Megatron-style (columns,
         then rows: one all-reduce each, forward and backward); `c_attn` — q, k and v fused in
@@ -160,7 +167,11 @@ class MiniGPT(nn.Module):
         output is split by heads (`heads`), so each rank attends with its own heads and
         draws their attention-dropout masks from its own stream (`core`); dropout on
         replicated activations draws the same masks on every rank of the group (they are
-        seeded alike: `Run.seed_step`). The embeddings, norms and head stay replicated."""
+        seeded alike: `Run.seed_step`). When `tp` divides the vocabulary, the token
+        embedding is split by rows and the head by columns — both over the vocabulary, so
+        a tied pair stays one weight — and the head's logits stay split: the cross-entropy
+        runs on the shards under torch's `loss_parallel` (`forward`). The position
+        embedding and the norms stay whole."""
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
@@ -178,6 +189,9 @@ class MiniGPT(nn.Module):
             plan[f"blocks.{i}.attn.c_proj"] = RowwiseParallel()
             plan[f"blocks.{i}.mlp.c_fc"] = ColwiseParallel()
             plan[f"blocks.{i}.mlp.c_proj"] = RowwiseParallel()
+        if self.config.vocab_size % tp == 0:  # the vocabulary split: loss parallel
+            plan["wte"] = RowwiseParallel(input_layouts=Replicate())
+            plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         return plan
 
     def tp_refusal(self, tp: int) -> str | None:
@@ -206,9 +220,18 @@ class MiniGPT(nn.Module):
         if cap:
             logits = cap * torch.tanh(logits.float() / cap)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
-        return logits, loss
+            return whole(logits), None
+        # (logits split over the vocabulary, under tensor parallelism: the cross-entropy on
+        # the shards inside torch's `loss_parallel`, which the trainer's micro-step holds
+        # around forward and backward; outside it DTensor gathers them first)
+        targets = targets.view(B * T)
+        mesh = getattr(logits, "device_mesh", None)
+        if mesh is not None:  # (the same ids on every rank of the tp group)
+            from torch.distributed.tensor import DTensor, Replicate
+
+            targets = DTensor.from_local(targets, mesh, [Replicate()], run_check=False)
+        loss = F.cross_entropy(logits.float().view(B * T, -1), targets)
+        return logits, whole(loss)
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token, PaLM appendix B: 6·N + 12·L·H·Q·T.

@@ -38,7 +38,8 @@ class Accumulator:
     def micro_step(self) -> AbstractContextManager:
         """The context of one micro-step's forward and backward, its RNG seeded (its own
         dropout masks); no gradient sync unless it closes the window; autocast under
-        bf16/fp16."""
+        bf16/fp16; the strategy's loss context (tensor parallelism: torch's
+        `loss_parallel`, whose backward must run inside it too)."""
         skip = not self.is_last
         if self.seed is not None:
             self.seed(self.count % self.steps)
@@ -48,6 +49,7 @@ class Accumulator:
             stack.enter_context(self.strategy.no_backward_sync(self.model, enabled=skip))
         if self.precision is not None:
             stack.enter_context(self.precision.autocast())
+        stack.enter_context(self.strategy.loss_context())  # (TP: loss parallel)
         return stack
 
     def backward(self, loss: torch.Tensor, scaler: Any = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +105,11 @@ class Strategy(ABC):
         model = start.place(model, self.topology)
         self.start_from_rank0(model)
         return self.wrap(self.prepare(model))
+
+    def loss_context(self) -> AbstractContextManager:
+        """Around a micro-step's forward and backward (`Accumulator.micro_step`): what the
+        loss needs. Default: nothing."""
+        return nullcontext()
 
     def start_from_rank0(self, model: nn.Module) -> None:
         """Before wrapping: every rank holds rank 0's parameters and buffers (broadcast,

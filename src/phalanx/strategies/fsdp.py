@@ -78,18 +78,13 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
                             f"ddp` (or single), or give run.setup() the model to train.")
         meta = start.on_meta(model)
         tp_mesh = self.topology.tp_mesh
-        if meta and tp_mesh is not None:
-            raise UserError(f"`--tp {tp_mesh.size()}` with a model built on the meta device "
-                            f"(as `phalanx train --model` builds one) is not built yet: in a "
-                            f"script, build the model on the CPU or GPU before run.setup(); "
-                            f"or leave --tp out.")
         full = start.full_weights_on_rank0(model, self.topology) if meta else None
         if not meta:
             model = start.place(model, self.topology)
             self.start_from_rank0(model)
         chosen = list(blocks) if blocks is not None else find_blocks(model)
         self.note = f"fsdp: {sharding_note(model, chosen)}"
-        if tp_mesh is not None:  # (every rank holds rank 0's weights: the split is theirs)
+        if tp_mesh is not None:  # (rank 0's weights on every rank, or meta: filled below)
             model = tensor_parallel.split(model, tp_mesh, tp_plan)
         kwargs = self._shard_kwargs(precision)
         for block in chosen:
@@ -100,6 +95,14 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
             start.load_full_weights(model, full, self.topology)
         check_outputs(model)  # (an output FSDP2 cannot hook: said at the first forward)
         return model
+
+    def loss_context(self) -> AbstractContextManager:
+        """With --tp: torch's `loss_parallel` (a model whose head keeps its logits split
+        over the vocabulary — MiniGPT's plan — takes its cross-entropy, forward and
+        backward, on the shards; plain tensors are not touched)."""
+        if self.topology.tp_mesh is None:
+            return nullcontext()
+        return tensor_parallel.loss_context()
 
     def _shard_kwargs(self, precision: Precision) -> dict:
         o = self.options

@@ -22,7 +22,10 @@ matrices' on (dp, tp), the rest's on dp alone), which torch's `clip_grad_norm_` 
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,7 +43,52 @@ def split(model: nn.Module, tp_mesh: Any, given: Any = None) -> nn.Module:
     # (DTensor warns, once per shape, that a norm over two mesh dimensions takes two
     # all-reduces: true, small, and not the user's to act on)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    return parallelize_module(model, tp_mesh, plan)
+    tied = _tied(model)
+    model = parallelize_module(model, tp_mesh, plan)
+    _retie(model, tied, tp_mesh.size())
+    return model
+
+
+def _tied(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter the model holds under several names (a tied head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _retie(model: nn.Module, tied: list[list[str]], tp: int) -> None:
+    """Tie again what `parallelize_module` untied (it gives each module its own copy): one
+    parameter under every name, refused when the plan split the names differently."""
+    for first, *others in tied:
+        kept = model.get_parameter(first)
+        for name in others:
+            if _placements(model.get_parameter(name)) != _placements(kept):
+                raise UserError(f"`--tp {tp}`: `{first}` and `{name}` are one tied weight, "
+                                f"and the tensor-parallel plan splits them differently "
+                                f"({_placements(kept) or 'whole'} and "
+                                f"{_placements(model.get_parameter(name)) or 'whole'}). Split "
+                                f"both the same way, or neither.")
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, kept)
+
+
+def _placements(t: torch.Tensor) -> tuple:
+    return tuple(getattr(t, "placements", ()))
+
+
+@contextmanager
+def loss_context() -> Iterator[None]:
+    """torch's `loss_parallel`, left however the block ends (torch's own leaves its
+    handlers installed when an exception passes through it)."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    inside = loss_parallel()
+    inside.__enter__()
+    try:
+        yield
+    finally:
+        inside.__exit__(None, None, None)
 
 
 def clip(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -96,8 +144,8 @@ def _plan(model: nn.Module, tp: int, given: Any = None) -> dict[str, Any]:
         raise UserError(f"`--tp {tp}`: {why}. Choose a --tp that fits, or leave it out.")
     if given is not None:
         return _styles(model, given(model) if callable(given) else given, tp)
-    if callable(plan_of):
-        return plan_of()
+    if callable(plan_of):  # (MiniGPT's takes `tp`: the vocabulary is split when it divides)
+        return plan_of(tp) if inspect.signature(plan_of).parameters else plan_of()
     return _transformers_plan(model, dict(shipped or {}), tp)
 
 

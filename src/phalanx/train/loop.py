@@ -315,7 +315,8 @@ def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
     model.eval()
     sums = torch.zeros(3, device=run.device, dtype=torch.float64)
     for loader in loaders:
-        _add_val_sums(sums, model, iter(loader), t.eval_batches, precision, token_bytes)
+        with run.strategy.loss_context():  # (tensor parallelism: the loss on the shards)
+            _add_val_sums(sums, model, iter(loader), t.eval_batches, precision, token_bytes)
     model.train(was_training)
     if world is None:
         sums = run.all_reduce_sum(sums)
