@@ -46,10 +46,23 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, block_size: int, base: float = 10000.0) -> None:
         super().__init__()
+        self.shape = (head_dim, block_size, base)
+        cos, sin = self._tables()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        head_dim, block_size, base = self.shape
         inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        return angles.cos(), angles.sin()
+
+    def reset_parameters(self) -> None:
+        """The tables again (a model built on the meta device gets its storage empty)."""
+        cos, sin = self._tables()
+        with torch.no_grad():
+            cast(torch.Tensor, self.cos).copy_(cos)
+            cast(torch.Tensor, self.sin).copy_(sin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, nh, T, hs)
         T = x.size(-2)
@@ -145,10 +158,15 @@ class MiniGPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # weight tying
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation (also what a model built on the meta device gets: its
+        storage first, then this — `strategies.start.initialise`)."""
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scaled init of residual projections
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -158,6 +176,8 @@ class MiniGPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, (nn.LayerNorm, Rotary)):  # (their own: ones, zeros, tables)
+            module.reset_parameters()
 
     def tp_plan(self, tp: int = 1) -> dict:
         """Tensor parallelism (torch's `parallelize_module` styles, by module name):

@@ -91,7 +91,7 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         if full is not None:
-            model.to_empty(device=self.topology.device)
+            start.empty(model, self.topology.device)
             start.load_full_weights(model, full, self.topology)
         check_outputs(model)  # (an output FSDP2 cannot hook: said at the first forward)
         return model

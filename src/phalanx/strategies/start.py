@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from phalanx.strategies.guards import check_same, named_state
+from phalanx.strategies.tensors import tie, tied_names
 from phalanx.strategies.topology import Topology
 
 _BUCKET = 250 * 2 ** 20  # bytes per coalesced broadcast (DDP's default broadcast bucket)
@@ -40,8 +41,9 @@ def on_meta(model: nn.Module) -> bool:
 
 def initialise(model: nn.Module) -> nn.Module:
     """Give a meta-device model storage on the CPU and its own initialisation:
-    `init_weights()` if it has one, else every submodule's `reset_parameters()`."""
-    model.to_empty(device="cpu")
+    `init_weights()` if it has one, else every submodule's `reset_parameters()`. Tied
+    weights stay tied (`empty`)."""
+    empty(model, "cpu")
     with torch.no_grad():
         if hasattr(model, "init_weights"):  # (torch types a Module's attributes Tensor | Module)
             model.init_weights()  # type: ignore[operator]
@@ -59,7 +61,17 @@ def place(model: nn.Module, topology: Topology) -> nn.Module:
         return model.to(topology.device)
     if topology.is_main:
         return initialise(model).to(topology.device)
-    return model.to_empty(device=topology.device)
+    return empty(model, topology.device)
+
+
+def empty(model: nn.Module, device: Any) -> nn.Module:
+    """`model.to_empty(device)`, its tied weights tied again (to_empty gives each module
+    its own copy: a tied head would train apart from its embedding)."""
+    tied = tied_names(model)
+    model.to_empty(device=device)
+    for names in tied:
+        tie(model, names)
+    return model
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
@@ -101,6 +113,8 @@ def load_full_weights(model: nn.Module, full: dict[str, torch.Tensor],
 
     keys = set(model.state_dict())
     state: dict[str, Any] = {k: v for k, v in full.items() if k in keys}
+    for first, *others in tied_names(model):  # (`full` names a tied weight once)
+        state.update({name: state[first] for name in others if first in state})
     set_model_state_dict(model, state, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=topology.world_size > 1))
     buffers = dict(model.named_buffers())

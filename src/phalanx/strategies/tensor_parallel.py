@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from phalanx.errors import UserError
+from phalanx.strategies.tensors import tie, tied_names
 
 
 def split(model: nn.Module, tp_mesh: Any, given: Any = None) -> nn.Module:
@@ -43,34 +44,25 @@ def split(model: nn.Module, tp_mesh: Any, given: Any = None) -> nn.Module:
     # (DTensor warns, once per shape, that a norm over two mesh dimensions takes two
     # all-reduces: true, small, and not the user's to act on)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    tied = _tied(model)
+    tied = tied_names(model)
     model = parallelize_module(model, tp_mesh, plan)
     _retie(model, tied, tp_mesh.size())
     return model
 
 
-def _tied(model: nn.Module) -> list[list[str]]:
-    """The names of each parameter the model holds under several names (a tied head)."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    return [group for group in names.values() if len(group) > 1]
-
-
 def _retie(model: nn.Module, tied: list[list[str]], tp: int) -> None:
     """Tie again what `parallelize_module` untied (it gives each module its own copy): one
     parameter under every name, refused when the plan split the names differently."""
-    for first, *others in tied:
-        kept = model.get_parameter(first)
-        for name in others:
+    for names in tied:
+        first, kept = names[0], model.get_parameter(names[0])
+        for name in names[1:]:
             if _placements(model.get_parameter(name)) != _placements(kept):
                 raise UserError(f"`--tp {tp}`: `{first}` and `{name}` are one tied weight, "
                                 f"and the tensor-parallel plan splits them differently "
                                 f"({_placements(kept) or 'whole'} and "
                                 f"{_placements(model.get_parameter(name)) or 'whole'}). Split "
                                 f"both the same way, or neither.")
-            owner, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(owner), leaf, kept)
+        tie(model, names)
 
 
 def _placements(t: torch.Tensor) -> tuple:

@@ -35,3 +35,20 @@ def user_name(name: str) -> str:
     """A parameter's name as the user's module spells it: without DDP's `module.` and
     torch.compile's `_orig_mod.`."""
     return name.removeprefix("module.").replace("_orig_mod.", "")
+
+
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter `model` holds under several names (a tied head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def tie(model: nn.Module, names: list[str]) -> None:
+    """Every one of `names` holds the first name's parameter again (what `to_empty` and
+    `parallelize_module` untie: they give each module its own copy)."""
+    kept = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, kept)
