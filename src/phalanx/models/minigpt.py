@@ -114,7 +114,9 @@ class CausalSelfAttention(nn.Module):
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """`t` as a plain tensor: a DTensor (tensor parallelism's split logits, its loss)
-    gathered, differentiably; a plain tensor as it is."""
+    gathered, differentiably; a plain tensor as it is. (Asked by its method, not by
+    isinstance: importing DTensor costs about a second in every process that builds a model,
+    and only a tensor-parallel one ever meets it.)"""
     full = getattr(t, "full_tensor", None)
     return full() if callable(full) else t
 

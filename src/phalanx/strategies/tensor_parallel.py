@@ -152,10 +152,8 @@ def _styles(model: nn.Module, plan: Any, tp: int) -> dict[str, Any]:
     styles = {}
     for name, style in plan.items():
         if isinstance(style, str):
-            if style not in STYLES:
-                raise UserError(f"`--tp {tp}`: the plan splits `{name}` as `{style}`; Phalanx "
-                                f"maps {', '.join(STYLES)} (or give a torch ParallelStyle).")
-            style = getattr(parallel, STYLES[style])()
+            style = _style(style, f"the plan splits `{name}` as `{style}`; Phalanx maps "
+                                  f"{', '.join(STYLES)} (or give a torch ParallelStyle).", tp)
         if not isinstance(style, parallel.ParallelStyle):
             raise UserError(f"`--tp {tp}`: the plan's entry for `{name}` is a "
                             f"{type(style).__name__}, not a torch ParallelStyle or "
@@ -204,25 +202,34 @@ def _heads_refusal(config: Any, tp: int) -> str | None:
 STYLES = {"colwise": "ColwiseParallel", "rowwise": "RowwiseParallel"}
 
 
+def _style(word: str, refusal: str, tp: int) -> Any:
+    """The torch style a plan's word names (a new one each call: styles hold no state a
+    module could share, but torch's plans give each module its own), or `refusal`."""
+    from torch.distributed.tensor import parallel
+
+    if word not in STYLES:
+        raise UserError(f"`--tp {tp}`: {refusal}")
+    return getattr(parallel, STYLES[word])()
+
+
 def _transformers_plan(model: nn.Module, shipped: dict[str, str], tp: int) -> dict[str, Any]:
     """`config.base_model_tp_plan` as torch styles, by the model's own module names."""
     import re
 
-    from torch.distributed.tensor import parallel
 
     prefix = getattr(model, "base_model_prefix", "")
     names = [name for name, _ in model.named_modules()]
     plan: dict[str, Any] = {}
-    for pattern, style in shipped.items():
-        if style not in STYLES:
-            raise UserError(f"`--tp {tp}`: {type(model).__name__}'s shipped plan splits "
-                            f"`{pattern}` as `{style}`, which Phalanx does not map to a "
-                            f"torch style (it maps {', '.join(STYLES)}). Give the model a "
-                            f"`tp_plan()` method, or leave --tp out.")
+    for pattern, word in shipped.items():
+        refusal = (f"{type(model).__name__}'s shipped plan splits `{pattern}` as `{word}`, "
+                   f"which Phalanx does not map to a torch style (it maps "
+                   f"{', '.join(STYLES)}). Give the model a `tp_plan()` method, or leave "
+                   f"--tp out.")
+        _style(word, refusal, tp)  # (checked before any module is matched)
         full = f"{prefix}.{pattern}" if prefix and hasattr(model, prefix) else pattern
         wanted = re.compile(re.escape(full).replace(r"\*", r"\d+") + "$")
         for name in filter(wanted.match, names):
-            plan[name] = getattr(parallel, STYLES[style])()
+            plan[name] = _style(word, refusal, tp)
     if not plan:
         raise UserError(f"`--tp {tp}`: {type(model).__name__}'s shipped plan names no module "
                         f"it has (e.g. `{next(iter(shipped))}`). Give it a `tp_plan()` "
