@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import sys
@@ -27,8 +28,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """`cls`'s resolved annotations, once per class (resolving them per field made building
+    the command line take half a second)."""
+    return typing.get_type_hints(cls)
+
+
 def _field_type(cls: type, f: dataclasses.Field) -> type:
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = _hints(cls)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 

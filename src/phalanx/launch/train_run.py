@@ -95,7 +95,7 @@ def _train_in(cfg: Config, out: RunDir, argv: list[str], group: str | None,
               memory=None) -> int:
     from phalanx.checkpoint.resume import verified_token
     from phalanx.train.checkpointing import precheck, start_lineage
-    from phalanx.train.finish import missing_outputs
+    from phalanx.train.outputs import missing_outputs
 
     if not owns_run_dir(cfg):  # rank > 0, or a launcher of several: rank 0 checks
         if complete_quietly(cfg, out):

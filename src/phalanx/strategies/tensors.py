@@ -5,19 +5,23 @@ strategies asks these instead of probing (`hasattr(t, "to_local")`, `_orig_mod`)
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 
 def is_shard(t: torch.Tensor) -> bool:
-    """Whether `t` is one rank's shard of a tensor split across ranks (a DTensor)."""
-    return isinstance(t, DTensor)
+    """Whether `t` is one rank's shard of a tensor split across ranks (a DTensor). (No
+    DTensor exists before torch's module is imported; asking here does not import it, a
+    second in every process that never shards.)"""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a sharded tensor (DTensor), or the tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_shard(t) else t  # type: ignore[attr-defined]
 
 
 def uncompiled(module: nn.Module) -> nn.Module:

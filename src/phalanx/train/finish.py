@@ -4,7 +4,6 @@ a banner, a text sample, `model.safetensors` + `config.json`, and a loss plot.""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
@@ -87,17 +86,6 @@ def sample_text(model: MiniGPT, cfg: Config, run: Run,
         return (f"(token ids: no tokenizer to decode them; pass the `tokenizer.json` they "
                 f"were made with as `--tokenizer`)\n{' '.join(map(str, out))}")
     return tok.decode(out)
-
-
-def missing_outputs(cfg: Config, out: RunDir) -> list[str]:
-    """The files `finish` leaves in `out` that are not there (a run stopped while it
-    wrote them): a complete run whose list is not empty writes them again."""
-    out = RunDir(out)
-    paths = [out.model, out.model_config, out.loss_plot, out.report]
-    if cfg.train.sample_tokens > 0:
-        paths.append(out.sample)
-    # (exists: a `report.html` that is a directory was warned about, not rewritten forever)
-    return [path.name for path in paths if not os.path.lexists(path)]
 
 
 def _sample(model, cfg: Config, run: Run, splits: TokenSplits | None) -> str:

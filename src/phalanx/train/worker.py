@@ -60,7 +60,7 @@ def complete_quietly(cfg: Config, out: RunDir) -> bool:
     """Rank > 0 under another launcher: does rank 0 find the run complete? (Read-only;
     any error is rank 0's to report, so it means 'no' here.)"""
     from phalanx.train.checkpointing import precheck
-    from phalanx.train.finish import missing_outputs
+    from phalanx.train.outputs import missing_outputs
 
     try:
         return precheck(cfg, out)[1] is not None and not missing_outputs(cfg, out)
