@@ -45,9 +45,9 @@ def _all_cases() -> list[str]:
 
 
 ALL = _all_cases()
-SAMPLE = ["kill-rank1-step3", "kill-rank0-checkpoint4", "kill-launcher-step5", "kill-all-step3",
-          "corrupt-__1_0.distcp-flip", "corrupt-manifest.json-truncate", "tear-metrics",
-          "run-twice"]
+# one case of each kind (a rank killed between steps: tests/e2e/test_fault_tolerance.py)
+SAMPLE = ["kill-rank0-checkpoint4", "kill-launcher-step5", "kill-all-step3",
+          "corrupt-__1_0.distcp-flip", "tear-metrics", "run-twice"]
 CASES = [c if c in SAMPLE else pytest.param(c, marks=pytest.mark.full) for c in ALL]
 
 
