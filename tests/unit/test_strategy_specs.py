@@ -87,3 +87,7 @@ def test_blocks_are_the_largest_list_of_one_class():
     assert describe(model, blocks) == "3 blocks `blocks.0`…`blocks.2` (Block)"
     assert find_blocks(nn.Linear(2, 2)) == []
     assert "no repeated blocks" in describe(nn.Linear(2, 2), [])
+    model = MiniGPT(GPTConfig(block_size=8, n_layer=5, n_head=2, n_embd=8,
+                              tie_embeddings=False))
+    model.keep_stage(1, 2)  # a pipeline stage: blocks 3 and 4, under their own names
+    assert describe(model, find_blocks(model)) == "2 blocks `blocks.3`…`blocks.4` (Block)"

@@ -157,3 +157,34 @@ def minigpt_tp_refusal(n_head: int, tp: int) -> str | None:
     if n_head % tp:
         return f"--n-head {n_head} does not divide into {tp} tensor-parallel ranks"
     return None
+
+
+SCHEDULES = ("gpipe", "1f1b")  # torch's single-stage-per-rank schedules
+
+
+def stage_blocks(n_layer: int, stages: int, stage: int) -> range:
+    """The blocks pipeline stage `stage` of `stages` holds: consecutive, the first stages
+    one more when `stages` does not divide `n_layer` evenly."""
+    per, extra = divmod(n_layer, stages)
+    start = stage * per + min(stage, extra)
+    return range(start, start + per + (stage < extra))
+
+
+def pipeline_refusal(n_layer: int, pp: int, schedule: str, microbatches: int,
+                     tied: bool) -> str | None:
+    """Why this model and schedule cannot be split into `pp` pipeline ranks (None: they
+    can), in the words of the flag to change: what torch's schedules would refuse after
+    launch, said before it."""
+    if schedule not in SCHEDULES:
+        return (f"--pp-schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if n_layer < pp:
+        return (f"--n-layer {n_layer} cannot fill {pp} pipeline stages: every stage needs a "
+                f"block")
+    if microbatches < pp:
+        return (f"{microbatches} micro-batch(es) leave {pp} pipeline ranks idle most of the "
+                f"step (the schedule needs at least one per rank): raise --grad-accum to "
+                f"{pp} or more")
+    if tied:
+        return ("the token embedding (first stage) and the output head (last stage) are tied: "
+                "pipeline stages cannot share a weight; train with an untied head")
+    return None

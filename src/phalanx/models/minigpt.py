@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from phalanx.config.layout import minigpt_tp_refusal
+from phalanx.config.layout import minigpt_tp_refusal, stage_blocks
 
 
 @dataclass
@@ -152,14 +152,18 @@ class MiniGPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.stage: tuple[int, int] | None = None  # (stage, stages): see keep_stage
+        # (None on a pipeline stage that does not hold them: `keep_stage`)
+        self.wte: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = None if cfg.rope else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.blocks: nn.ModuleList | nn.ModuleDict = nn.ModuleList(
+            Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.wte.weight  # weight tying
+            lm_head.weight = self.wte.weight  # weight tying
+        self.lm_head: nn.Linear | None = lm_head
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -204,17 +208,65 @@ class MiniGPT(nn.Module):
         from phalanx.models.tp_styles import ForkRNGByRank
 
         plan: dict = {}
-        for i in range(len(self.blocks)):
+        for i in self._block_names():  # (a pipeline stage's own: `keep_stage`)
             plan[f"blocks.{i}.attn.heads"] = PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=Shard(3))
             plan[f"blocks.{i}.attn.core"] = ForkRNGByRank()  # its dropout: own heads, own masks
             plan[f"blocks.{i}.attn.c_proj"] = RowwiseParallel()
             plan[f"blocks.{i}.mlp.c_fc"] = ColwiseParallel()
             plan[f"blocks.{i}.mlp.c_proj"] = RowwiseParallel()
-        if self.config.vocab_size % tp == 0:  # the vocabulary split: loss parallel
+        if self.config.vocab_size % tp == 0 and self.stage is None:  # loss parallel
             plan["wte"] = RowwiseParallel(input_layouts=Replicate())
             plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         return plan
+
+    def _block_names(self) -> list[str]:
+        return list(self.blocks.keys()) if isinstance(self.blocks, nn.ModuleDict) \
+            else [str(i) for i in range(len(self.blocks))]
+
+    def keep_stage(self, stage: int, stages: int) -> None:
+        """Pipeline parallelism: keep pipeline stage `stage` of `stages` only — its blocks
+        (`config.layout.stage_blocks`), the embeddings on the first, the final norm and the
+        head on the last — each under its whole-model name, so that a stage's state dict
+        is its part of the whole model's (a checkpoint reshards between layouts). The
+        forward then maps the previous stage's activations (ids, on the first) to the next
+        stage's (logits, on the last): what torch's pipeline schedules pass."""
+        if self.config.tie_embeddings and stages > 1:
+            raise ValueError("a tied embedding and head cannot be split into pipeline stages")
+        blocks = list(self.blocks.children())
+        self.blocks = nn.ModuleDict({str(i): blocks[i]
+                                     for i in stage_blocks(len(blocks), stages, stage)})
+        if stage > 0:
+            self.wte, self.wpe = None, None
+        if stage < stages - 1:
+            self.ln_f, self.lm_head = None, None
+        self.stage = (stage, stages)
+
+    def _stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:  # the first stage: token ids in
+            x = self.drop(self._embed(x))
+        x = self._blocks(x)
+        if self.lm_head is None or self.ln_f is None:
+            return x
+        logits = self.lm_head(self.ln_f(x))
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits.float() / cap) if cap else logits
+
+    def _embed(self, idx: torch.Tensor) -> torch.Tensor:
+        assert self.wte is not None  # (the whole model, or the first stage)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        return x
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self.blocks.values() if isinstance(self.blocks, nn.ModuleDict) else self.blocks
+        for block in blocks:
+            if self.config.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
 
     def tp_refusal(self, tp: int) -> str | None:
         """Why this configuration cannot be split over `tp` ranks (None: it can)."""
@@ -225,18 +277,13 @@ class MiniGPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        if self.stage is not None:  # one pipeline stage (`keep_stage`): no loss here
+            return self._stage_forward(idx)
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self.wte(idx)  # (B, T, C)
-        if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))
-        x = self.drop(x)
-        for block in self.blocks:
-            if self.config.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        x = self._blocks(self.drop(self._embed(idx)))
+        assert self.lm_head is not None and self.ln_f is not None  # (the whole model)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         cap = self.config.logit_softcap
         if cap:

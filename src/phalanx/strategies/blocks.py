@@ -6,13 +6,16 @@ import torch.nn as nn
 
 
 def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The children of the `nn.ModuleList`/`nn.Sequential` whose children are all of one
-    class (at least two of them) and that hold the most parameters: a transformer's
-    layers. Empty when the model has no such list (then only the root is sharded)."""
+    """The children of the `nn.ModuleList`/`nn.Sequential`/`nn.ModuleDict` whose children
+    are all of one class (at least two of them) and that hold the most parameters: a
+    transformer's layers (a ModuleDict: torchtitan's, and a pipeline stage's, which keeps
+    its blocks' whole-model indices). Empty when the model has no such list (then only the
+    root is sharded)."""
     best: list[nn.Module] = []
     best_size = 0
     for module in model.modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or module is model:
+        if not isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) \
+                or module is model:
             continue
         children = list(module.children())
         if len(children) < 2 or len({type(c) for c in children}) != 1:
