@@ -7,9 +7,8 @@ before the loop, `run.save(ckpt, step, model, opt, loader=loader)` in it.
 
 Under `phalanx run` its `--out` is the run directory (`run.out`); the script's own `--out`
 (the same directory) is what common.parser() requires, and names `run.out` when the script
-runs under torchrun or alone. Phalanx's checkpoint has no slot for an LR scheduler: the
-script keeps StepLR's state in the checkpoint's `meta` (JSON) and reads it back with
-`run.load`, the documented pair for a script's own state.
+runs under torchrun or alone. StepLR's state goes in the checkpoint with
+`stateful={"scheduler": sched}`, given to both `run.save` and `run.resume`.
 """
 
 from __future__ import annotations
@@ -37,19 +36,12 @@ def build(run, args):
     return model, opt, sched, loader, run.accumulate(model, args.grad_accum)
 
 
-def resume(run, ckpt: Path, model, opt, sched, loader) -> int:
-    """Phalanx's two-line resume, plus the scheduler's state from the checkpoint's meta."""
-    step = run.resume(ckpt, model, opt, loader=loader)
-    if step and sched is not None:
-        meta = run.load(run.latest_checkpoint(ckpt), model, opt)
-        sched.load_state_dict(meta["scheduler"])
-    return step
-
-
 def train(run, args) -> None:
     model, opt, sched, loader, acc = build(run, args)
     ckpt = run.out / "checkpoints"
-    step = resume(run, ckpt, model, opt, sched, loader) if args.resume else 0
+    stateful = {"scheduler": sched} if sched is not None else None
+    step = run.resume(ckpt, model, opt, loader=loader, stateful=stateful) if args.resume \
+        else 0
     trace = common.Trace(args.out, run.rank, args.life)
     dying = False
     for _epoch in range(loader.epoch, args.epochs):
@@ -68,8 +60,7 @@ def train(run, args) -> None:
                 sched.step()
             trace.step(step)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
-                meta = {"scheduler": sched.state_dict()} if sched is not None else None
-                run.save(ckpt, step, model, opt, meta, loader=loader)
+                run.save(ckpt, step, model, opt, loader=loader, stateful=stateful)
             dying = step == args.kill_after_step
     state = run.full_state_dict(model)  # every rank calls it; the weights on rank 0
     if run.is_main:

@@ -246,3 +246,55 @@ def test_a_checkpoint_from_before_the_micro_step_seeding_resumes_saying_so(
     said = [line for line in capsys.readouterr().out.splitlines() if "seed" in line]
     assert len(said) == 1 and "step-00000003 predates" in said[0] and \
         "(seed, optimizer step, micro-step, data-parallel rank)" in said[0], said
+
+
+def _scheduled(run):
+    model = run.setup(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+
+def test_an_lr_scheduler_resumes_where_it_was_saved(run, tmp_path, capsys):
+    model, opt, scheduler = _scheduled(run)
+    for _ in range(3):
+        opt.step()
+        scheduler.step()
+    run.save(tmp_path, 3, model, opt, stateful={"scheduler": scheduler})
+    model, opt, fresh = _scheduled(run)
+    assert run.resume(tmp_path, model, opt, stateful={"scheduler": fresh}) == 3
+    assert fresh.state_dict() == scheduler.state_dict()  # (JSON gave lists back for lists)
+    assert opt.param_groups[0]["lr"] == scheduler.get_last_lr()[0] == 0.5
+    opt.step()
+    fresh.step()  # and it goes on as the uninterrupted one would
+    scheduler.step()
+    assert fresh.get_last_lr() == scheduler.get_last_lr() == [0.25]
+    assert "holds no state" not in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_the_schedulers_state_says_so(run, tmp_path, capsys):
+    model, opt, scheduler = _scheduled(run)
+    run.save(tmp_path, 1, model, opt)
+    run.resume(tmp_path, model, opt, stateful={"scheduler": scheduler})
+    assert "holds no state for `scheduler` (it was saved without them" in \
+        capsys.readouterr().err
+
+
+class _Tensorful:
+    def state_dict(self):
+        return {"buffer": object()}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.mark.parametrize("stateful, found", [
+    ({"ema": object()}, "a object has no state_dict\\(\\) and load_state_dict\\(\\)"),
+    ({"ema": _Tensorful()}, "`ema`'s state_dict\\(\\) is not JSON"),
+    ([1], "takes \\{name: object\\}"),
+])
+def test_state_a_checkpoint_cannot_hold_as_json_is_refused_at_save(run, tmp_path, stateful,
+                                                                   found):
+    model, opt, _ = _scheduled(run)
+    with pytest.raises(UserError, match=found):
+        run.save(tmp_path, 1, model, opt, stateful=stateful)
+    assert not list(tmp_path.glob("step-*"))

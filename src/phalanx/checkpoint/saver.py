@@ -136,7 +136,8 @@ def _root_cause(exc: BaseException, where: Path) -> str:
     return text
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """What the checkpoint's JSON sidecar makes of a value json cannot write itself."""
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, tuple):
@@ -212,7 +213,7 @@ class _Job:
             try:
                 sidecar = {"step": self.step, "meta": self.meta,
                            "optimizer_param_groups": self.groups}
-                write_synced(self.tmp / STATE, json.dumps(sidecar, indent=1, default=_jsonable))
+                write_synced(self.tmp / STATE, json.dumps(sidecar, indent=1, default=jsonable))
                 manifest = {"format": "phalanx-dcp-1", "step": self.step,
                             "world_size": self.world, "config_hash": self.config_hash,
                             "torch": torch.__version__, "phalanx": __version__,

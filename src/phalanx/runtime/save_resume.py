@@ -34,6 +34,8 @@ from phalanx.cluster.lifecycle import StopSignals, exit_code
 from phalanx.errors import UserError
 from phalanx.runtime import user_loader
 from phalanx.runtime.clip_and_step import SEEDING
+from phalanx.runtime.stateful import record as stateful_record
+from phalanx.runtime.stateful import restore as restore_stateful
 from phalanx.runtime.world_change import WORLD_KEY, script_resume, world_record
 
 LOADER_KEY = "phalanx.loader"  # in a checkpoint's meta: the loader's cursor
@@ -65,12 +67,15 @@ class CheckpointMethods:
 
     def save(self, root: str | Path, step: int, model: nn.Module,
              optimizer: torch.optim.Optimizer | None = None, meta: dict | None = None, *,
-             loader: Any = None, keep: int = 3, config_hash: str = "",
-             asynchronous: bool = False, overlap_staging: bool = False) -> Path:
+             loader: Any = None, stateful: dict[str, Any] | None = None, keep: int = 3,
+             config_hash: str = "", asynchronous: bool = False,
+             overlap_staging: bool = False) -> Path:
         """Commit checkpoint `step` under `root` (call on every rank; see checkpoint.saver).
 
         `step`: the optimizer steps done — what `resume` returns. `loader`: a
-        `run.loader` whose cursor is committed with it (exact resume of the data). The
+        `run.loader` whose cursor is committed with it (exact resume of the data).
+        `stateful`: {name: object with state_dict()/load_state_dict()} — an LR scheduler —
+        whose states go in the checkpoint as JSON (`runtime.stateful`). The
         fp16 loss scaler's state is saved when there is one, and a transformers model's
         class and config (`phalanx export` then rebuilds it from the checkpoint). Tensors go through
         torch.distributed.checkpoint; `meta` must be JSON-able. With `asynchronous=True`
@@ -81,7 +86,7 @@ class CheckpointMethods:
         `checkpoint_staged()` before the next optimizer step.
         """
         self._stop_point()
-        meta = {**(meta or {}), **self._extras(loader)}
+        meta = {**(meta or {}), **self._extras(loader), **stateful_record(stateful)}
         recipe = model_recipe(self.strategy.unwrap(model))
         if recipe is not None:  # `phalanx export` can rebuild it from the checkpoint alone
             meta[MODEL_KEY] = recipe
@@ -96,9 +101,11 @@ class CheckpointMethods:
         return path
 
     def resume(self, root: str | Path, model: nn.Module,
-               optimizer: torch.optim.Optimizer | None = None, *, loader: Any = None) -> int:
+               optimizer: torch.optim.Optimizer | None = None, *, loader: Any = None,
+               stateful: dict[str, Any] | None = None) -> int:
         """Load the newest committed checkpoint under `root` into `model`, `optimizer`,
-        `loader` (its cursor) and the loss scaler; return the step to continue from
+        `loader` (its cursor), `stateful`'s objects (as `save` took them) and the loss
+        scaler; return the step to continue from
         (the `step` it was saved with), or 0 when there is none — also the optimizer
         step `run.accumulate`'s micro-steps seed from next. A collective."""
         self._stop_point()
@@ -109,6 +116,7 @@ class CheckpointMethods:
             return 0
         meta = self._load(path, model, optimizer)
         self._restore_extras(meta, loader, path)
+        restore_stateful(stateful, meta, path, lambda line: self.print(line, file=sys.stderr))
         batches = None if loader is None or user_loader.is_user_loader(loader) else (
             meta[LOADER_KEY].get("global_batch", 0), loader.sampler.batch_size)
         t = self.topology
