@@ -7,12 +7,17 @@ case on one process group, each case's mesh built for it.
   (`pipeline_norm`); OUT/<case>/stage-<s>.pt: the stage's whole weights (gathered inside
   the stage) and the losses; OUT/<case>/dcp: the stages' sharded state as DCP saves it;
 - dp_shard 4 (no pipeline): the same steps, the bound the tests derive their tolerance
-  from (plain FSDP's difference from one process).
+  from (plain FSDP's difference from one process);
+- the same through a script's API (`run.setup`, `run.forward_backward`, `run.step`,
+  `run.full_state_dict`) under pp 2 × dp_shard 2, pp 2 × tp 2 and dp_shard 4
+  (OUT/script-*/stage-0.pt: the whole weights on rank 0), and the pp × dp_shard script's
+  step-2 checkpoint resumed under dp_shard 4 for the last step (OUT/resumed-dp4).
 Usage: python pipeline_scenarios.py OUT
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -26,9 +31,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+import phalanx
 from phalanx.models.minigpt import GPTConfig, MiniGPT
+from phalanx.strategies import build, choose_for_script
+from phalanx.strategies.topology import data_parallel
 from phalanx.strategies import tensor_parallel
-from phalanx.strategies.pipeline import Pipeline, check_pipeline, pipeline_norm
+from phalanx.strategies.pipeline import Pipeline, check_stages, pipeline_norm
 
 CFG = dict(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=32, dropout=0.0,
            tie_embeddings=False)
@@ -40,6 +48,11 @@ CASES = {  # name: mesh dimensions (sizes), schedule
     "pp-tp-1f1b": (("pp", "tp"), (2, 2), "1f1b"),
     "dp4": (("dp_shard",), (4,), None),
 }
+SCRIPTED = [  # name, schedule (None: no pipeline), phalanx.init's layout keywords
+    ("script-pp-dp", "1f1b", {"pp": 2, "dp_shard": 2}),
+    ("script-pp-tp", "gpipe", {"pp": 2, "tp": 2}),
+    ("script-dp4", None, {"dp_shard": 4}),
+]
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +72,7 @@ def run_case(out: Path, names: tuple[str, ...], sizes: tuple[int, ...], schedule
     net = model()
     stage = mesh["pp"].get_local_rank() if "pp" in names else 0
     if "pp" in names:
-        check_pipeline(net, mesh["pp"].size(), schedule, MICRO)
+        check_stages(net, mesh["pp"].size())
         net.keep_stage(stage, mesh["pp"].size())
     if "tp" in names:
         net = tensor_parallel.split(net, mesh["tp"])
@@ -105,14 +118,62 @@ def run_case(out: Path, names: tuple[str, ...], sizes: tuple[int, ...], schedule
     dcp.save({"model": get_model_state_dict(net)}, checkpoint_id=str(where / "dcp"))
 
 
+@contextlib.contextmanager
+def laid_out(run, **dims):
+    """`run` under the fsdp strategy on the mesh `dims` give (as `phalanx.init(**dims)`
+    builds it: the mesh, the data-parallel rank and size)."""
+    choice = choose_for_script("fsdp", run.world_size, **dims)
+    t = run.topology
+    topology = data_parallel(t.rank, t.local_rank, t.world_size, t.local_world_size,
+                             t.device, t.backend, t.launcher, layout=choice.layout)
+    saved = run.strategy, run.topology
+    run.strategy, run.topology = build(choice, topology), topology
+    try:
+        yield
+    finally:
+        run.strategy, run.topology = saved
+
+
+def scripted(run, out: Path, schedule: str | None, resume: Path | None = None, **dims) -> None:
+    """A script's loop on the public API — `run.setup`, `run.forward_backward`,
+    `run.clip_grad_norm_`, `run.step`, `run.save`, `run.full_state_dict` — under `dims`;
+    it commits a checkpoint after step 2; with `resume`, it resumes the newest there first."""
+    with laid_out(run, **dims):
+        net, opt = run.setup(model(), lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9))
+        t = run.topology
+        share = GLOBAL // t.dp_size
+        x, y = (part[t.dp_rank * share:(t.dp_rank + 1) * share] for part in batch())
+        losses, norms = [], []
+        steps = run.resume(resume, net, opt) if resume is not None else 0
+        for step in range(steps + 1, STEPS + 1):
+            # (without a pipeline: 2 micro-batches of one row, run.accumulate's path)
+            loss = run.forward_backward(net, x, y, microbatches=MICRO if schedule else 2,
+                                        schedule=schedule or "1f1b")
+            norms.append(run.clip_grad_norm_(net, CLIP).item())
+            run.step(opt)
+            losses.append(run.all_reduce_mean(loss.item()))
+            if step == STEPS - 1 and resume is None:  # (the step the resume starts from)
+                run.save(out / "checkpoints", step, net, opt)
+        state = run.full_state_dict(net)
+        if run.is_main:
+            torch.save({"state": {k: v.clone() for k, v in state.items()}, "losses": losses,
+                        "norms": norms}, out / "stage-0.pt")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
-    dist.init_process_group("gloo")
-    for name, (names, sizes, schedule) in CASES.items():
-        (out / name).mkdir(parents=True, exist_ok=True)
-        run_case(out / name, names, sizes, schedule)
-        dist.barrier()
-    dist.destroy_process_group()
+    with phalanx.init(seed=7, threads=1) as run:
+        for name, (names, sizes, schedule) in CASES.items():
+            (out / name).mkdir(parents=True, exist_ok=True)
+            run_case(out / name, names, sizes, schedule)
+            dist.barrier()
+        for name, schedule, dims in SCRIPTED:
+            (out / name).mkdir(parents=True, exist_ok=True)
+            scripted(run, out / name, schedule, **dims)
+        # the pp 2 × dp_shard 2 script's checkpoint, resumed under dp_shard 4
+        (out / "resumed-dp4").mkdir(exist_ok=True)
+        scripted(run, out / "resumed-dp4", None, out / "script-pp-dp" / "checkpoints",
+                 dp_shard=4)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,17 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from phalanx.config.layout import pipeline_refusal, stage_blocks
+from phalanx.config.layout import schedule_refusal, stage_blocks, stage_refusal
 from phalanx.errors import UserError
 from phalanx.launch.agent import launch_workers
-from phalanx.strategies.pipeline import check_pipeline
+from phalanx.strategies.pipeline import check_stages
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_scenarios import CASES, CFG, CLIP, LR, STEPS, batch, model  # noqa: E402
+from pipeline_scenarios import CASES, CLIP, LR, SCRIPTED, STEPS, batch, model  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "pipeline_scenarios.py")
 PIPELINES = [name for name, (dims, *_) in CASES.items() if "pp" in dims]
+SCRIPTS = [name for name, *_ in SCRIPTED]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,27 @@ def test_a_pipeline_equals_one_process_on_the_global_batch(runs, reference, boun
     assert norms == pytest.approx(reference[2], rel=1e-4)  # clipped over both stages
 
 
+@pytest.mark.parametrize("case", SCRIPTS)
+def test_a_scripts_loop_through_forward_backward_equals_one_process(runs, reference, bound,
+                                                                     case):
+    """The same loop under every layout (`run.setup`, `run.forward_backward`, clipping,
+    `run.step`): pp 2 × dp_shard 2 (1F1B), pp 2 × tp 2 (GPipe), dp_shard 4 (accumulation),
+    each the one-process run; `run.full_state_dict` gathers the stages on rank 0."""
+    state, losses, norms = stages(runs, case)
+    assert farthest(state, reference[0]) <= bound, (case, farthest(state, reference[0]))
+    assert losses == pytest.approx(reference[1], rel=1e-4)
+    assert norms == pytest.approx(reference[2], rel=1e-4)
+
+
+def test_a_pipelines_checkpoint_resumes_under_another_layout(runs, reference, bound):
+    """The pp 2 × dp_shard 2 script's checkpoint after step 2, resumed by the same script
+    under dp_shard 4 (the optimizer's momentum included), ends its last step as one
+    process does."""
+    state, losses, _ = stages(runs, "resumed-dp4")
+    assert farthest(state, reference[0]) <= bound
+    assert losses == pytest.approx(reference[1][-1:], rel=1e-4)
+
+
 def test_the_tolerance_would_catch_a_wrong_scaling(runs, reference, bound):
     """A reference whose loss is halved (what a gradient scaled by micro-batches twice
     gives) moves the weights far past the bound: the equality above can fail."""
@@ -117,21 +139,27 @@ def test_stages_split_the_blocks_evenly_the_first_taking_the_rest():
     assert [len(stage_blocks(8, 4, s)) for s in range(4)] == [2, 2, 2, 2]
 
 
-@pytest.mark.parametrize("n_layer, microbatches, tied, schedule, needle", [
-    (1, 4, False, "1f1b", "--n-layer 1 cannot fill 2 pipeline stages"),
-    (4, 1, False, "1f1b", "raise --grad-accum to 2"),
-    (4, 4, True, "gpipe", "train with an untied head"),
-    (4, 4, False, "zb", "--pp-schedule 'zb' is not one of gpipe, 1f1b"),
+@pytest.mark.parametrize("n_layer, tied, needle", [
+    (1, False, "--n-layer 1 cannot fill 2 pipeline stages"),
+    (4, True, "train with an untied head"),
 ])
-def test_what_the_schedules_would_refuse_is_one_line_first(n_layer, microbatches, tied,
-                                                            schedule, needle):
-    assert needle in pipeline_refusal(n_layer, 2, schedule, microbatches, tied)
-    net = model() if not tied else None
-    if net is not None and n_layer == CFG["n_layer"]:
-        with pytest.raises(UserError, match="--pp 2"):
-            check_pipeline(net, 2, schedule, microbatches)
+def test_a_model_the_stages_cannot_take_is_one_line_first(n_layer, tied, needle):
+    assert needle in stage_refusal(n_layer, 2, tied)
+    net = model()
+    net.config.n_layer, net.config.tie_embeddings = n_layer, tied
+    with pytest.raises(UserError, match="--pp 2"):
+        check_stages(net, 2)
+
+
+@pytest.mark.parametrize("microbatches, schedule, needle", [
+    (1, "1f1b", "pass microbatches=2 or more"),
+    (4, "zb", "the schedule 'zb' is not one of gpipe, 1f1b"),
+])
+def test_what_the_schedules_would_refuse_is_said_before(microbatches, schedule, needle):
+    assert needle in schedule_refusal(2, schedule, microbatches)
+    assert schedule_refusal(2, "gpipe", 2) is None
 
 
 def test_a_model_without_keep_stage_is_refused_naming_what_it_needs():
     with pytest.raises(UserError, match="needs a `keep_stage"):
-        check_pipeline(torch.nn.Linear(2, 2), 2, "1f1b", 4)
+        check_stages(torch.nn.Linear(2, 2), 2)

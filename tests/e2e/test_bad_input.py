@@ -101,7 +101,7 @@ def _cases() -> list[tuple[str, list[str], str, dict, bool]]:
          "`--strategy ddp` with `--dp-shard 2`: DDP replicates whole models"),
         ("layout-zero", ["--strategy", "zero", "--dp-replicate", "2"],
          "ZeRO-1 shards only the optimizer state"),
-        ("layout-pp", ["--pp", "2"], "`--pp 2`: pipeline parallelism is not built"),
+        ("layout-pp", ["--pp", "2"], "`--pp 2`: pipeline stages train in your own script"),
         ("tp-heads", ["--tp", "2", "--n-head", "3", "--n-embd", "48"],
          "--n-head 3 does not divide into 2 tensor-parallel ranks"),
         ("layout-two-rests", ["--dp-replicate", "-1", "--dp-shard", "-1"],

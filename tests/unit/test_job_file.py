@@ -43,8 +43,8 @@ def test_a_job_from_another_phalanx_is_refused_in_one_line(tmp_path):
         jobs.load(path)
 
 
-def test_a_layout_not_built_yet_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"`--pp 2`: pipeline parallelism is not built"):
+def test_a_layout_the_trainer_does_not_build_yet_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"`--pp 2`: pipeline stages train in your own script in this version"):
         _job(tmp_path, pp=2)
     with pytest.raises(UserError, match="`--pp` must be a whole number >= 1, or -1"):
         _job(tmp_path, pp=0)

@@ -47,8 +47,9 @@ class DistConfig:
     tp: int | None = opt(None, "Layout: tensor-parallel ranks, which split each block's "
                                "matrices and share one batch (with FSDP2 over the rest: "
                                "fsdp); -1: the rest of the world.", metavar="T")
-    pp: int | None = opt(None, "Layout: pipeline stages (reserved: not built in this "
-                               "version).", metavar="P")
+    pp: int | None = opt(None, "Layout: pipeline stages, the model cut by blocks into P "
+                               "(with FSDP2 inside each: fsdp); scripts only in this "
+                               "version, their loop on run.forward_backward.", metavar="P")
     backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
                        choices=BACKENDS)
     threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "

@@ -9,7 +9,9 @@ starts, and each attempt resolves it for the world it joined (`resolve`, called 
 - `tp`: ranks among which tensor parallelism splits each block's matrices (torch's
   `parallelize_module`), inside each data-parallel rank; FSDP2 shards (and, with
   `dp_replicate`, replicates) over the other dimensions.
-- `pp`: pipeline stages — reserved: this version refuses it.
+- `pp`: pipeline stages: the model cut by blocks into `pp` consecutive stages
+  (`strategies.pipeline`), outermost: a stage's ranks are the other dimensions' mesh.
+  Scripts train with it (`run.forward_backward`); `phalanx train` does not yet.
 
 A request holds, per dimension, None (not given), a size >= 1, or -1: "the rest of the
 world" (at most one). `--strategy fsdp` is `--dp-shard -1`, `--strategy ddp` is
@@ -29,7 +31,7 @@ from phalanx.errors import UserError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first
 REST = -1
-BUILT = ("dp_replicate", "dp_shard", "tp")  # the dimensions this version builds
+BUILT = ("pp", "dp_replicate", "dp_shard", "tp")  # the dimensions this version builds
 
 
 def flag(dim: str) -> str:
@@ -58,7 +60,10 @@ class Layout:
         """The sharded strategy's mesh: ("dp",) over the world, (dp_replicate, dp_shard)
         for HSDP (FSDP2 shards on the last dimension, replicates on the first), or with
         tensor parallelism (dp_replicate, dp_shard, tp), sizes of 1 included: rank
-        ((r·S) + s)·T + t, so a tp group is T consecutive ranks."""
+        ((r·S) + s)·T + t, so a tp group is T consecutive ranks; with pipeline stages all
+        four (pp, dp_replicate, dp_shard, tp), a stage's ranks consecutive."""
+        if self.pp > 1:
+            return DIMS, (self.pp, self.dp_replicate, self.dp_shard, self.tp)
         if self.tp > 1:
             return (("dp_replicate", "dp_shard", "tp"),
                     (self.dp_replicate, self.dp_shard, self.tp))
@@ -101,7 +106,7 @@ def requested(dist_cfg: Any) -> dict[str, int | None]:
 
 def check_request(request: dict[str, int | None]) -> None:
     """What can be refused before the world is known, each in one line naming the flag:
-    sizes are -1 or >= 1, one -1 at most, and tp and pp are not built. (Whether the
+    sizes are -1 or >= 1, one -1 at most, not for pp. (Whether the
     strategy takes these dimensions is its spec's: `config.strategy.check_layout`.)"""
     given = {d: v for d, v in request.items() if v is not None}
     for d, v in given.items():
@@ -112,11 +117,9 @@ def check_request(request: dict[str, int | None]) -> None:
     if len(rest) > 1:
         raise UserError(f"`{flag(rest[0])} -1` and `{flag(rest[1])} -1`: only one dimension "
                         f"can take the rest of the world. Give the other a size.")
-    above = [f"{flag(d)} {v}" for d, v in given.items() if d not in BUILT and v != 1]
-    if above:
-        raise UserError(f"`{above[0]}`: pipeline parallelism is not built in this version "
-                        f"of Phalanx (docs/parallelism.md says what is). Leave it out; "
-                        f"`--dp-replicate`, `--dp-shard` and `--tp` are.")
+    if given.get("pp") == REST:
+        raise UserError("`--pp -1`: give the pipeline's stages a number (the model is cut "
+                        "into that many); another dimension can take the rest.")
 
 
 def given(request: dict[str, int | None]) -> dict[str, int]:
@@ -170,21 +173,24 @@ def stage_blocks(n_layer: int, stages: int, stage: int) -> range:
     return range(start, start + per + (stage < extra))
 
 
-def pipeline_refusal(n_layer: int, pp: int, schedule: str, microbatches: int,
-                     tied: bool) -> str | None:
-    """Why this model and schedule cannot be split into `pp` pipeline ranks (None: they
-    can), in the words of the flag to change: what torch's schedules would refuse after
-    launch, said before it."""
-    if schedule not in SCHEDULES:
-        return (f"--pp-schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+def stage_refusal(n_layer: int, pp: int, tied: bool) -> str | None:
+    """Why a model of `n_layer` blocks cannot be cut into `pp` pipeline stages (None: it
+    can), in the words of the flag to change."""
     if n_layer < pp:
         return (f"--n-layer {n_layer} cannot fill {pp} pipeline stages: every stage needs a "
                 f"block")
-    if microbatches < pp:
-        return (f"{microbatches} micro-batch(es) leave {pp} pipeline ranks idle most of the "
-                f"step (the schedule needs at least one per rank): raise --grad-accum to "
-                f"{pp} or more")
     if tied:
         return ("the token embedding (first stage) and the output head (last stage) are tied: "
                 "pipeline stages cannot share a weight; train with an untied head")
+    return None
+
+
+def schedule_refusal(pp: int, schedule: str, microbatches: int) -> str | None:
+    """What torch's schedules would refuse after the first step starts, said before it
+    (None: they take it)."""
+    if schedule not in SCHEDULES:
+        return f"the schedule {schedule!r} is not one of {', '.join(SCHEDULES)}"
+    if microbatches < pp:
+        return (f"{microbatches} micro-batch(es) leave {pp} pipeline ranks idle (the schedule "
+                f"needs at least one per stage): pass microbatches={pp} or more")
     return None

@@ -304,6 +304,12 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self) -> None:
+        pp = self.dist.pp
+        if isinstance(pp, int) and pp > 1:  # (scripts: `phalanx run`, which takes no Config)
+            raise UserError(f"`--pp {pp}`: pipeline stages train in your own script in this "
+                            f"version (`phalanx run --pp {pp} … script.py`, its loop on "
+                            f"`run.forward_backward`: docs/parallelism.md), not in "
+                            f"`phalanx train`, bench or plan yet. Leave --pp out here.")
         tp, m = self.dist.tp, self.model
         if m.factory is None and isinstance(tp, int) and tp > 1:  # (a --model: its plan's)
             why = minigpt_tp_refusal(m.n_head, tp)

@@ -163,9 +163,10 @@ SPECS: dict[str, StrategySpec] = {spec.name: spec for spec in (
                          "sharded (ZeRO-3)", "phalanx.strategies.fsdp:FSDPStrategy", FSDPOptions,
                  shards=ALL_STATE, flag_prefix="fsdp_",
                  checks=(_offload_on_cuda, _grad_sync_known),
-                 dims=("dp_shard", "dp_replicate", "tp"),
+                 dims=("dp_shard", "dp_replicate", "tp", "pp"),
                  hint="FSDP2 shards over --dp-shard, replicates its groups over "
-                 "--dp-replicate (HSDP), and splits matrices over --tp."),
+                 "--dp-replicate (HSDP), splits matrices over --tp and the model into "
+                 "pipeline stages over --pp."),
 )}
 
 
@@ -252,7 +253,7 @@ def laid_out(name: str | None, request: dict[str, int | None], world: int
     with --tp, fsdp's dp_shard may be 1 (FSDP2 then only replicates, over dp_replicate)."""
     if name is None and given(request):
         probe = fill(request, world, ("dp_shard", "dp_replicate"))
-        name = "fsdp" if probe.dp_shard > 1 or probe.tp > 1 \
+        name = "fsdp" if probe.dp_shard > 1 or probe.tp > 1 or probe.pp > 1 \
             else "ddp" if probe.dp_replicate > 1 else default_name(world)
     found = spec(name or default_name(world))
     check_layout(found, request)

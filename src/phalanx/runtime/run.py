@@ -30,6 +30,7 @@ from phalanx.runtime.accumulate import Accumulator
 from phalanx.runtime.clip_and_step import StepMethods
 from phalanx.runtime.clip_and_step import derive_seed as derive_seed  # (its old home)
 from phalanx.runtime.collectives import CollectiveMethods
+from phalanx.runtime.forward_backward import ForwardBackwardMethods
 from phalanx.runtime.memory_history import plain_failure
 from phalanx.runtime.pace import Pace
 from phalanx.runtime.save_resume import CheckpointMethods
@@ -40,7 +41,7 @@ from phalanx.strategies.topology import Topology
 
 
 @dataclass
-class Run(StepMethods, CheckpointMethods, CollectiveMethods):
+class Run(StepMethods, CheckpointMethods, CollectiveMethods, ForwardBackwardMethods):
     """This process's place in the job, and the public API for training on it."""
 
     topology: Topology
@@ -55,6 +56,8 @@ class Run(StepMethods, CheckpointMethods, CollectiveMethods):
     log_dir: Path | None = None  # where `log` writes (phalanx.init's `log_dir`; settable)
     out: Path | None = None  # the run directory (`phalanx run --out`, or init's `out`)
     _optimizers: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False)  # model → opt
+    _pipelines: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False)  # see
+    # runtime.forward_backward: a model's pipeline schedule, made at its first step
     _failed: bool = field(default=False, repr=False)  # an exception left the script
     _sink: Any = field(default=None, repr=False)
     trackers: tuple[str, ...] = ()  # experiment trackers `log` also writes to (rank 0)

@@ -32,7 +32,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from phalanx.checkpoint import store
 from phalanx.errors import UserError
-from phalanx.strategies import start, tensor_parallel
+from phalanx.strategies import pipeline, start, tensor_parallel
 from phalanx.strategies.base import Alternative, BackwardSyncControl, Strategy
 from phalanx.strategies.blocks import find_blocks, sharding_note
 from phalanx.strategies.fsdp_output import check_outputs
@@ -77,13 +77,20 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
                             f"{type(model).__name__} has no trainable ones. Use `--strategy "
                             f"ddp` (or single), or give run.setup() the model to train.")
         meta = start.on_meta(model)
-        tp_mesh = self.topology.tp_mesh
+        tp_mesh, pp_mesh = self.topology.tp_mesh, self.topology.pp_mesh
+        if pp_mesh is not None:
+            pipeline.check_setup(model, pp_mesh.size(), meta, precision.name)
         full = start.full_weights_on_rank0(model, self.topology) if meta else None
         if not meta:
             model = start.place(model, self.topology)
             self.start_from_rank0(model)
+        if pp_mesh is not None:  # (rank 0's weights everywhere: each keeps its stage's)
+            pipeline.cut(model, pp_mesh)
+            blocks = None if blocks is None else pipeline.kept(model, blocks)
         chosen = list(blocks) if blocks is not None else find_blocks(model)
         self.note = f"fsdp: {sharding_note(model, chosen)}"
+        if pp_mesh is not None:
+            self.note = f"{pipeline.stage_note(model, pp_mesh.size())}; {self.note}"
         if tp_mesh is not None:  # (rank 0's weights on every rank, or meta: filled below)
             model = tensor_parallel.split(model, tp_mesh, tp_plan)
         kwargs = self._shard_kwargs(precision)
@@ -154,14 +161,19 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         """The global norm over every rank's gradient shards (one all-reduce per mesh the
         gradients live on: two with tensor parallelism), then each rank scales its shards:
         the same number as DDP's, on every rank."""
-        return tensor_parallel.clip(list(model.parameters()), max_norm)
+        pp_mesh = self.topology.pp_mesh
+        return tensor_parallel.clip(list(model.parameters()), max_norm,
+                                    None if pp_mesh is None else pp_mesh.get_group())
 
     def save_state(self, model: nn.Module, optimizer) -> dict:
         """Every rank's own shards (DTensors): DCP writes each once, with their offsets."""
         return store.dcp_template(model, optimizer)[0]
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """All-gathered weights on rank 0, in CPU memory (a collective)."""
+        """All-gathered weights on rank 0, in CPU memory (a collective); with pipeline
+        stages, each stage's gathered and sent to rank 0 (`pipeline.whole_state`)."""
+        if self.topology.pp_mesh is not None:
+            return pipeline.whole_state(model, self.topology)
         full = get_model_state_dict(model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
         # (typed as any state-dict value by torch; a module's full state dict holds tensors)
@@ -173,6 +185,10 @@ class FSDPStrategy(Strategy, BackwardSyncControl):
         under HSDP the replicas of each shard too."""
 
         t = self.topology
+        if t.pp_mesh is not None:  # (each stage holds other parameters: not compared yet)
+            raise UserError("run.check_consistency() under pipeline stages is not built in "
+                            "this version (each stage holds its own parameters); leave it "
+                            "out of a pipelined run.")
         check_sharded(model, t.device, t.world_size, t.rank, t.mesh)
 
 

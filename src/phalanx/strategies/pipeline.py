@@ -15,14 +15,14 @@ only; `forward_backward` hands every rank of the pipeline its mean (one all-redu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn import functional as F
 
-from phalanx.config.layout import SCHEDULES, pipeline_refusal
+from phalanx.config.layout import schedule_refusal, stage_refusal
 from phalanx.errors import UserError
 
 
@@ -41,10 +41,10 @@ class Pipeline:
                  schedule: str = "1f1b", microbatches: int, loss_fn=token_loss) -> None:
         from torch.distributed import pipelining
 
-        if schedule not in SCHEDULES:
-            raise UserError(f"--pp-schedule {schedule!r} is not one of "
-                            f"{', '.join(SCHEDULES)}.")
         self.group, self.stages = group, dist.get_world_size(group)
+        refusal = schedule_refusal(self.stages, schedule, microbatches)
+        if refusal is not None:
+            raise UserError(f"pipeline of {self.stages} stages: {refusal}.")
         self.stage_index = dist.get_rank(group)
         self.first, self.last = self.stage_index == 0, self.stage_index == self.stages - 1
         self.stage = pipelining.PipelineStage(model, self.stage_index, self.stages, device,
@@ -76,16 +76,70 @@ def pipeline_norm(local: torch.Tensor, group: Any) -> torch.Tensor:
     return squared.sqrt()
 
 
-def check_pipeline(model: nn.Module, pp: int, schedule: str, microbatches: int) -> None:
+def cut(model: nn.Module, pp_mesh: Any) -> None:
+    """`model` (rank 0's weights on every rank) cut to this rank's stage of the pipeline
+    over `pp_mesh`, after checking it can be (`check_stages`)."""
+    check_stages(model, pp_mesh.size())
+    model.keep_stage(pp_mesh.get_local_rank(), pp_mesh.size())  # type: ignore[operator]
+
+
+def check_stages(model: nn.Module, pp: int) -> None:
     """A model that can be cut into `pp` stages: it has `keep_stage` (MiniGPT's), enough
-    blocks, no weight tied across stages; and a schedule and micro-batch count torch's
-    schedules take."""
+    blocks, no weight tied across stages."""
     if not callable(getattr(model, "keep_stage", None)):
         raise UserError(f"`--pp {pp}`: {type(model).__name__} cannot be cut into pipeline "
                         f"stages here (Phalanx cuts MiniGPT by its blocks; a model of "
                         f"yours needs a `keep_stage(stage, stages)` method, as MiniGPT's).")
     config = getattr(model, "config", None)
-    refusal = pipeline_refusal(getattr(config, "n_layer", pp), pp, schedule, microbatches,
-                               bool(getattr(config, "tie_embeddings", False)))
+    refusal = stage_refusal(getattr(config, "n_layer", pp), pp,
+                            bool(getattr(config, "tie_embeddings", False)))
     if refusal is not None:
         raise UserError(f"`--pp {pp}`: {refusal}.")
+
+
+def check_setup(model: nn.Module, pp: int, meta: bool, precision: str) -> None:
+    """What this version does not build under pipeline stages, refused at setup in one
+    line: a model built on the meta device (each stage would need its own part of rank
+    0's initialisation), and low precision (a loss scale and autocast across stages)."""
+    check_stages(model, pp)
+    if meta:
+        raise UserError(f"`--pp {pp}`: a model built on the meta device is not cut into "
+                        f"pipeline stages yet; build it on the CPU (each rank keeps its "
+                        f"stage's part of rank 0's weights).")
+    if precision != "fp32":
+        raise UserError(f"`--pp {pp}` with precision {precision}: pipeline stages train in "
+                        f"fp32 in this version; leave the precision at fp32.")
+
+
+def kept(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The blocks a script named (`run.setup(blocks=)`) that this stage kept."""
+    mine = {id(m) for m in model.modules()}
+    return [b for b in blocks if id(b) in mine]
+
+
+def whole_state(model: nn.Module, topology: Any) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0 ({} elsewhere): each stage's gathered inside it
+    (every rank of the stage calls it), then the stages' sent to rank 0 over its pipeline
+    (the other pipelines, of other data-parallel and tensor-parallel coordinates, take
+    part in nothing more)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    pp_mesh = topology.pp_mesh
+    if any(topology.mesh[d].get_local_rank() for d in ("dp_replicate", "dp_shard", "tp")):
+        return {}
+    parts: list[Any] = [None] * pp_mesh.size() if topology.is_main else []
+    own = {k: cast(torch.Tensor, v).detach().cpu() for k, v in own.items()}
+    group = pp_mesh.get_group()
+    dist.gather_object(own, parts if topology.is_main else None,
+                       dst=dist.get_global_rank(group, 0), group=group)
+    return {k: v for part in parts for k, v in part.items()} if topology.is_main else {}
+
+
+def stage_note(model: nn.Module, pp: int) -> str:
+    """E.g. "pipeline: 2 stages by blocks, this rank's stage 0 (blocks 0-1)"."""
+    stage = (getattr(model, "stage", None) or (0, pp))[0]
+    blocks = getattr(model, "blocks", None)
+    held = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else []
+    return (f"pipeline: {pp} stages by blocks, this rank's stage {stage}"
+            + (f" (blocks {held[0]}-{held[-1]})" if held else ""))

@@ -83,12 +83,17 @@ def loss_context() -> Iterator[None]:
         inside.__exit__(None, None, None)
 
 
-def clip(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip(params: list[torch.Tensor], max_norm: float, stages: Any = None) -> torch.Tensor:
     """torch's `clip_grad_norm_` over parameters whose gradients may live on different
-    meshes: the total norm (`total_norm`), then each mesh's gradients scaled by torch's
+    meshes: the total norm (`total_norm`; over every pipeline stage when `stages`, the
+    pipeline's group, is given), then each mesh's gradients scaled by torch's
     `clip_grads_with_norm_`. Returns the norm before clipping, the same on every rank."""
     with_grad = [p for p in params if p.grad is not None]
     total = total_norm([p.grad for p in with_grad])  # type: ignore[misc]  # (not None: above)
+    if stages is not None:
+        from phalanx.strategies.pipeline import pipeline_norm
+
+        total = pipeline_norm(total, stages)
     for group in _by_mesh(with_grad, lambda p: p.grad).values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return total

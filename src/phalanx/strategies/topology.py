@@ -2,9 +2,11 @@
 its tensors live, and how data is split (the data-parallel rank and size).
 
 Data loading reads the data-parallel rank and size, never the global rank: the ranks of
-one tensor-parallel group share their replica's batch, so with `--tp T` the data-parallel
-rank is `rank // T` (the mesh puts a tp group on T consecutive ranks) and the size the
-world over T. Without tensor parallelism every rank is its own data-parallel rank.
+one tensor-parallel group share their replica's batch, and so do a pipeline's stages (the
+first reads the ids, the last the targets), so with `--tp T` and `--pp P` the
+data-parallel rank is `(rank // T) mod (world / (T·P))` (the mesh puts a tp group on T
+consecutive ranks, a stage on world / P) and the size world / (T·P). Without either every
+rank is its own data-parallel rank.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class Topology:
     @property
     def dp_mesh(self) -> Any:
         """The mesh FSDP2 shards (and replicates) over: the whole mesh, or without tensor
-        parallelism's dimension (dp_shard alone when nothing is replicated)."""
-        if self.tp_mesh is None:
+        parallelism's and the pipeline's dimensions (dp_shard alone when nothing is
+        replicated)."""
+        if "tp" not in self._names and "pp" not in self._names:
             return self.mesh
         replicated = self.mesh["dp_replicate"].size() > 1
         return self.mesh["dp_replicate", "dp_shard"] if replicated else self.mesh["dp_shard"]
@@ -59,8 +62,19 @@ class Topology:
     @property
     def tp_mesh(self) -> Any:
         """This rank's tensor-parallel group as a 1-D mesh; None without one."""
-        names = getattr(self.mesh, "mesh_dim_names", None) or ()
-        return self.mesh["tp"] if "tp" in names else None
+        return self._dimension("tp")
+
+    @property
+    def pp_mesh(self) -> Any:
+        """This rank's pipeline (one rank per stage) as a 1-D mesh; None without one."""
+        return self._dimension("pp")
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        return getattr(self.mesh, "mesh_dim_names", None) or ()
+
+    def _dimension(self, name: str) -> Any:
+        return self.mesh[name] if name in self._names and self.mesh[name].size() > 1 else None
 
     @property
     def nodes(self) -> int:
@@ -72,8 +86,9 @@ def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size:
                   layout: Layout | None = None, peers: Any = None) -> Topology:
     """The job's shape; `layout` (a sharded strategy's) builds its DeviceMesh
     (`layout.mesh_dims()`; each dimension makes subgroups: every rank joins each one's
-    creation) and, with tensor parallelism, sets the data-parallel rank and size."""
-    mesh, tp = None, 1
+    creation) and, with tensor parallelism or pipeline stages, sets the data-parallel rank
+    and size."""
+    mesh, tp, pp = None, 1, 1
     if layout is not None:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -81,8 +96,10 @@ def data_parallel(rank: int, local_rank: int, world_size: int, local_world_size:
             raise UserError(f"the layout {layout.describe()} spans {layout.world} ranks, and "
                             f"this job has {world_size}.")
         names, sizes = layout.mesh_dims()
-        mesh, tp = init_device_mesh(device.type, sizes, mesh_dim_names=names), layout.tp
+        mesh = init_device_mesh(device.type, sizes, mesh_dim_names=names)
+        tp, pp = layout.tp, layout.pp
+    dp_size = world_size // (tp * pp)  # (a stage's ranks consecutive: see the module doc)
     return Topology(rank=rank, local_rank=local_rank, world_size=world_size,
                     local_world_size=local_world_size, device=device, backend=backend,
-                    launcher=launcher, dp_rank=rank // tp, dp_size=world_size // tp,
+                    launcher=launcher, dp_rank=(rank // tp) % dp_size, dp_size=dp_size,
                     mesh=mesh, peers=peers)
