@@ -31,7 +31,6 @@ from phalanx.errors import UserError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # the mesh's order, outermost first
 REST = -1
-BUILT = ("pp", "dp_replicate", "dp_shard", "tp")  # the dimensions this version builds
 
 
 def flag(dim: str) -> str:
@@ -106,7 +105,7 @@ def requested(dist_cfg: Any) -> dict[str, int | None]:
 
 def check_request(request: dict[str, int | None]) -> None:
     """What can be refused before the world is known, each in one line naming the flag:
-    sizes are -1 or >= 1, one -1 at most, not for pp. (Whether the
+    sizes are -1 or >= 1, one -1 at most, and pp a number of stages. (Whether the
     strategy takes these dimensions is its spec's: `config.strategy.check_layout`.)"""
     given = {d: v for d, v in request.items() if v is not None}
     for d, v in given.items():

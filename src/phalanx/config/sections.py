@@ -307,9 +307,10 @@ class Config:
         pp = self.dist.pp
         if isinstance(pp, int) and pp > 1:  # (scripts: `phalanx run`, which takes no Config)
             raise UserError(f"`--pp {pp}`: pipeline stages train in your own script in this "
-                            f"version (`phalanx run --pp {pp} … script.py`, its loop on "
-                            f"`run.forward_backward`: docs/parallelism.md), not in "
-                            f"`phalanx train`, bench or plan yet. Leave --pp out here.")
+                            f"version (`phalanx.init(pp={pp}, ...)`, its loop on "
+                            f"`run.forward_backward`, run by `phalanx run`: "
+                            f"docs/parallelism.md), not in `phalanx train`, bench or plan "
+                            f"yet. Leave --pp out here.")
         tp, m = self.dist.tp, self.model
         if m.factory is None and isinstance(tp, int) and tp > 1:  # (a --model: its plan's)
             why = minigpt_tp_refusal(m.n_head, tp)
