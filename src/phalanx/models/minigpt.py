@@ -246,8 +246,11 @@ class MiniGPT(nn.Module):
         if self.wte is not None:  # the first stage: token ids in
             x = self.drop(self._embed(x))
         x = self._blocks(x)
-        if self.lm_head is None or self.ln_f is None:
-            return x
+        return x if self.lm_head is None else self._head(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm, the head, and the logit soft-cap if any: (B, T, vocab)."""
+        assert self.lm_head is not None and self.ln_f is not None  # (whole, or last stage)
         logits = self.lm_head(self.ln_f(x))
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits.float() / cap) if cap else logits
@@ -282,12 +285,7 @@ class MiniGPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self._blocks(self.drop(self._embed(idx)))
-        assert self.lm_head is not None and self.ln_f is not None  # (the whole model)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        cap = self.config.logit_softcap
-        if cap:
-            logits = cap * torch.tanh(logits.float() / cap)
+        logits = self._head(self._blocks(self.drop(self._embed(idx))))  # (B, T, vocab)
         if targets is None:
             return whole(logits), None
         # (logits split over the vocabulary, under tensor parallelism: the cross-entropy on

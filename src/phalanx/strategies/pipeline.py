@@ -24,13 +24,12 @@ from torch.nn import functional as F
 
 from phalanx.config.layout import schedule_refusal, stage_refusal
 from phalanx.errors import UserError
+from phalanx.models.minigpt import whole
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The mean next-token cross-entropy of a micro-batch (the last stage's loss)."""
-    full = getattr(logits, "full_tensor", None)  # (a head split by tensor parallelism)
-    logits = full() if callable(full) else logits
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    return F.cross_entropy(whole(logits).float().flatten(0, 1), targets.flatten())
 
 
 class Pipeline:
@@ -77,9 +76,8 @@ def pipeline_norm(local: torch.Tensor, group: Any) -> torch.Tensor:
 
 
 def cut(model: nn.Module, pp_mesh: Any) -> None:
-    """`model` (rank 0's weights on every rank) cut to this rank's stage of the pipeline
-    over `pp_mesh`, after checking it can be (`check_stages`)."""
-    check_stages(model, pp_mesh.size())
+    """`model` (rank 0's weights on every rank; `check_setup` found it can be cut) cut to
+    this rank's stage of the pipeline over `pp_mesh`."""
     model.keep_stage(pp_mesh.get_local_rank(), pp_mesh.size())  # type: ignore[operator]
 
 
