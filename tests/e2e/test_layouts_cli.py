@@ -84,3 +84,34 @@ def test_tensor_parallel_from_the_command_line_and_its_resume_across_layouts(tmp
     assert state["position"] == 8 * 4 and state["tokens_seen"] == 8 * 4 * 32, state
 
     assert_exported_equal(out / "checkpoints" / "step-00000004", tmp_path / "export", written)
+
+
+def test_pipeline_stages_from_the_command_line_and_their_resume_under_dp_shard_4(tmp_path):
+    """pp 2 × dp_shard 2 (two blocks, one a stage; 1F1B over the 2 micro-batches of
+    --grad-accum 2) for 4 steps, evaluated through the schedule, the sample drawn from the
+    gathered weights; resumed under dp_shard 4 to 6 (the same global batch of 8): every
+    step recorded once, the data cursor exact, the pipeline-written checkpoint exported to
+    the weights the run wrote."""
+    out = tmp_path / "run"
+    first = train(out, "--max-steps", "4", "--n-layer", "2", "--grad-accum", "2",
+                  "--pp", "2", "--dp-shard", "2", "--sample-tokens", "8")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "strategy fsdp (pp 2 × dp_shard 2)" in first.stdout.splitlines()[0], first.stdout
+    assert "2 × 2 accum × 2 data-parallel ranks (pp 2 share each batch) = 8 sequences" in \
+        first.stdout, first.stdout
+    assert "pipeline: 2 stages by blocks, this rank's stage 0 (blocks 0-0)" in first.stderr
+    assert "step 4: val loss" in first.stdout and (out / "sample.txt").is_file()
+    written = load_file(str(out / "model.safetensors"))  # the stages' weights, whole
+
+    again = train(out, "--max-steps", "6", "--n-layer", "2", "--grad-accum", "2",
+                  "--dp-shard", "4", "--micro-batch-size", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = next(line for line in again.stdout.splitlines() if line.startswith("resumed"))
+    assert "at step 4 (written by 4 rank(s) with fsdp (pp 2 × dp_shard 2), now 4 with " \
+           "fsdp)" in resumed, resumed
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    saved = json.loads((out / "checkpoints" / "step-00000006" / "train_state.json").read_text())
+    assert saved["meta"]["train_state"]["position"] == 6 * 8
+
+    assert_exported_equal(out / "checkpoints" / "step-00000004", tmp_path / "export", written)

@@ -43,8 +43,9 @@ def test_a_job_from_another_phalanx_is_refused_in_one_line(tmp_path):
         jobs.load(path)
 
 
-def test_a_layout_the_trainer_does_not_build_yet_is_refused(tmp_path):
-    with pytest.raises(UserError, match=r"`--pp 2`: pipeline stages train in your own script in this version"):
+def test_a_layout_the_schedules_would_refuse_is_refused_first(tmp_path):
+    with pytest.raises(UserError, match=r"`--pp 2`: 1 micro-batch\(es\) leave 2 pipeline ranks "
+                                        r"idle .*: pass --grad-accum 2 or more\.$"):
         _job(tmp_path, pp=2)
     with pytest.raises(UserError, match="`--pp` must be a whole number >= 1, or -1"):
         _job(tmp_path, pp=0)

@@ -78,7 +78,8 @@ def test_plan_checks_layout_flags_as_train_does(capsys):
     refusing in one line what `phalanx train` refuses."""
     for argv, said in ((["--dp-replicate", "3", "--world-size", "4"], "does not divide 4"),
                        (["--tp", "2", "--world-size", "4"], "does not model tensor parallelism"),
-                       (["--pp", "2", "--world-size", "4"], "not in `phalanx train`, bench or plan yet"),
+                       (["--pp", "2", "--grad-accum", "2", "--world-size", "4"],
+                        "`phalanx plan` does not model pipeline stages yet"),
                        (["--strategy", "ddp", "--dp-shard", "2", "--world-size", "4"],
                         "`--strategy ddp` with `--dp-shard 2`")):
         assert cli.main(["plan", *argv]) == 2, argv

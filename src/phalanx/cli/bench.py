@@ -11,6 +11,7 @@ import os
 from phalanx.cluster import protocol
 from phalanx.cluster.protocol import under_launcher
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
+from phalanx.config.layout import refuse_pp
 from phalanx.errors import UserError
 
 SUMMARY = ("Measure the training step: Phalanx vs a plain DDP loop, Accelerate and Fabric; "
@@ -50,6 +51,7 @@ def run_bench(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.bench import peers as peer_impls
 
     cfg = resolve(ns)
+    refuse_pp(cfg.dist.pp, "bench")
     if cfg.model.factory:  # (accepted: a `phalanx train` command line still parses)
         raise UserError(f"`phalanx bench` times MiniGPT against other frameworks' loops; "
                         f"`--model {cfg.model.factory}` is not benchmarked. Time your model "

@@ -11,7 +11,7 @@ import json
 import sys
 
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
-from phalanx.config.layout import DIMS, given, requested
+from phalanx.config.layout import DIMS, given, refuse_pp, requested
 from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
 from phalanx.plan.model_states import parse_count
@@ -81,6 +81,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
+    refuse_pp(cfg.dist.pp, "plan")
     if ns.model_states and (ns.measure or ns.simulate):
         raise UserError("`--model-states` prints the model states' arithmetic only; "
                         "`--measure` and `--simulate` check the full plan: leave out "

@@ -13,6 +13,7 @@ from phalanx.config.fields import (
     _positive,
     opt,
 )
+from phalanx.config.layout import SCHEDULES as PP_SCHEDULES
 from phalanx.config.layout import check_request, requested
 from phalanx.config.nccl import PRESET_NAMES
 from phalanx.config.strategy import (
@@ -48,8 +49,11 @@ class DistConfig:
                                "matrices and share one batch (with FSDP2 over the rest: "
                                "fsdp); -1: the rest of the world.", metavar="T")
     pp: int | None = opt(None, "Layout: pipeline stages, the model cut by blocks into P "
-                               "(with FSDP2 inside each: fsdp); scripts only in this "
-                               "version, their loop on run.forward_backward.", metavar="P")
+                               "(with FSDP2 or --tp inside each: fsdp); the micro-batches "
+                               "are --grad-accum's. See docs/parallelism.md.", metavar="P")
+    pp_schedule: str = opt("1f1b", "Pipeline schedule under --pp (torch's): 1f1b (least "
+                                   "activation memory) or gpipe; either needs --grad-accum "
+                                   "of at least --pp.", choices=PP_SCHEDULES)
     backend: str = opt("auto", "Process-group backend (auto: nccl on CUDA, gloo on CPU).",
                        choices=BACKENDS)
     threads_per_rank: int | None = opt(None, "torch threads per rank (default: usable cores "

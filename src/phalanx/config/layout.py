@@ -193,3 +193,38 @@ def schedule_refusal(pp: int, schedule: str, microbatches: int) -> str | None:
         return (f"{microbatches} micro-batch(es) leave {pp} pipeline ranks idle (the schedule "
                 f"needs at least one per stage): pass microbatches={pp} or more")
     return None
+
+
+def trainer_pipeline_refusal(cfg: Any) -> str | None:
+    """Why `phalanx train` cannot run `cfg` under `--pp` (None: it can, or no --pp), in the
+    words of the flag to change — said before launch. The micro-batches are --grad-accum's."""
+    pp, t, m, d = cfg.dist.pp, cfg.train, cfg.model, cfg.dist
+    if not isinstance(pp, int) or pp < 2:
+        return None
+    said = schedule_refusal(pp, d.pp_schedule, t.grad_accum)
+    if said is not None:
+        return said.replace(f"pass microbatches={pp}", f"pass --grad-accum {pp}")
+    if m.factory is None:
+        said = stage_refusal(m.n_layer, pp, m.tie_embeddings)
+        if said is not None:
+            return said.replace("untied head", "untied head (leave out --tie-embeddings)")
+    refused = [(t.precision != "fp32", f"--precision {t.precision} (stages train in fp32 in "
+                                       f"this version)"),
+               (t.compile, "--compile"),
+               (d.fault_tolerance != "none", f"--fault-tolerance {d.fault_tolerance}"),
+               (m.init_from is not None, "--init-from (a pretrained start is loaded into "
+                                         "the whole model)"),
+               (d.check_consistency_every > 0, "--check-consistency-every (each stage holds "
+                                               "its own parameters)")]
+    found = [what for hit, what in refused if hit]
+    if found:
+        return f"{found[0]} is not built under pipeline stages yet; leave it out"
+    return None
+
+
+def refuse_pp(pp: int | None, verb: str) -> None:
+    """`phalanx bench` and `phalanx plan` do not model pipeline stages yet: one line."""
+    if isinstance(pp, int) and pp > 1:
+        raise UserError(f"`--pp {pp}`: `phalanx {verb}` does not model pipeline stages yet "
+                        f"(`phalanx train --pp {pp}` and scripts train with them); leave "
+                        f"--pp out here.")

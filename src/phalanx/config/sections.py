@@ -25,7 +25,7 @@ from phalanx.config.fields import (
     step_range,
     tracker_list,
 )
-from phalanx.config.layout import minigpt_tp_refusal
+from phalanx.config.layout import minigpt_tp_refusal, trainer_pipeline_refusal
 from phalanx.errors import UserError
 
 __all__ = ["BACKENDS", "NCCL_PRESETS", "STRATEGIES", "DistConfig", "endpoint", "flag_of",
@@ -304,13 +304,9 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self) -> None:
-        pp = self.dist.pp
-        if isinstance(pp, int) and pp > 1:  # (scripts: `phalanx run`, which takes no Config)
-            raise UserError(f"`--pp {pp}`: pipeline stages train in your own script in this "
-                            f"version (`phalanx.init(pp={pp}, ...)`, its loop on "
-                            f"`run.forward_backward`, run by `phalanx run`: "
-                            f"docs/parallelism.md), not in `phalanx train`, bench or plan "
-                            f"yet. Leave --pp out here.")
+        why = trainer_pipeline_refusal(self)
+        if why is not None:
+            raise UserError(f"`--pp {self.dist.pp}`: {why}.")
         tp, m = self.dist.tp, self.model
         if m.factory is None and isinstance(tp, int) and tp > 1:  # (a --model: its plan's)
             why = minigpt_tp_refusal(m.n_head, tp)

@@ -29,6 +29,8 @@ RUN_COLLECTIVES = {
     "clip_grad_norm_": "all-reduces the gradient norm",
     "forward_backward": "syncs the gradients in its backward (under pipeline stages: the "
                         "schedule's sends and receives, and an all-reduce of the loss)",
+    "eval_loss": "a sharded model's forward gathers (under pipeline stages: the schedule's "
+                 "sends and receives, and an all-reduce of the loss)",
     "step": "steps the optimizer (ZeRO broadcasts the updated shards); every "
             "--straggler-every steps, an all-reduce of the ranks' pace",
     "step_ended": "every --straggler-every steps, an all-reduce of the ranks' pace",

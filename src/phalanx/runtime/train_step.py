@@ -1,5 +1,6 @@
 """One training step of the built-in trainer, on the public `Run` API: the micro-steps of
-an accumulation window, then the optimizer step. `phalanx train`, `phalanx bench` and
+an accumulation window (through the pipeline schedule under `--pp`), then the optimizer
+step. `phalanx train`, `phalanx bench` and
 `phalanx plan` all time and train with these same two functions."""
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def micro_steps(model: nn.Module, acc: Accumulator, batches: Iterator, precision
                 acc.backward(loss, precision.scaler)
         total += loss.detach().float()
     return total / acc.steps
+
+
+def pipeline_steps(run: Run, model: nn.Module, batches: Iterator, microbatches: int,
+                   schedule: str) -> torch.Tensor:
+    """Under pipeline stages (`--pp`): the accumulation window's micro-batches — the ones
+    `micro_steps` would read — through the schedule as one batch (`run.forward_backward`);
+    returns their mean loss, on every rank."""
+    with record_function("phalanx::data"):
+        pairs = [next(batches) for _ in range(microbatches)]
+        slow_point("data")
+    with record_function("phalanx::forward_backward"):
+        return run.forward_backward(model, torch.cat([x for x, _ in pairs]),
+                                    torch.cat([y for _, y in pairs]),
+                                    microbatches=microbatches, schedule=schedule)
 
 
 def optimizer_step(run: Run, model: nn.Module, opt: torch.optim.Optimizer, grad_clip: float,

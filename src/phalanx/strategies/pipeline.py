@@ -34,14 +34,17 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 class Pipeline:
     """This rank's stage of `model` in the pipeline over `group` (its stage: the rank in
-    the group), and the schedule that runs it."""
+    the group), and the schedule that runs it. `forward_only`: for `evaluate` alone (GPipe
+    runs fewer micro-batches than stages there; training refuses that idle pipeline)."""
 
     def __init__(self, model: nn.Module, group: Any, device: torch.device, *,
-                 schedule: str = "1f1b", microbatches: int, loss_fn=token_loss) -> None:
+                 schedule: str = "1f1b", microbatches: int, loss_fn=token_loss,
+                 forward_only: bool = False) -> None:
         from torch.distributed import pipelining
 
         self.group, self.stages = group, dist.get_world_size(group)
-        refusal = schedule_refusal(self.stages, schedule, microbatches)
+        refusal = schedule_refusal(self.stages, schedule,
+                                   self.stages if forward_only else microbatches)
         if refusal is not None:
             raise UserError(f"pipeline of {self.stages} stages: {refusal}.")
         self.stage_index = dist.get_rank(group)
@@ -57,10 +60,22 @@ class Pipeline:
         """Forward and backward of the batch (`x` ids, `y` targets: every stage passes
         them; the first uses `x`, the last `y`); the mean loss over its micro-batches, on
         every rank of the pipeline."""
+        return self._mean_loss(self.schedule.step, x, y)
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss, forward only (the schedule's `eval`), on every rank of
+        the pipeline."""
+        run = getattr(self.schedule, "eval", None)
+        if run is None:
+            raise UserError(f"evaluation under pipeline stages needs a torch whose schedules "
+                            f"have `eval()` (this is torch {torch.__version__}); upgrade "
+                            f"torch, or train without --pp.")
+        return self._mean_loss(run, x, y)
+
+    def _mean_loss(self, run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
-        self.schedule.step(*args, target=y if self.last else None,
-                           losses=losses if self.last else None)
+        run(*args, target=y if self.last else None, losses=losses if self.last else None)
         total = (torch.stack([loss.detach().float() for loss in losses]).mean()
                  if losses else torch.zeros((), device=self.device))
         dist.all_reduce(total, group=self.group)  # (only the last stage's is not zero)

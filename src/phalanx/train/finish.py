@@ -44,12 +44,16 @@ def banner(cfg: Config, run: Run, splits: TokenSplits) -> str:
 
 
 def _data_ranks(run: Run) -> str:
-    """"4 ranks"; with tensor parallelism, the ranks that see different data: "2
-    data-parallel ranks (tp 2 share each batch)"."""
-    dp = run.topology.dp_size
+    """"4 ranks"; with tensor parallelism or pipeline stages, the ranks that see different
+    data: "2 data-parallel ranks (tp 2 share each batch)", "(pp 2 × tp 2 share ...)"."""
+    t = run.topology
+    dp = t.dp_size
     if dp == run.world_size:
         return f"{dp} ranks"
-    return f"{dp} data-parallel ranks (tp {run.world_size // dp} share each batch)"
+    shared = " × ".join(f"{name} {mesh.size()}" for name, mesh in (("pp", t.pp_mesh),
+                                                                   ("tp", t.tp_mesh))
+                        if mesh is not None)
+    return f"{dp} data-parallel ranks ({shared} share each batch)"
 
 
 def sample_prompt(cfg: Config, splits: TokenSplits | None) -> str:

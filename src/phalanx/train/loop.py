@@ -34,7 +34,7 @@ from phalanx.report.run_report import write_environment
 from phalanx.runtime.optim import make_optimizer
 from phalanx.runtime.profiling import StepProfiler
 from phalanx.runtime.run import Run
-from phalanx.runtime.train_step import micro_steps, optimizer_step
+from phalanx.runtime.train_step import micro_steps, optimizer_step, pipeline_steps
 from phalanx.strategies.precision import Precision
 from phalanx.train import checkpointing as ckpt
 from phalanx.train.logger import Logger
@@ -140,6 +140,9 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     # which torch's stubs type as a plain Callable
     forward = cast(nn.Module, torch.compile(model)) if t.compile else model
     acc = run.accumulate(model, t.grad_accum)
+    window = (functools.partial(pipeline_steps, run, model, batches, t.grad_accum,
+                                cfg.dist.pp_schedule) if run.topology.pp_mesh is not None
+              else functools.partial(micro_steps, forward, acc, batches, precision))
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
     roll_back = functools.partial(_roll_back, run, cfg, out_dir, result, precision, guard,
                                   log, gate)  # (--on-nan rollback, after a dropped step)
@@ -158,7 +161,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         began = time.perf_counter()  # (goodput: the step's own time, not the quorum's)
         run.at_step(step, gate.rank)  # what the micro-steps seed from: exact on resume
         lr = _set_lr(cfg, opt, step)
-        loss = micro_steps(forward, acc, batches, precision)
+        loss = window()  # the accumulation window's forward and backward
         loss = gate.average(model, loss)  # torchft: over the live groups (with the loss)
         if not gate.commit():  # torchft: a group failed during this step: do it again
             opt.zero_grad(set_to_none=True)
@@ -314,9 +317,11 @@ def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, device=run.device, dtype=torch.float64)
+    loss_of = ((lambda x, y: run.eval_loss(model, x, y)) if run.topology.pp_mesh is not None
+               else (lambda x, y: model(x, y)[1]))  # (pipeline stages: the schedule's eval)
     for loader in loaders:
         with run.strategy.loss_context():  # (tensor parallelism: the loss on the shards)
-            _add_val_sums(sums, model, iter(loader), t.eval_batches, precision, token_bytes)
+            _add_val_sums(sums, loss_of, iter(loader), t.eval_batches, precision, token_bytes)
     model.train(was_training)
     if world is None:
         sums = run.all_reduce_sum(sums)
@@ -324,14 +329,14 @@ def evaluate(run: Run, model: nn.Module, cfg: Config, val: TokenWindows,
     return (sums[0] / sums[1]).item(), per_byte
 
 
-def _add_val_sums(sums: torch.Tensor, model: nn.Module, batches: Iterator, count: int,
+def _add_val_sums(sums: torch.Tensor, loss_of: Callable, batches: Iterator, count: int,
                   precision: Precision, token_bytes: torch.Tensor | None) -> None:
-    """Add to `sums`, over `count` batches of one share: the loss summed over tokens, the
-    tokens, their bytes."""
+    """Add to `sums`, over `count` batches of one share: the loss (`loss_of(x, y)`, a
+    batch's mean) summed over tokens, the tokens, their bytes."""
     for _ in range(count):
         x, y = next(batches)
         with precision.autocast():
-            _, loss = model(x, y)
+            loss = loss_of(x, y)
         sums[0] += loss.double() * y.numel()
         sums[1] += y.numel()
         if token_bytes is not None:
