@@ -12,7 +12,9 @@ thread's stack, while DDP's gradient all-reduce (its C++ Reducer) shows no frame
 from __future__ import annotations
 
 import ast
+import linecache
 import os
+import re
 from dataclasses import dataclass
 
 from phalanx.lint.rules.collectives import COLLECTIVES
@@ -90,6 +92,14 @@ FAMILIES = {
     "syncbn": ("nn/modules/_functions.py", (
         _rule("nn/modules/_functions.py", "forward backward",
               "SyncBatchNorm's all-gather of batch statistics", True),)),
+    "pipelining": ("distributed/pipelining/", (
+        _rule("distributed/pipelining/", "_wait_batch_p2p",
+              "the pipeline schedule's send/recv between stages"),
+        _rule("distributed/pipelining/", "", "the pipeline schedule's {op}"))),
+    "functional": ("distributed/_functional_collectives.py", (
+        _rule("distributed/_functional_collectives.py", "wait_tensor",
+              "tensor parallelism's collective (a DTensor layer's output all-reduced or "
+              "gathered, waited on where it is used)", True),)),
     "dtensor": ("distributed/tensor/", (
         _rule("distributed/tensor/", "full_tensor", "DTensor full_tensor's all-gather"),
         _rule("distributed/tensor/", "redistribute", "DTensor redistribute ({op})"),
@@ -149,10 +159,43 @@ def name_collective(stack, wrappers: frozenset[str] | None = None) -> str | None
             label = rule.label.format(op=op) if op else \
                 rule.label.replace(" ({op})", "").replace("{op}", "collective")
             where = phase(stack) if rule.phased else None
-            return f"{label} in the {where}" if where else label
+            label = f"{label} in the {where}" if where else label
+            return label + _p2p_direction(stack) if "pipeline" in label else label
     if op is not None:
         return op
     return _backward_without_frames(torch_frames, wrappers)
+
+
+_DIRECTIONS = {"fwd_recv": "receiving activations from the previous stage",
+               "fwd_send": "sending activations to the next stage",
+               "bwd_recv": "receiving gradients from the next stage",
+               "bwd_send": "sending gradients to the previous stage"}
+_DESC = re.compile(r'desc="([a-z_]+)"')
+_SENDS = {"fwd_sends_to_wait": "fwd_send", "bwd_sends_to_wait": "bwd_send"}
+
+
+def _p2p_direction(stack) -> str:
+    """" (sending activations to the next stage)", read from torch's schedule source at
+    the wait the rank is in: the `desc=` torch gives that batch of sends and receives (on
+    the line, or on the lines just above that made it), or the list of sends a loop waits
+    on; " (sending to a neighbouring stage)" for a send kept from an earlier turn; "" when
+    the source says nothing."""
+    frame = next((f for f in reversed(stack)
+                  if "pipelining" in f.file and "_wait_batch_p2p(" in f.code), None)
+    if frame is None:
+        return ""
+    lines = [linecache.getline(frame.file, n) for n in range(max(1, frame.line - 3),
+                                                               frame.line)]
+    if "send_work" in frame.code:
+        return " (sending to a neighbouring stage)"
+    found = _DESC.findall(frame.code) or \
+        [d for line in lines for key, d in _SENDS.items() if f"in {key}" in line] or \
+        [d for line in lines for d in _DESC.findall(line)]
+    if not found:
+        return ""
+    parts = [_DIRECTIONS[p] for p in re.findall(r"(?:fwd|bwd)_(?:send|recv)", found[-1])
+             if p in _DIRECTIONS]
+    return f" ({' and '.join(parts)})" if parts else ""
 
 
 def _backward_without_frames(torch_frames, wrappers) -> str | None:

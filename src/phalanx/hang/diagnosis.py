@@ -84,7 +84,7 @@ def likely_cause(acts: dict[int, Activity], silent: list[int], world_size: int,
                    f"torch.distributed (data loading, I/O, a lock)."
         return (f"every rank is in {coll} at {where} and it does not complete: a rank of "
                 f"another job/group, or the network (check `phalanx doctor`).")
-    p2p = _p2p_cause(acts, world_size)
+    p2p = _pipeline_cause(acts, world_size) or _p2p_cause(acts, world_size)
     if p2p:
         return p2p
     conditioned = [(r, a) for r, a in sorted(acts.items()) if a.condition and a.collective]
@@ -118,6 +118,30 @@ def _p2p_cause(acts: dict[int, Activity], world_size: int) -> str | None:
             f"{act.where()}{act.called_from()} for a peer that never matches it"
             f"{'; ' + others if others else ''}. Every recv needs a send on its source rank "
             f"(and every send a recv on its destination), reached on both sides.")
+
+
+def _pipeline_cause(acts: dict[int, Activity], world_size: int) -> str | None:
+    """A rank waiting in a pipeline schedule's send/recv while a neighbouring stage is
+    elsewhere: the stages did not run the schedule's step together (most often: a stage
+    had fewer batches, and left the loop)."""
+    waiting = [r for r, a in sorted(acts.items())
+               if a.collective and a.collective.startswith("the pipeline schedule")]
+    if not waiting:
+        return None
+    act = acts[waiting[0]]
+    others = "; ".join(f"rank {q} is {_where(acts[q])}" for q in range(world_size)
+                       if q in acts and q not in waiting)
+    uneven = find_uneven(acts)
+    left = "" if uneven is None else (
+        f" — rank(s) {', '.join(map(str, uneven.ahead))} left the loop at "
+        f"{short(uneven.loop.file)}:{uneven.loop.line}, so the stages ran the schedule a "
+        f"different number of times")
+    return (f"rank(s) {', '.join(map(str, waiting))} are in {act.collective} at "
+            f"{act.where()}{act.called_from()}, and the stage it waits for never answers"
+            f"{'; ' + others if others else ''}{left}. Every stage of a pipeline must run "
+            f"the schedule's step for the same batches, the same number of times (the ranks "
+            f"of one pipeline share a data-parallel rank: `run.loader` gives them the same "
+            f"batches).")
 
 
 def _where(act: Activity) -> str:
