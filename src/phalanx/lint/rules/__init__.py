@@ -10,6 +10,7 @@ from phalanx.lint.rules import (
                                 checkpoints,
                                 collectives,
                                 data,
+                                layouts,
                                 metrics,
                                 placement,
                                 ranks,
@@ -19,7 +20,7 @@ from phalanx.lint.rules import (
 from phalanx.lint.rules.evidence import standing
 
 FAMILIES = (placement, data, collectives, accumulation, checkpoints, amp, setup, ranks, metrics,
-            sharded)
+            sharded, layouts)
 ALL = sorted((rule for family in FAMILIES for rule in family.RULES), key=lambda r: r.code)
 BY_CODE = {rule.code: rule for rule in ALL}
 # "hygiene": style, deprecation or cleanup that never deadlocks, crashes or computes a wrong
