@@ -65,17 +65,17 @@ class Pipeline:
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss, forward only (the schedule's `eval`), on every rank of
         the pipeline."""
-        run = getattr(self.schedule, "eval", None)
-        if run is None:
+        forward_only = getattr(self.schedule, "eval", None)
+        if forward_only is None:
             raise UserError(f"evaluation under pipeline stages needs a torch whose schedules "
                             f"have `eval()` (this is torch {torch.__version__}); upgrade "
                             f"torch, or train without --pp.")
-        return self._mean_loss(run, x, y)
+        return self._mean_loss(forward_only, x, y)
 
-    def _mean_loss(self, run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _mean_loss(self, schedule_call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
-        run(*args, target=y if self.last else None, losses=losses if self.last else None)
+        schedule_call(*args, target=y if self.last else None, losses=losses if self.last else None)
         total = (torch.stack([loss.detach().float() for loss in losses]).mean()
                  if losses else torch.zeros((), device=self.device))
         dist.all_reduce(total, group=self.group)  # (only the last stage's is not zero)

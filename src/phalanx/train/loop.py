@@ -136,13 +136,7 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
     without `--fault-tolerance`)."""
     t, model, opt = cfg.train, result.model, result.optimizer  # model: as wrapped
     inner = run.unwrap(model)  # the user's module: evaluation, fault hooks, NaN messages
-    # the micro-steps' (same weights); on a Module torch.compile returns an OptimizedModule,
-    # which torch's stubs type as a plain Callable
-    forward = cast(nn.Module, torch.compile(model)) if t.compile else model
-    acc = run.accumulate(model, t.grad_accum)
-    window = (functools.partial(pipeline_steps, run, model, batches, t.grad_accum,
-                                cfg.dist.pp_schedule) if run.topology.pp_mesh is not None
-              else functools.partial(micro_steps, forward, acc, batches, precision))
+    window = _window(cfg, run, model, batches, precision)
     guard = NanGuard(run, t.on_nan, t.nan_patience, t.precision, out_dir)
     roll_back = functools.partial(_roll_back, run, cfg, out_dir, result, precision, guard,
                                   log, gate)  # (--on-nan rollback, after a dropped step)
@@ -190,6 +184,22 @@ def _steps(cfg: Config, run: Run, result: TrainResult, batches: Iterator,
         if result.stopped:
             break
     run.wait_checkpoint()
+
+
+def _window(cfg: Config, run: Run, model: nn.Module, batches: Iterator,
+            precision: Precision) -> Callable[[], torch.Tensor]:
+    """One accumulation window's forward and backward, returning its mean loss: through
+    the pipeline schedule under `--pp`, else the micro-steps (of the compiled model with
+    `--compile`: the same weights)."""
+    t = cfg.train
+    if run.topology.pp_mesh is not None:
+        return functools.partial(pipeline_steps, run, model, batches, t.grad_accum,
+                                 cfg.dist.pp_schedule)
+    # on a Module torch.compile returns an OptimizedModule, which torch's stubs type as a
+    # plain Callable
+    forward = cast(nn.Module, torch.compile(model)) if t.compile else model
+    return functools.partial(micro_steps, forward, run.accumulate(model, t.grad_accum),
+                             batches, precision)
 
 
 def _after_step_checks(cfg: Config, run: Run, log: Logger, model: nn.Module,
