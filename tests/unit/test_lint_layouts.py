@@ -30,6 +30,8 @@ PP_MESH = "mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('pp', 'dp'))\n
     (PP_MESH + "s = DistributedSampler(ds, num_replicas=mesh['dp'].size(),\n"
                "                       rank=mesh['dp'].get_local_rank())\n", []),
     (TP_MESH + "s = DistributedSampler(ds, dp_size, dp_rank)\n", []),
+    ("generate = pipeline('text-generation')\nsampler = DistributedSampler(ds)\n", []),
+    ("stage = PipelineStage(net, rank, 2, device)\nsampler = DistributedSampler(ds)\n", [2]),
 ])
 def test_px205_a_sampler_by_the_global_rank_only_under_tp_or_pp(source, lines):
     assert [line for line, _ in found("PX205", source)] == lines

@@ -1,5 +1,5 @@
 """Layouts past data parallelism: tensor parallelism (`parallelize_module`, a `tp` mesh
-dimension, `phalanx.init(tp=...)`) and pipeline stages (`PipelineStage`, a `pp`
+dimension, `phalanx.init(tp=...)`) and pipeline stages (`PipelineStage` or a schedule, a `pp`
 dimension, `phalanx.init(pp=...)`) — the data-parallel rank is no longer the global one,
 the ranks of a tp group must draw alike, and a plan must name modules that exist."""
 
@@ -13,7 +13,9 @@ from phalanx.lint.engine import Context, Rule, dotted, keyword, last
 from phalanx.lint.syntax import walk
 
 TP_CALLS = {"parallelize_module"}
-PP_CALLS = {"PipelineStage", "pipeline", "build_stage"}
+# torch.distributed.pipelining's own names (not `pipeline(...)`: Hugging Face's inference
+# `pipeline` shares it)
+PP_CALLS = {"PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"}
 SEEDS = {"torch.manual_seed", "manual_seed", "torch.cuda.manual_seed",
          "torch.cuda.manual_seed_all", "random.seed", "np.random.seed", "numpy.random.seed"}
 DATA_PARALLEL = re.compile(r"dp|data_parallel|replicate|shard", re.IGNORECASE)
