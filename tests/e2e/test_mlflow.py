@@ -79,8 +79,9 @@ def test_a_two_rank_run_and_its_resume_log_to_one_mlflow_run_until_the_server_go
     warnings = [line for line in said.splitlines() if "tracker mlflow" in line]
     # one warning: at the first record after 3 s without an answer, or at the end when the
     # run finished sooner; either way not MLflow's minutes of retries
-    assert len(warnings) == 1 and "no answer from the MLflow tracking server in 3 s" in \
-        warnings[0], warnings
+    # (a server killed mid-answer may instead leave a truncated response: a failed log)
+    assert len(warnings) == 1 and ("no answer from the MLflow tracking server in 3 s" in
+                                   warnings[0] or "failed to log step" in warnings[0]), warnings
     assert after < 90, after
     assert [s for s, _ in losses(out)] == list(range(1, STEPS + 1))  # nothing lost there
 

@@ -172,26 +172,28 @@ def stage_blocks(n_layer: int, stages: int, stage: int) -> range:
     return range(start, start + per + (stage < extra))
 
 
-def stage_refusal(n_layer: int, pp: int, tied: bool) -> str | None:
+def stage_refusal(n_layer: int, pp: int, tied: bool, untie: str = "train with an untied "
+                                                                  "head") -> str | None:
     """Why a model of `n_layer` blocks cannot be cut into `pp` pipeline stages (None: it
-    can), in the words of the flag to change."""
+    can), in the words of the flag to change (`untie`: how the caller unties the head)."""
     if n_layer < pp:
         return (f"--n-layer {n_layer} cannot fill {pp} pipeline stages: every stage needs a "
                 f"block")
     if tied:
         return ("the token embedding (first stage) and the output head (last stage) are tied: "
-                "pipeline stages cannot share a weight; train with an untied head")
+                f"pipeline stages cannot share a weight; {untie}")
     return None
 
 
-def schedule_refusal(pp: int, schedule: str, microbatches: int) -> str | None:
+def schedule_refusal(pp: int, schedule: str, microbatches: int,
+                     more: str = "microbatches={n}") -> str | None:
     """What torch's schedules would refuse after the first step starts, said before it
-    (None: they take it)."""
+    (None: they take it). `more`: how the caller passes n micro-batches."""
     if schedule not in SCHEDULES:
         return f"the schedule {schedule!r} is not one of {', '.join(SCHEDULES)}"
     if microbatches < pp:
         return (f"{microbatches} micro-batch(es) leave {pp} pipeline ranks idle (the schedule "
-                f"needs at least one per stage): pass microbatches={pp} or more")
+                f"needs at least one per stage): pass {more.format(n=pp)} or more")
     return None
 
 
@@ -201,13 +203,12 @@ def trainer_pipeline_refusal(cfg: Any) -> str | None:
     pp, t, m, d = cfg.dist.pp, cfg.train, cfg.model, cfg.dist
     if not isinstance(pp, int) or pp < 2:
         return None
-    said = schedule_refusal(pp, d.pp_schedule, t.grad_accum)
+    said = schedule_refusal(pp, d.pp_schedule, t.grad_accum, more="--grad-accum {n}")
+    if said is None and m.factory is None:
+        said = stage_refusal(m.n_layer, pp, m.tie_embeddings,
+                             untie="train with an untied head (leave out --tie-embeddings)")
     if said is not None:
-        return said.replace(f"pass microbatches={pp}", f"pass --grad-accum {pp}")
-    if m.factory is None:
-        said = stage_refusal(m.n_layer, pp, m.tie_embeddings)
-        if said is not None:
-            return said.replace("untied head", "untied head (leave out --tie-embeddings)")
+        return said
     refused = [(t.precision != "fp32", f"--precision {t.precision} (stages train in fp32 in "
                                        f"this version)"),
                (t.compile, "--compile"),
