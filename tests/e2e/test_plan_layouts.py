@@ -41,3 +41,20 @@ def test_measure_holds_with_gradient_accumulation():
     # the earlier micro-step's gradients: twice the parameters' bytes for ddp (its own and
     # the buckets), the whole unsharded gradients for fsdp (not a shard)
     assert rows["ddp"]["gradients"] == 2 * rows["fsdp"]["gradients"] > 0
+
+
+def test_measure_checks_the_tp_row_on_its_mesh():
+    """tp 2 × dp_shard 2 on 4 gloo ranks (Muon, rotary positions, the vocabulary split
+    over the TP pair: torch's loss_parallel): each rank's split of the matrices, FSDP's
+    shard of it, and the split activations, against torch's memory tracker."""
+    done = plan(*SHAPE, "--world-size", "4", "--tp", "2", "--dp-shard", "2",
+                "--measure", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    measured = result["measured"]
+    assert set(measured) == {"ddp", "zero", "fsdp", "fsdp (no reshard)", "tp 2 × dp_shard 2"}
+    tp = measured["tp 2 × dp_shard 2"]
+    # (measured 0.9995 for the peak and the activations, 1.000 for the rest)
+    for part in ("peak", "parameters", "optimizer", "activations"):
+        assert 0.99 <= tp[part]["ratio"] <= 1.01, (part, tp[part])
+    assert tp["gradients"]["within"], tp["gradients"]

@@ -77,7 +77,9 @@ def test_plan_checks_layout_flags_as_train_does(capsys):
     """`phalanx plan` takes the layout flags (an HSDP row, tests/unit/test_plan_hsdp.py),
     refusing in one line what `phalanx train` refuses."""
     for argv, said in ((["--dp-replicate", "3", "--world-size", "4"], "does not divide 4"),
-                       (["--tp", "2", "--world-size", "4"], "does not model tensor parallelism"),
+                       (["--tp", "2", "--world-size", "4", "--precision", "bf16"],
+                        "models tensor parallelism for MiniGPT in fp32, and `--precision "
+                        "bf16` is not fp32"),
                        (["--pp", "2", "--grad-accum", "2", "--world-size", "4"],
                         "`phalanx plan` does not model pipeline stages yet"),
                        (["--strategy", "ddp", "--dp-shard", "2", "--world-size", "4"],

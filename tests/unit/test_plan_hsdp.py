@@ -24,7 +24,7 @@ def config(*argv: str):
 
 def test_hsdp_holds_what_fsdp_over_its_shard_group_holds():
     cfg = config()
-    v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
+    v, fsdp = estimate.mesh_variant(2, 4), estimate.VARIANTS[2]
     facts = facts_for(cfg, variant=v)
     assert estimate.peak(facts, v, 8, False) == estimate.peak(facts, fsdp, 4, False)
     assert estimate.peak(facts, v, 8, False)["peak"] > estimate.peak(facts, fsdp, 8,
@@ -36,7 +36,7 @@ def test_hsdp_sends_fsdps_bytes_over_its_group_and_all_reduces_the_shards():
     default, the last only with --fsdp-grad-sync last."""
     for sync, syncs in (("every", 3), ("last", 1)):
         cfg = config("--grad-accum", "3", "--strategy", "fsdp", "--fsdp-grad-sync", sync)
-        v, fsdp = estimate.hsdp(2, 4), estimate.VARIANTS[2]
+        v, fsdp = estimate.mesh_variant(2, 4), estimate.VARIANTS[2]
         facts = facts_for(cfg, variant=v)
         inside = comm_passes(cfg, facts, fsdp, 4)
         shard = f.gathered_bytes(facts.param_shapes, 4, facts.reduced) // 4
@@ -80,7 +80,7 @@ def test_links_between_machines_time_each_group_at_its_slowest_link():
 
     cfg = config("--nproc-per-node", "8")
     fast, slow = 400e9, 50e9
-    v, fsdp = estimate.hsdp(4, 8), estimate.VARIANTS[2]
+    v, fsdp = estimate.mesh_variant(4, 8), estimate.VARIANTS[2]
     inner, across = comm_groups(cfg, facts_for(cfg, variant=v), v, 32)
     got = link_seconds(inner, across, v, 32, 8, fast, slow)
     assert got["backward"] == inner["backward"] / fast + across["backward"] / slow
@@ -89,11 +89,11 @@ def test_links_between_machines_time_each_group_at_its_slowest_link():
     assert across == {}
     assert link_seconds(inner, across, fsdp, 32, 8, fast, slow)["forward"] == \
         inner["forward"] / slow
-    odd = estimate.hsdp(8, 4)  # shard groups of 4 inside machines of 8: still inside
+    odd = estimate.mesh_variant(8, 4)  # shard groups of 4 inside machines of 8: still inside
     inner, across = comm_groups(cfg, facts_for(cfg, variant=odd), odd, 32)
     assert link_seconds(inner, across, odd, 32, 8, fast, slow)["forward"] == \
         inner["forward"] / fast
-    wide = estimate.hsdp(2, 16)  # shard groups of 16 span two machines of 8
+    wide = estimate.mesh_variant(2, 16)  # shard groups of 16 span two machines of 8
     inner, across = comm_groups(cfg, facts_for(cfg, variant=wide), wide, 32)
     assert link_seconds(inner, across, wide, 32, 8, fast, slow)["forward"] == \
         inner["forward"] / slow

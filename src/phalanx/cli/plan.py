@@ -156,28 +156,31 @@ def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
 
 
 def layout_rows(cfg, W: int) -> tuple:
-    """The HSDP row for `--dp-replicate R --dp-shard S` (checked as `phalanx train` checks
+    """The row of the mesh the layout flags ask for — HSDP's `--dp-replicate R --dp-shard
+    S`, tensor parallelism's `--tp T` inside either (checked as `phalanx train` checks
     them, for W ranks); none without layout flags or for a layout that is a 1-D row (fsdp
     or ddp over the world). The config is left with the strategy the flags chose and
     without the flags (the other rows are the strategies over the whole world; that
     strategy's options, e.g. --fsdp-bf16-reduce, stay valid when it is checked again)."""
     from phalanx.config.strategy import choose
-    from phalanx.plan.estimate import hsdp
+    from phalanx.plan.estimate import mesh_variant
+    from phalanx.plan.tensor_parallel import tp_refusal
 
     if not given(requested(cfg.dist)):
         return ()
     choice = choose(cfg.dist, W, cfg.train.grad_accum)
-    if choice.layout.tp > 1:
-        raise UserError(f"`--tp {choice.layout.tp}`: `phalanx plan` does not model tensor "
-                        f"parallelism yet (its memory and communication per rank); `phalanx "
-                        f"train --tp` runs it. Leave --tp out to plan the data-parallel "
-                        f"layouts.")
+    layout = choice.layout
+    if layout.tp > 1 and (why := tp_refusal(cfg)):
+        raise UserError(f"`--tp {layout.tp}`: `phalanx plan` models tensor parallelism for "
+                        f"MiniGPT in fp32, and {why}. Leave it out to plan the "
+                        f"layout (or leave --tp out to plan the data-parallel ones).")
     for dim in DIMS:
         setattr(cfg.dist, dim, None)
     cfg.dist.strategy = choice.name
-    layout = choice.layout
-    return (hsdp(layout.dp_replicate, layout.dp_shard,
-                 reshard=cfg.dist.fsdp_reshard_after_forward),) if layout.hybrid else ()
+    if not (layout.hybrid or layout.tp > 1):
+        return ()
+    return (mesh_variant(layout.dp_replicate, layout.dp_shard, layout.tp,
+                         reshard=cfg.dist.fsdp_reshard_after_forward),)
 
 
 def print_model_states(ns: argparse.Namespace, cfg, W: int, user) -> int:

@@ -149,21 +149,25 @@ def minigpt_facts(L: int, H: int, C: int, T: int, V: int, B: int, bias: bool,
 
 @dataclass(frozen=True)
 class Variant:
-    label: str  # ddp, zero, fsdp, fsdp (no reshard), hsdp (R × S)
+    label: str  # ddp, zero, fsdp, fsdp (no reshard), hsdp (R × S), tp T × dp_shard S
     strategy: str
     reshard: bool = True
     replicate: int = 1  # HSDP's dp_replicate: fsdp shards over W / replicate ranks
+    tp: int = 1  # tensor-parallel ranks: each holds its split of the blocks' matrices
 
     def shard_ranks(self, W: int) -> int:
-        """The ranks one parameter is split across (a replica group's, under HSDP)."""
-        return W // self.replicate
+        """The ranks one parameter is split across by FSDP (a replica group's under HSDP,
+        a tensor-parallel split's copies under TP)."""
+        return W // (self.replicate * self.tp)
 
     @property
     def layout(self) -> dict[str, int] | None:
-        """The mesh the measurement runs it on (`--dp-replicate R --dp-shard -1`); None:
-        the strategy over the whole world."""
-        return {"dp_replicate": self.replicate, "dp_shard": -1} if self.replicate > 1 \
-            else None
+        """The mesh the measurement runs it on (`--dp-replicate R --dp-shard -1 --tp T`);
+        None: the strategy over the whole world."""
+        if self.replicate == 1 and self.tp == 1:
+            return None
+        dims = {"dp_replicate": self.replicate, "dp_shard": -1, "tp": self.tp}
+        return {k: v for k, v in dims.items() if v != 1}
 
     @property
     def shards(self) -> frozenset[str]:
@@ -181,12 +185,16 @@ VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsd
             Variant("fsdp (no reshard)", "fsdp", reshard=False))
 
 
-def hsdp(replicate: int, shard: int, reshard: bool = True) -> Variant:
-    """FSDP2 on a (dp_replicate, dp_shard) mesh: each replica group shards the model over
-    `shard` ranks (memory: fsdp's at that width); the groups all-reduce the gradient
-    shards. `reshard`: --fsdp-reshard-after-forward (the label says when it is off)."""
-    return Variant(f"hsdp ({replicate} × {shard}{'' if reshard else ', no reshard'})",
-                   "fsdp", reshard=reshard, replicate=replicate)
+def mesh_variant(replicate: int, shard: int, tp: int = 1, reshard: bool = True) -> Variant:
+    """FSDP2 on a (dp_replicate, dp_shard, tp) mesh: each replica group shards the model
+    over `shard` ranks (memory: fsdp's at that width, of each rank's tensor-parallel split
+    under `tp`); the groups all-reduce the gradient shards. `reshard`:
+    --fsdp-reshard-after-forward (the label says when it is off)."""
+    off = "" if reshard else ", no reshard"
+    label = f"hsdp ({replicate} × {shard}{off})" if replicate > 1 else \
+        f"dp_shard {shard}{off}"
+    return Variant(f"tp {tp} × {label}" if tp > 1 else label, "fsdp", reshard=reshard,
+                   replicate=replicate, tp=tp)
 
 
 def moments(facts: ModelFacts, variant: Variant, W: int, checkpointed: bool,

@@ -44,6 +44,11 @@ def facts_for(cfg, micro_batch: int | None = None,
                                    rope=m.rope, tied=m.tie_embeddings,
                                    qk_norm=m.qk_norm, softcap=m.logit_softcap > 0,
                                    optimizer=cfg.train.optimizer)
+    if variant is not None and variant.tp > 1:  # one tensor-parallel rank's split
+        from phalanx.plan.tensor_parallel import tp_facts
+
+        facts = tp_facts(facts, cfg, variant.tp, micro_batch or cfg.train.micro_batch_size,
+                         planned_vocab(cfg)[0])
     return accumulating(cfg, facts)
 
 
@@ -147,6 +152,11 @@ def comm_groups(cfg, facts, v, W: int) -> tuple[dict[str, float], dict[str, floa
                                  else f.param_bytes(hidden), syncs=syncs)
     # HSDP: the replica groups all-reduce each rank's gradient shard at every gradient sync
     across = {"backward": syncs * f.ring_all_reduce_bytes(G // W, R)} if R > 1 else {}
+    if v.tp > 1:  # the TP group's all-reduces sit between the matmuls: nothing hides them
+        from phalanx.plan.tensor_parallel import tp_comm_bytes
+
+        inner["exposed"] += cfg.train.grad_accum * tp_comm_bytes(
+            cfg, v.tp, facts.tokens // cfg.model.block_size, planned_vocab(cfg)[0])
     return inner, across
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import traceback
 
 from phalanx.errors import UserError
 from phalanx.plan.estimate import VARIANTS, Variant
@@ -209,7 +210,10 @@ def _one_line(exc: BaseException, v: Variant, W: int, rank: int) -> str:
     """What failed, where; and whether it is the job's failure or the simulation's own
     (an operation fake tensors cannot run says nothing about the real job)."""
     first = (str(exc).strip().splitlines() or [""])[0]
-    ours = type(exc).__module__.startswith(("torch._subclasses", "torch.fx"))
+    raised_in = traceback.extract_tb(exc.__traceback__)[-1].filename \
+        if exc.__traceback__ else ""
+    ours = type(exc).__module__.startswith(("torch._subclasses", "torch.fx")) or \
+        "torch/_subclasses/" in raised_in.replace("\\", "/")
     whose = ("a limit of the simulation (fake tensors), not a finding about the job"
              if ours else "the real job fails here too")
     return (f"{v.label} failed as rank {rank} of {W}: {type(exc).__name__}: {first[:300]}"

@@ -88,20 +88,32 @@ def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def fake_tensors():
-    """FakeTensorMode whose converter keeps no memo of the fake tensors it makes: its
-    weak references would stop `Module.to` (which swaps a fake parameter's contents and
-    refuses tensors with weak references) in the strategy's "move to device" step. The
-    memo only maps real tensors to their fakes; nothing real enters the simulated step."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    class NoMemo(dict):
-        def __setitem__(self, key, value) -> None:
-            pass
+@contextlib.contextmanager
+def fake_tensors() -> Iterator[None]:
+    """FakeTensorMode whose converter's memo holds its fake tensors by plain references:
+    its own weak references would stop `Module.to` (which swaps a fake parameter's
+    contents and refuses tensors with weak references) in the strategy's "move to device"
+    step. The memo only maps real tensors to their fakes: the few constants torch makes
+    inside the step (tensor parallelism's vocabulary masks), not the model. A DeviceMesh made inside it (FSDP2 over a tensor-parallel model joins the two meshes
+    into one) computes its rank tables with real tensor operations: with the fake mode
+    suspended, as before it was entered."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
 
     mode = FakeTensorMode()
-    mode.fake_tensor_converter.meta_converter.tensor_memo = NoMemo()  # type: ignore[assignment]
-    return mode
+    mode.fake_tensor_converter.meta_converter.tensor_memo = {}  # type: ignore[assignment]
+    init = DeviceMesh.__init__
+
+    def real_mesh(self, *args, **kwargs) -> None:
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = real_mesh  # type: ignore[method-assign]
+    try:
+        with mode:
+            yield
+    finally:
+        DeviceMesh.__init__ = init  # type: ignore[method-assign]
 
 
 def count_hook(log: list):

@@ -1,0 +1,83 @@
+"""`phalanx plan --tp T` (issue 44, plan for every built layout): one tensor-parallel
+rank's split of MiniGPT (phalanx.plan.tensor_parallel) under FSDP over the dp_shard ranks.
+`--measure` checks it against torch's memory tracker on 4 gloo ranks
+(tests/e2e/test_plan_layouts.py); these check the arithmetic and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx import cli
+from phalanx.config.flags import resolve
+from phalanx.models.shapes import minigpt_layout, numel
+from phalanx.plan import estimate
+from phalanx.plan import formulas as f
+from phalanx.plan.recommend import comm_passes, facts_for
+from phalanx.plan.tensor_parallel import block_activations, local_layout, tp_comm_bytes
+
+
+def config(*argv: str):
+    ns = cli.build_parser().parse_args(["plan", "--n-layer", "2", "--n-embd", "64",
+                                        "--n-head", "2", "--block-size", "64", *argv])
+    return resolve(ns)
+
+
+def test_a_tp_rank_holds_its_split_of_the_matrices_and_the_whole_of_the_rest():
+    C, V = 64, 4096
+    whole = minigpt_layout(2, C, V, 64, False, rope=True, tied=False)
+    local = local_layout(whole, 2, V, C)
+    split = (C * C + 4 * C * C + 4 * C * C) // 2  # c_proj, c_fc, mlp.c_proj: halves
+    kept = 3 * C * C + 2 * C  # c_attn and the norms: whole
+    assert sum(map(numel, local.block)) == split + kept
+    assert local.embeddings == [(V // 2, C)] and local.tail == [(C,), (V // 2, C)]
+    # a vocabulary T does not divide stays whole (no loss_parallel)
+    odd = local_layout(minigpt_layout(2, C, V + 1, 64, False), 2, V + 1, C)
+    assert odd.embeddings[0] == (V + 1, C)
+
+
+def test_the_tp_row_is_fsdp_over_dp_shard_of_the_split_model():
+    cfg = config("--optimizer", "adamw")
+    v, fsdp = estimate.mesh_variant(1, 2, tp=2), estimate.VARIANTS[2]
+    assert v.label == "tp 2 × dp_shard 2" and v.shard_ranks(4) == 2
+    assert v.layout == {"dp_shard": -1, "tp": 2}
+    assert estimate.mesh_variant(2, 2, 2).layout == {"dp_replicate": 2, "dp_shard": -1, "tp": 2}
+    tp, whole = facts_for(cfg, variant=v), facts_for(cfg, variant=fsdp)
+    ratio = f.param_bytes(tp.param_shapes) / f.param_bytes(whole.param_shapes)
+    assert 0.5 < ratio < 0.75, ratio  # c_attn and the norms stay whole
+    peak_tp = estimate.peak(tp, v, 4, False)
+    peak_fsdp = estimate.peak(whole, fsdp, 2, False)
+    assert peak_tp["optimizer"] < peak_fsdp["optimizer"]
+    assert peak_tp["activations"] < peak_fsdp["activations"]
+
+
+def test_tp_activations_count_the_split_and_the_whole_parts():
+    B, T, C, H = 4, 64, 64, 4
+    unit = B * T * C * f.FP32
+    stats = 2 * 2 * B * T * f.FP32
+    assert block_activations(B, T, C, H, 1, False) == 16 * unit + stats + B * H * T * 4
+    assert block_activations(B, T, C, H, 2, True) == (4 + 7) * unit + stats + B * 2 * T * 4
+
+
+def test_tp_all_reduces_are_exposed_communication():
+    cfg = config("--optimizer", "adamw")
+    v = estimate.mesh_variant(1, 2, tp=2)
+    base = comm_passes(cfg, facts_for(cfg, variant=v), estimate.mesh_variant(1, 2), 2)
+    with_tp = comm_passes(cfg, facts_for(cfg, variant=v), v, 4)
+    extra = with_tp["exposed"] - base["exposed"]
+    B = cfg.train.micro_batch_size
+    act = B * 64 * 64 * 4
+    gathers = 2 * f.ring_all_gather_bytes(3 * act, 2)  # the heads' gradients, per block
+    assert extra == pytest.approx((3 * 2 + 2) * f.ring_all_reduce_bytes(act, 2) + gathers)
+    assert tp_comm_bytes(cfg, 2, B, 4097) == pytest.approx(
+        6 * f.ring_all_reduce_bytes(act, 2) + gathers)  # the vocabulary whole
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--precision", "bf16"], "`--precision bf16` is not fp32"),
+    (["--qk-norm"], "`--qk-norm` is on"),
+    (["--activation-checkpointing"], "`--activation-checkpointing` is on"),
+    (["--n-head", "3", "--n-embd", "66"], "--n-head 3 does not divide into 2 tensor-parallel")])
+def test_what_the_tp_model_does_not_cover_is_refused_in_one_line(argv, said, capsys):
+    code = cli.main(["plan", "--world-size", "4", "--tp", "2", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and said in err[0], err
