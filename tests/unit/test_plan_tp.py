@@ -33,6 +33,9 @@ def test_a_tp_rank_holds_its_split_of_the_matrices_and_the_whole_of_the_rest():
     # a vocabulary T does not divide stays whole (no loss_parallel)
     odd = local_layout(minigpt_layout(2, C, V + 1, 64, False), 2, V + 1, C)
     assert odd.embeddings[0] == (V + 1, C)
+    # learned positions as many as the vocabulary (bytes, block size 256): wpe stays whole
+    wpe = local_layout(minigpt_layout(2, C, 256, 256, False, tied=True), 2, 256, C)
+    assert wpe.embeddings == [(128, C), (256, C)] and wpe.tail == [(C,)]
 
 
 def test_the_tp_row_is_fsdp_over_dp_shard_of_the_split_model():

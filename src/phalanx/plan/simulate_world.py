@@ -94,9 +94,10 @@ def fake_tensors() -> Iterator[None]:
     its own weak references would stop `Module.to` (which swaps a fake parameter's
     contents and refuses tensors with weak references) in the strategy's "move to device"
     step. The memo only maps real tensors to their fakes: the few constants torch makes
-    inside the step (tensor parallelism's vocabulary masks), not the model. A DeviceMesh made inside it (FSDP2 over a tensor-parallel model joins the two meshes
-    into one) computes its rank tables with real tensor operations: with the fake mode
-    suspended, as before it was entered."""
+    inside the step (tensor parallelism's vocabulary masks), not the model. A DeviceMesh
+    made inside it (FSDP2 over a tensor-parallel model joins the two meshes into one)
+    computes its rank tables with real tensor operations: with the fake mode suspended,
+    as before it was entered (torch's class, patched while the mode is on)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
 

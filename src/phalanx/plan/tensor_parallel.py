@@ -1,24 +1,25 @@
 """The planner's tensor parallelism (`--tp T`, inside FSDP2): what one rank of a T-rank
 tensor-parallel group holds of MiniGPT, as `models.minigpt.MiniGPT.tp_plan` splits it.
 
-Parameters: each block's attention output projection and MLP down-projection split by
-rows (their biases whole), the MLP up-projection by columns (its bias split), `c_attn`
-and the norms whole; the token embedding (rows) and an untied head (columns) split over
+Parameters (no biases: `--bias` is not modelled): each block's attention output
+projection and MLP down-projection split by rows, the MLP up-projection by columns,
+`c_attn` and the norms whole; the token embedding (rows) and an untied head (columns) split over
 the vocabulary when T divides it — else whole. FSDP then shards each rank's split over
 the dp_shard ranks (estimate.moments at that width, on these local shapes).
 
 Activations per block, in units of B·T·C·s: the block's input, the two LayerNorms'
 outputs and the residual after attention (4) stay whole on every rank; the rank's heads
-of c_attn's q, k, v output (3: the split by heads copies them out of the whole output,
-which is then freed), the attention output (1), the MLP's up-projection and GELU outputs
+of c_attn's q, k, v output (3: as measured, the split by heads copies them out of the
+whole output, which is then freed), the attention output (1), the MLP's up-projection and GELU outputs
 (4 + 4) and, with rotary positions, the rotated queries and keys (2) are 1/T each. With
 the vocabulary split the logits, the loss's log-softmax and its gradients are B·T·V/T per
 rank, and torch's loss_parallel keeps one more B·T·V/T fp32 tensor than the unsplit loss
 (measured with torch's memory tracker: `phalanx plan --tp 2 --dp-shard 2 --measure`).
 
-Communication per block and micro-step (the TP group's, `tp_comm_bytes`; the counts are
-those `phalanx plan --simulate` records): three all-reduces and one all-gather, none of
-which overlaps the matmuls around it (counted as exposed).
+Communication per block and micro-step (the TP group's, `tp_comm_bytes`, from the styles
+of the plan): three all-reduces and one all-gather, none of which overlaps the matmuls
+around it (counted as exposed). `--simulate` records more than this (docs/plan.md: not
+explained yet).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from dataclasses import replace
 
 from phalanx.models.shapes import MiniGPTShapes, Shape
 from phalanx.plan import formulas as f
+from phalanx.plan.estimate import optimizer_layout
 
 
 def tp_refusal(cfg) -> str | None:
     """What the planner's TP model does not cover in `cfg` (None: it covers it), said as
-    the option found — measured for MiniGPT in fp32 (AdamW or Muon) without the options below."""
+    the option found — measured for MiniGPT in fp32 (AdamW or Muon) without these."""
     m, t = cfg.model, cfg.train
     found = [(m.factory is not None, "`--model` is your model (the plan traces it; its "
                                      "TP split is not traced yet)"),
@@ -45,12 +47,10 @@ def tp_refusal(cfg) -> str | None:
 def local_layout(layout: MiniGPTShapes, tp: int, V: int, C: int) -> MiniGPTShapes:
     """`layout`'s shapes as one tensor-parallel rank holds them (no biases: `tp_refusal`)."""
     block = [(C,), (3 * C, C), (C, C // tp), (C,), (4 * C // tp, C), (C, 4 * C // tp)]
-    vocab = V // tp if V % tp == 0 else V
-
-    def split(shapes: list[Shape]) -> list[Shape]:
-        return [(vocab, C) if s == (V, C) else s for s in shapes]
-
-    return MiniGPTShapes(split(layout.embeddings), block, layout.n_blocks, split(layout.tail))
+    vocab: Shape = (V // tp if V % tp == 0 else V, C)
+    # wte first (wpe after it, whole); ln_f, then an untied head
+    return MiniGPTShapes([vocab, *layout.embeddings[1:]], block, layout.n_blocks,
+                         [layout.tail[0], *([vocab] if len(layout.tail) > 1 else [])])
 
 
 def block_activations(B: int, T: int, C: int, H: int, tp: int, rope: bool, s: int = f.FP32
@@ -69,8 +69,6 @@ def tp_facts(facts, cfg, tp: int, B: int, V: int):
     whole = f.minigpt_layout(m.n_layer, C, V, T, False, rope=m.rope, tied=m.tie_embeddings)
     local = local_layout(whole, tp, V, C)
     v = V // tp if V % tp == 0 else V
-    from phalanx.plan.estimate import optimizer_layout
-
     copies, groups = optimizer_layout(local, v, cfg.train.optimizer)
     return replace(facts, param_shapes=local.all, block_shapes=local.block,
                    root_shapes=local.root,
