@@ -84,3 +84,56 @@ def test_what_the_tp_model_does_not_cover_is_refused_in_one_line(argv, said, cap
     code = cli.main(["plan", "--world-size", "4", "--tp", "2", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_layouts_are_the_meshes_that_fit_the_machines():
+    from phalanx.plan.layouts import candidates
+
+    cfg = config("--n-head", "8", "--n-embd", "64")
+    labels = [v.label for v in candidates(cfg, 64, 8)]
+    assert labels == ["hsdp (8 × 8)", "tp 2 × hsdp (8 × 4)", "tp 4 × hsdp (8 × 2)",
+                      "tp 8 × hsdp (8 × 1)"]
+    # one machine: FSDP over the data-parallel ranks; a TP size the heads refuse is left out
+    one = [v.label for v in candidates(config("--n-head", "2"), 8, 8)]
+    assert one == ["tp 2 × dp_shard 4"]
+    # an option the TP model does not cover: HSDP only
+    assert [v.label for v in candidates(config("--qk-norm", "--n-head", "8"), 64, 8)] == \
+        ["hsdp (8 × 8)"]
+
+
+def test_the_recommendation_proposes_a_layout_and_says_why_tp_is_not_needed(capsys):
+    """A 6.5 B MiniGPT on 64 H100 (8 per machine): every layout fits; FSDP without reshard
+    is fastest, and the sentence gives the best TP layout's time for the same batch."""
+    import json
+
+    argv = ["plan", "--gpu", "h100", "--world-size", "64", "--nproc-per-node", "8",
+            "--layouts", "--n-layer", "32", "--n-embd", "4096", "--n-head", "32",
+            "--block-size", "4096", "--micro-batch-size", "1", "--optimizer", "adamw",
+            "--json"]
+    assert cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert {"hsdp (8 × 8)", "tp 2 × hsdp (8 × 4)", "tp 8 × hsdp (8 × 1)"} <= set(rows)
+    said = result["recommendation"]
+    assert said.startswith("fsdp (no reshard): it fits"), said
+    tp2 = rows["tp 2 × hsdp (8 × 4)"]["time"]["step_s"]
+    assert f"tp 2 × hsdp (8 × 4), takes {tp2 * 2 * 1e3:.1f} ms for the same global batch" \
+        in said, said
+    # a TP step is compared at T steps: its own step is shorter than fsdp's
+    assert tp2 < rows["fsdp"]["time"]["step_s"] < 2 * tp2
+
+
+def test_layouts_with_a_named_layout_or_measure_is_one_line(capsys):
+    for extra, said in ((["--dp-shard", "2"], "leave out layout flags"),
+                        (["--measure"], "leave out --measure")):
+        code = cli.main(["plan", "--world-size", "4", "--layouts", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_a_tp_rank_computes_its_split_of_the_matrices():
+    cfg = config("--optimizer", "adamw")
+    v = estimate.mesh_variant(1, 2, tp=2)
+    whole = facts_for(cfg, variant=estimate.VARIANTS[2]).flops_per_token
+    split = facts_for(cfg, variant=v).flops_per_token
+    assert 0.5 * whole < split < 0.75 * whole  # c_attn whole on every rank

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --model-states: the parameter count Ψ, e.g. 7.5e9, 7.5B or "
                         "124M (default: the planned model's)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument("--layouts", action="store_true",
+                   help="also plan the HSDP and tensor-parallel layouts that fit machines of "
+                        "--nproc-per-node ranks, and recommend among every row")
     g.add_argument("--measure", action="store_true",
                    help="run a few steps of each strategy on the local ranks and print "
                         "predicted beside measured")
@@ -94,6 +97,8 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
     extra = layout_rows(cfg, W)
+    if ns.layouts:
+        extra = _candidates(ns, cfg, W, extra)
     if ns.simulate:
         check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
@@ -153,6 +158,18 @@ def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
                         f"{per_machine or 'not given'}): give --nproc-per-node below the "
                         f"world size (e.g. `--nproc-per-node 8 --world-size 32`).")
     return ns.inter_node_busbw_gbs * 1e9
+
+
+def _candidates(ns: argparse.Namespace, cfg, W: int, asked: tuple) -> tuple:
+    """`--layouts`: the candidate meshes for W ranks on machines of --nproc-per-node."""
+    from phalanx.plan.layouts import candidates
+
+    if asked or ns.measure or ns.simulate or ns.model_states:
+        said = "layout flags" if asked else "--measure" if ns.measure else \
+            "--simulate" if ns.simulate else "--model-states"
+        raise UserError(f"`--layouts` plans the candidate layouts itself; leave out {said} "
+                        f"(or leave out --layouts to plan the layout you name).")
+    return candidates(cfg, W, cfg.dist.nproc_per_node or W)
 
 
 def layout_rows(cfg, W: int) -> tuple:

@@ -12,6 +12,7 @@ from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
 from phalanx.plan import estimate, timing
 from phalanx.plan import formulas as f
 from phalanx.plan.devices import human
+from phalanx.plan.layouts import why_not_tp
 
 MICRO_BATCH_LIMIT = 1 << 16  # where the search for the largest micro-batch stops
 
@@ -84,7 +85,7 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
         facts = facts_of(B)
         mem = estimate.peak(facts, v, W, checkpointed)
         scalable = user is None or user.scalable
-        row = {"strategy": v.label, **mem, "fits": mem["peak"] <= budget,
+        row = {"strategy": v.label, "tp": v.tp, **mem, "fits": mem["peak"] <= budget,
                "largest_micro_batch": largest_micro_batch(facts_of, v, W, budget,
                                                           checkpointed)
                if scalable else None}
@@ -229,6 +230,7 @@ def recommend(rows: list[dict], budget: int) -> str:
                 f"ranks.")
     if all("time" in r for r in fitting):
         best, why = _fastest(fitting)
+        why += why_not_tp(rows, best)
     else:
         replicated = {v.label for v in estimate.VARIANTS if not v.shards}  # (rows: labels)
         best = next((r for r in fitting if r["strategy"] in replicated), fitting[0])
@@ -239,10 +241,13 @@ def recommend(rows: list[dict], budget: int) -> str:
 
 def _fastest(fitting: list[dict]) -> tuple[dict, str]:
     """The fastest row, and why; steps equal to 0.1 ms are a tie, broken by the bytes
-    sent, then the peak — and the reason says so."""
-    step = lambda r: round(r["time"]["step_s"], 4)  # noqa: E731
+    sent, then the peak — and the reason says so. A tensor-parallel row's step takes
+    1/T of the others' global batch (T ranks share each batch): compared at T steps."""
+    step = lambda r: round(r["time"]["step_s"] * r.get("tp", 1), 4)  # noqa: E731
     best = min(fitting, key=lambda r: (step(r), r["time"]["comm_bytes"], r["peak"]))
     why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms"
+    if best.get("tp", 1) > 1:
+        why += f", {step(best) * 1e3:.1f} ms for the others' global batch"
     tied = [r for r in fitting if r is not best and step(r) == step(best)]
     if not tied:
         return best, why + ")"

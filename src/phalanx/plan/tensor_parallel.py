@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from phalanx.models.shapes import MiniGPTShapes, Shape
+from phalanx.models.shapes import MiniGPTShapes, Shape, numel
 from phalanx.plan import formulas as f
 from phalanx.plan.estimate import optimizer_layout
 
@@ -78,7 +78,17 @@ def tp_facts(facts, cfg, tp: int, B: int, V: int):
                    logits=B * T * v * f.FP32, loss_grads=2 * B * T * v * f.FP32,
                    block_grads_in_flight=(B * T * C + 4 * B * T * C // tp
                                           + 4 * C * C // tp) * f.FP32,
-                   head_grad=0, state_copies=copies, optim_groups=groups)
+                   head_grad=0, state_copies=copies, optim_groups=groups,
+                   flops_per_token=flops_per_token(local, m, tp))
+
+
+def flops_per_token(local: MiniGPTShapes, m, tp: int) -> int:
+    """Training FLOPs per token on one TP rank (`formulas.minigpt_flops_per_token` on its
+    split): 6 × the matrices it holds (c_attn whole: every rank computes all of q, k, v;
+    the learned position table is a lookup) + attention over its n_head/T heads."""
+    held = sum(map(numel, local.all)) - (0 if m.rope else m.block_size * m.n_embd)
+    return f.minigpt_flops_per_token(held, m.n_layer, m.n_head // tp, m.n_embd // tp,
+                                     m.block_size)
 
 
 def tp_comm_bytes(cfg, tp: int, B: int, V: int) -> float:

@@ -1,0 +1,51 @@
+"""`phalanx plan --layouts`: the N-D layouts worth planning for W ranks on machines of
+`per_machine` ranks, beside the 1-D strategies — so the recommendation can propose one
+and say why (e.g. "hsdp (8 × 8) … tensor parallelism not needed").
+
+Candidates, as torchtitan lays meshes out: tensor parallelism only inside a machine (T
+divides the ranks per machine and the heads; its all-reduces sit between matmuls), FSDP
+over the rest of the machine (S = per_machine / T) and replica groups across machines
+(R = W / (T·S), HSDP), or FSDP over every data-parallel rank when there is one machine.
+Pipeline stages are not planned yet (docs/plan.md)."""
+
+from __future__ import annotations
+
+from phalanx.plan.estimate import Variant, mesh_variant
+
+TP_SIZES = (2, 4, 8)
+
+
+def candidates(cfg, W: int, per_machine: int) -> tuple[Variant, ...]:
+    """The layouts above for `cfg`'s model (a TP size that does not divide the heads, or
+    an option the TP model does not cover, is left out)."""
+    from phalanx.plan.tensor_parallel import tp_refusal
+
+    reshard = cfg.dist.fsdp_reshard_after_forward
+    out: list[Variant] = []
+    if W > per_machine and W % per_machine == 0 and per_machine > 1:
+        out.append(mesh_variant(W // per_machine, per_machine, reshard=reshard))
+    if tp_refusal(cfg) is not None:
+        return tuple(out)
+    for T in TP_SIZES:
+        if T > per_machine or per_machine % T or W % T or cfg.model.n_head % T or W == T:
+            continue
+        S = per_machine // T if W > per_machine else W // T
+        R = W // (T * S)
+        out.append(mesh_variant(R, S, T, reshard=reshard))
+    return tuple(out)
+
+
+def why_not_tp(rows: list[dict], best: dict) -> str:
+    """A clause for the recommendation when it has no tensor parallelism and TP rows were
+    planned: the best TP row's time for the same global batch, or that none fits."""
+    tp_rows = [r for r in rows if r.get("tp", 1) > 1]
+    if best.get("tp", 1) > 1 or not tp_rows:
+        return ""
+    fitting = [r for r in tp_rows if r["fits"] and "time" in r]
+    if not fitting:
+        return "; tensor parallelism not needed (and no TP layout fits here)" \
+            if not any(r["fits"] for r in tp_rows) else "; tensor parallelism not needed"
+    fastest = min(fitting, key=lambda r: r["time"]["step_s"] * r["tp"])
+    return (f"; tensor parallelism not needed (the fastest TP layout, {fastest['strategy']}, "
+            f"takes {fastest['time']['step_s'] * fastest['tp'] * 1e3:.1f} ms for the same "
+            f"global batch)")
