@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from phalanx.errors import UserError
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+MEMO_KEPT = 1  # fake tensors the converter's memo keeps (`fake_tensors`)
 
 
 @contextlib.contextmanager
@@ -90,19 +91,28 @@ def _is_fake(t) -> bool:
 
 @contextlib.contextmanager
 def fake_tensors() -> Iterator[None]:
-    """FakeTensorMode whose converter's memo holds its fake tensors by plain references:
-    its own weak references would stop `Module.to` (which swaps a fake parameter's
-    contents and refuses tensors with weak references) in the strategy's "move to device"
-    step. The memo only maps real tensors to their fakes: the few constants torch makes
-    inside the step (tensor parallelism's vocabulary masks), not the model. A DeviceMesh
+    """FakeTensorMode whose converter remembers only the last few fake tensors it made, by
+    plain references: its own memo's weak references would stop `Module.to` (which swaps
+    a fake parameter's contents and refuses tensors with weak references) in the
+    strategy's "move to device" step, and a memo of every one would keep thousands alive
+    that the real step frees (the tracker counted them: fsdp's activations 1.5× at 1,024
+    ranks). The converter reads back what it has just made (a view's base: tensor
+    parallelism's vocabulary masks), so the last one stays. A DeviceMesh
     made inside it (FSDP2 over a tensor-parallel model joins the two meshes into one)
     computes its rank tables with real tensor operations: with the fake mode suspended,
     as before it was entered (torch's class, patched while the mode is on)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
 
+    class LastFew(dict):
+        def __setitem__(self, key, value) -> None:
+            super().__setitem__(key, value)
+            while len(self) > MEMO_KEPT:
+                del self[next(iter(self))]
+
     mode = FakeTensorMode()
-    mode.fake_tensor_converter.meta_converter.tensor_memo = {}  # type: ignore[assignment]
+    mode.fake_tensor_converter.meta_converter.tensor_memo = \
+        LastFew()  # type: ignore[assignment]
     init = DeviceMesh.__init__
 
     def real_mesh(self, *args, **kwargs) -> None:
