@@ -96,9 +96,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
-    extra = layout_rows(cfg, W)
-    if ns.layouts:
-        extra = _candidates(ns, cfg, W, extra)
+    extra = _candidates(ns, cfg, W, layout_rows(cfg, W))
     if ns.simulate:
         check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
@@ -161,9 +159,12 @@ def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
 
 
 def _candidates(ns: argparse.Namespace, cfg, W: int, asked: tuple) -> tuple:
-    """`--layouts`: the candidate meshes for W ranks on machines of --nproc-per-node."""
+    """The rows beside the 1-D ones: the layout `asked` (`layout_rows`); with `--layouts`,
+    the candidate meshes for W ranks on machines of --nproc-per-node instead."""
     from phalanx.plan.layouts import candidates
 
+    if not ns.layouts:
+        return asked
     if asked or ns.measure or ns.simulate or ns.model_states:
         said = "layout flags" if asked else "--measure" if ns.measure else \
             "--simulate" if ns.simulate else "--model-states"

@@ -30,8 +30,8 @@ def candidates(cfg, W: int, per_machine: int) -> tuple[Variant, ...]:
         if T > per_machine or per_machine % T or W % T or cfg.model.n_head % T or W == T:
             continue
         S = per_machine // T if W > per_machine else W // T
-        R = W // (T * S)
-        out.append(mesh_variant(R, S, T, reshard=reshard))
+        if W % (T * S) == 0:
+            out.append(mesh_variant(W // (T * S), S, T, reshard=reshard))
     return tuple(out)
 
 
@@ -43,8 +43,7 @@ def why_not_tp(rows: list[dict], best: dict) -> str:
         return ""
     fitting = [r for r in tp_rows if r["fits"] and "time" in r]
     if not fitting:
-        return "; tensor parallelism not needed (and no TP layout fits here)" \
-            if not any(r["fits"] for r in tp_rows) else "; tensor parallelism not needed"
+        return "; tensor parallelism not needed (no TP layout fits here)"
     fastest = min(fitting, key=lambda r: r["time"]["step_s"] * r["tp"])
     return (f"; tensor parallelism not needed (the fastest TP layout, {fastest['strategy']}, "
             f"takes {fastest['time']['step_s'] * fastest['tp'] * 1e3:.1f} ms for the same "
