@@ -96,8 +96,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if not 0 < ns.mfu <= 1:
         raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
     W = planned_world(ns, cfg)
-    named = given(requested(cfg.dist))  # (layout_rows takes the flags off the config)
-    extra = _candidates(ns, cfg, W, layout_rows(cfg, W), named)
+    extra = _candidates(ns, cfg, W)
     if ns.simulate:
         check_world(W, ns.simulate_rank)
     dev = device(ns.gpu)
@@ -159,12 +158,14 @@ def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
     return ns.inter_node_busbw_gbs * 1e9
 
 
-def _candidates(ns: argparse.Namespace, cfg, W: int, asked: tuple, named: dict) -> tuple:
-    """The rows beside the 1-D ones: the layout `asked` (`layout_rows`); with `--layouts`,
-    the candidate meshes for W ranks on machines of --nproc-per-node instead (`named`:
-    the layout flags given, refused beside it)."""
+def _candidates(ns: argparse.Namespace, cfg, W: int) -> tuple:
+    """The rows beside the 1-D ones: the layout the flags ask for (`layout_rows`); with
+    `--layouts`, the candidate meshes for W ranks on machines of --nproc-per-node instead
+    (layout flags refused beside it)."""
     from phalanx.plan.layouts import candidates
 
+    named = given(requested(cfg.dist))  # (layout_rows takes the flags off the config)
+    asked = layout_rows(cfg, W)
     if not ns.layouts:
         return asked
     if named or ns.measure or ns.simulate or ns.model_states:
