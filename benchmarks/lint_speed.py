@@ -17,21 +17,22 @@ from pathlib import Path
 
 
 def one_pass(files: list[Path]) -> tuple[float, int, int, int]:
-    from phalanx.lint.engine import lint_source
+    from phalanx.lint.engine import collector_paused, lint_source
     from phalanx.lint.project import build_project
     from phalanx.lint.rules import ALL
 
     lines = skipped = findings = 0
     t0 = time.perf_counter()
-    modules = build_project(files)
-    for path in files:
-        source = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            findings += len(lint_source(str(path), source, ALL, modules))
-        except (SyntaxError, ValueError, RecursionError):
-            skipped += 1
-            continue
-        lines += source.count("\n") + 1
+    with collector_paused():  # as `phalanx lint` runs
+        modules = build_project(files)
+        for path in files:
+            source = path.read_text(encoding="utf-8", errors="replace")
+            try:
+                findings += len(lint_source(str(path), source, ALL, modules))
+            except (SyntaxError, ValueError, RecursionError):
+                skipped += 1
+                continue
+            lines += source.count("\n") + 1
     return time.perf_counter() - t0, lines, skipped, findings
 
 

@@ -211,6 +211,7 @@ def _shown(globs: tuple[str, ...]) -> str:
 
 def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.lint import output as report
+    from phalanx.lint.engine import collector_paused
     from phalanx.lint.files import patterns, python_files
     from phalanx.lint.fix import FixBroke
     from phalanx.lint.project import build_project
@@ -229,9 +230,10 @@ def run_lint(ns: argparse.Namespace, argv: list[str]) -> int:
     named = {Path(p) for p in ns.paths if not Path(p).is_dir()}
     globs = patterns(ns.exclude, ns.extend_exclude)
     paths = list(python_files(ns.paths, globs))
-    modules = build_project(paths)
     try:  # every file read, checked and its fix decided before any file is written
-        checked = [_check(path, rules, path in named, ns.fixing, modules) for path in paths]
+        with collector_paused():
+            modules = build_project(paths)
+            checked = [_check(path, rules, path in named, ns.fixing, modules) for path in paths]
     except FixBroke as exc:
         print(f"phalanx lint: {exc}", file=sys.stderr)
         return 3

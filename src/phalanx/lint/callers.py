@@ -49,8 +49,8 @@ def _references(ctx: Context) -> list[ast.AST]:
     the file imports)."""
     cache = ctx.memo.setdefault("imported_references", {})
     if "found" not in cache:
-        cache["found"] = [n for n in ctx.nodes if isinstance(n, (ast.Name, ast.Attribute))
-                          and isinstance(n.ctx, ast.Load) and dotted(n).split(".")[0]
+        cache["found"] = [n for n in ctx.of(ast.Name, ast.Attribute)
+                          if isinstance(n.ctx, ast.Load) and dotted(n).split(".")[0]
                           in ctx.imported]
     return cache["found"]
 
@@ -80,7 +80,7 @@ def _attributes(ctx: Context) -> set[str]:
     """The attribute names `ctx` uses (`x.name`), found once per file."""
     cache = ctx.memo.setdefault("attribute_names", {})
     if "found" not in cache:
-        cache["found"] = {n.attr for n in ctx.nodes if isinstance(n, ast.Attribute)}
+        cache["found"] = {n.attr for n in ctx.of(ast.Attribute)}
     return cache["found"]
 
 

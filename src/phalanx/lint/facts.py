@@ -233,8 +233,9 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
                   parsed: dict[str, Context] | None = None) -> ProjectFacts:
     """The facts of the linted files `paths`; `suffixes`: module path → file (unique
     endings of the linted files' module paths, as lint.project.Project holds them);
-    `parsed`: files already parsed (their trees are reused)."""
-    parsed = parsed or {}
+    `parsed`: files already parsed (their trees are reused; the files parsed here are added
+    to it, for the lint to reuse in turn)."""
+    parsed = {} if parsed is None else parsed
     fact_words = {w for names in FACT_NAMES.values() for w in names} | {
         "cuda.device", "CUDA_VISIBLE_DEVICES", INIT}
     texts: dict[str, str] = {}
@@ -252,10 +253,10 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
         if any(w in text for w in fact_words):
             if name not in trees:
                 try:
-                    trees[name] = ast.parse(text, filename=name)
+                    parsed[name] = Context(name, text)
                 except (SyntaxError, ValueError, RecursionError):
                     continue
-                walks[name] = list(walk(trees[name]))
+                trees[name], walks[name] = parsed[name].tree, parsed[name].nodes
             own[name] = facts_of_tree(trees[name])
     return ProjectFacts(own, {f: imported_files(f, t, files, walks.get(f))
                               for f, t in texts.items()},

@@ -197,8 +197,8 @@ def project_collectives(paths: list[Path], rounds: int = 4) -> Project:
     for ctx in contexts.values():
         see_decorators(ctx, project)
 
-    def parse(name: str, text: str) -> Context | None:
-        return see_decorators(_parse(name, text), project)
+    def parse(name: str, text: str) -> Context | None:  # (a file parsed for its takers: once)
+        return see_decorators(beside.pop(name, None) or _parse(name, text), project)
 
     project.callers = external_callers(texts, everything, project.suffixes, contexts, parse)
     project.parsed = {**beside, **{name: ctx for name, ctx in contexts.items()

@@ -21,9 +21,20 @@ def rank_call(name: str) -> bool:
 
 
 def dotted(node: ast.AST) -> str:
-    """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise."""
-    if isinstance(node, ast.Name):
-        return node.id
+    """`torch.nn.DataParallel` for the expression naming a callable, '' otherwise (an
+    attribute's or a call's found once and kept on it: the lint asks millions of times)."""
+    kind = type(node)
+    if kind is ast.Name:
+        return node.id  # type: ignore[attr-defined]
+    if kind is not ast.Attribute and kind is not ast.Call:
+        return node.id if isinstance(node, ast.Name) else _dotted(node)
+    found = getattr(node, "_phalanx_dotted", None)
+    if found is None:
+        found = node._phalanx_dotted = _dotted(node)  # type: ignore[attr-defined]
+    return found
+
+
+def _dotted(node: ast.AST) -> str:
     if isinstance(node, ast.Attribute):
         base = dotted(node.value)
         return f"{base}.{node.attr}" if base else node.attr
@@ -44,10 +55,29 @@ def is_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+SCALARS = frozenset({"ctx", "id", "attr", "name", "asname", "module", "level", "arg", "kind",
+                     "type_comment", "conversion", "is_async", "simple"})  # never a node
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}  # node type → its fields that may hold nodes
+
+
+def child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of node type `kind` that may hold nodes, in `_fields` order: not a name,
+    a number or the expression context (`Load`, `Store`, `Del`: one shared instance each,
+    read as `node.ctx`), nor a constant's value or `global`'s names."""
+    found = _CHILD_FIELDS.get(kind)
+    if found is None:
+        found = _CHILD_FIELDS[kind] = tuple(
+            f for f in kind._fields if f not in SCALARS
+            and not (kind is ast.Constant and f == "value")
+            and not (kind in (ast.Global, ast.Nonlocal) and f == "names"))
+    return found
+
+
 def children(node: ast.AST) -> list[ast.AST]:
-    """`node`'s direct children, in `ast.iter_child_nodes`' order, as a list."""
+    """`node`'s direct children, in `ast.iter_child_nodes`' order, as a list (without the
+    expression context, as `walk`)."""
     found: list[ast.AST] = []
-    for name in node._fields:
+    for name in child_fields(type(node)):
         value = getattr(node, name, None)
         if isinstance(value, ast.AST):
             found.append(value)
@@ -58,12 +88,16 @@ def children(node: ast.AST) -> list[ast.AST]:
 
 def walk(node: ast.AST, parents: dict[ast.AST, ast.AST] | None = None) -> list[ast.AST]:
     """Every node under `node`, itself first, in `ast.walk`'s order (breadth first), as a
-    list: `ast.walk` without its two generators per node (the lint's hottest loop);
+    list: `ast.walk` without its two generators per node (the lint's hottest loop), and
+    without the expression contexts (`Load`, `Store`, `Del`: a third of a tree's nodes,
+    one shared instance each, so no parent of their own; read them as `node.ctx`);
     `parents`, when given, gets each child's parent."""
     found = [node]
     AST = ast.AST
+    fields = _CHILD_FIELDS
     for parent in found:  # (grows as it goes: breadth first)
-        for name in parent._fields:
+        kind = type(parent)
+        for name in fields[kind] if kind in fields else child_fields(kind):
             value = getattr(parent, name, None)
             if isinstance(value, AST):
                 found.append(value)

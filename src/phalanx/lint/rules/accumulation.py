@@ -25,8 +25,8 @@ def _steps_optimizer(ctx: Context, call: ast.Call) -> bool:
     name = dotted(receiver)
     if not name:
         return False
-    made = [dotted(n.value) for n in ctx.nodes if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call) and any(dotted(t) == name for t in n.targets)]
+    made = [dotted(n.value) for n in ctx.of(ast.Assign)
+            if isinstance(n.value, ast.Call) and any(dotted(t) == name for t in n.targets)]
     if any("lr_scheduler" in m or "sched" in m.lower() for m in made):
         return False
     if any(m.startswith(("torch.optim.", "optim.")) or any(w in m for w in OPTIMIZER_MAKERS)
@@ -123,7 +123,7 @@ def _private_sync_flag(ctx: Context):
     own context manager that restores it: Accelerate, Lightning, torch's replicate), nor
     where it is set inside a loop to a value computed there (`= micro_step == last`, on
     every micro-step: no_sync()'s semantics, never left off) — only a constant can be."""
-    sets = [node for node in ctx.nodes if isinstance(node, ast.Assign) and any(
+    sets = [node for node in ctx.of(ast.Assign) if any(
         isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
         for t in node.targets)]
     if len(sets) == 1 and (isinstance(sets[0].value, ast.Constant)
@@ -145,7 +145,7 @@ def _a_parameter(ctx: Context, value: ast.AST) -> bool:
 def _zero_based_counters(ctx: Context) -> dict[str, ast.For]:
     """Loop variables that start at 0: `for i, b in enumerate(x)`, `for i in range(n)`."""
     found = {}
-    for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
+    for loop in (n for n in ctx.of(ast.For)):
         it, target = loop.iter, loop.target
         if not isinstance(it, ast.Call) or keyword(it, "start") is not None:
             continue

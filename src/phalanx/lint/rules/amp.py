@@ -13,8 +13,8 @@ OLD_TORCH_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
 
 def _scalers(ctx: Context) -> set[str]:
     """Names bound to a GradScaler (`scaler`, `self.scaler`)."""
-    return {dotted(target) for node in ctx.nodes if isinstance(node, ast.Assign)
-            and any(isinstance(n, ast.Call) and dotted(n).endswith("GradScaler")
+    return {dotted(target) for node in ctx.of(ast.Assign)
+            if any(isinstance(n, ast.Call) and dotted(n).endswith("GradScaler")
                     for n in walk(node.value))  # also `GradScaler() if amp else None`
             for target in node.targets} - {""}
 

@@ -61,7 +61,7 @@ def _saving_functions(ctx: Context) -> set[str]:
     `save_checkpoint(state, ...)` of a training script), and those calling them so."""
     found: set[str] = set()
     for _ in range(2):
-        for func in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for func in (n for n in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)):
             params = parameters(func)
             if any(_is_save(c, found) and any(isinstance(n, ast.Name) and n.id in params
                                                for a in c.args for n in walk(a))

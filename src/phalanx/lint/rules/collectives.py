@@ -128,7 +128,7 @@ def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gat
     models, runs = wrapped(ctx), run_receivers(ctx)
     found: dict[str, Gate] = {}
     seen: set[str] = set()
-    for func in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+    for func in (n for n in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)):
         name = qualified(ctx, func)
         if name in seen:  # defined twice: which one a call reaches is unknown
             found.pop(name, None)
@@ -149,20 +149,22 @@ def _kinds(ctx: Context, gates: dict[str, Gate]) -> tuple[dict[str, str], dict[s
     if calls is None:
         calls = ctx.memo["function_calls"] = {
             qualified(ctx, n): [c for c in subtree(n) if isinstance(c, ast.Call)]
-            for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for n in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)}
     models, runs = wrapped(ctx), run_receivers(ctx)
     outside = {k: v for k, v in ctx.project.items() if k not in calls}
     definite = {k: v for k, v in outside.items() if k not in ctx.forward_only}
     forward = {k: v for k, v in outside.items() if k in ctx.forward_only}
+    own = {name: [(call, _runs(ctx, call, models, {}, runs=runs), helper_key(ctx, call))
+                  for call in inside] for name, inside in calls.items()}  # (once, not per round)
     changed = True
     while changed:  # each function changes at most twice: found, then found definite
         changed = False
-        for name, inside in calls.items():
+        for name, inside in own.items():
             if name in definite:
                 continue
-            for call in inside:
-                what = _runs(ctx, call, models, {**forward, **definite}, inside=name,
-                             runs=runs, gates=gates)
+            helpers = {**forward, **definite}  # (its own entry is never its calls' helper)
+            for call, what, key in inside:
+                what = what or _helper_runs(call, key, helpers, name, gates)
                 if what is None:
                     continue
                 if not _forward_only(ctx, call, models, runs, forward, definite):
@@ -203,12 +205,18 @@ def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[st
     what = hidden(ctx, call, here) or run_call(
         call, runs if runs is not None else run_receivers(ctx)) or library_call(
         call, library_receivers(ctx)) or _handed(ctx, call, here)
-    key = helper_key(ctx, call)
-    if what is None and key in helpers and key != inside:
-        if gates and key in gates and gates[key].closed(call):
-            return None
-        what = helpers[key] if inside is None else f"{helpers[key]} (via `{callee}()`)"
-    return what
+    return what or _helper_runs(call, helper_key(ctx, call), helpers, inside, gates)
+
+
+def _helper_runs(call: ast.Call, key: str | None, helpers: dict[str, str], inside: str | None,
+                 gates: dict[str, Gate] | None) -> str | None:
+    """The collective of the known helper `key` that `call` reaches (not the function
+    `inside` calling itself, nor a helper whose gate the call's constant arguments close)."""
+    if key not in helpers or key == inside:
+        return None
+    if gates and key in gates and gates[key].closed(call):
+        return None
+    return helpers[key] if inside is None else f"{helpers[key]} (via `{last(dotted(call))}()`)"
 
 
 def _here(ctx: Context, call: ast.Call, models: dict[str, str]) -> dict[str, str]:

@@ -216,7 +216,7 @@ def _for_evaluation(ctx: Context, sampler: ast.Call) -> bool:
     named = names | loader_names | ({dotted(dataset)} if dataset is not None else set())
     if any(EVAL_WORDS & {w.lower() for w in WORD_PARTS.findall(n)} for n in named):
         return True
-    loops = [n for n in ctx.nodes if isinstance(n, (ast.For, ast.AsyncFor)) and any(
+    loops = [n for n in ctx.of(ast.For, ast.AsyncFor) if any(
         dotted(m) in loader_names for m in walk(n.iter))]
     return bool(loops) and all(_without_grad(ctx, loop) for loop in loops)
 
@@ -262,7 +262,7 @@ def _rank_zero_first(ctx: Context, call: ast.Call) -> bool:
 
 def _barrier_functions(ctx: Context) -> set[str]:
     """Names of this file's functions that wait at a barrier, and `barrier` itself."""
-    return {"barrier"} | {f.name for f in ctx.nodes if isinstance(f, ast.FunctionDef) and any(
+    return {"barrier"} | {f.name for f in ctx.of(ast.FunctionDef) if any(
         isinstance(c, ast.Call) and "barrier" in last(dotted(c)) for c in walk(f))}
 
 

@@ -94,7 +94,7 @@ def _seed_differs_across_tp(ctx: Context):
 
 
 def _classes(ctx: Context) -> dict[str, ast.ClassDef]:
-    return {n.name: n for n in ctx.nodes if isinstance(n, ast.ClassDef)}
+    return {n.name: n for n in ctx.of(ast.ClassDef)}
 
 
 def _children(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> dict[str, object] | None:

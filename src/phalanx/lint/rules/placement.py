@@ -219,7 +219,7 @@ def _partly_moved_batch(ctx: Context):
     on the CPU by design)."""
     if uses_rpc(ctx):
         return
-    for loop in (n for n in ctx.nodes if isinstance(n, ast.For)):
+    for loop in (n for n in ctx.of(ast.For)):
         names = _batch_names(loop)
         if len(names) < 2:
             continue
