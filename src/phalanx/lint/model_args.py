@@ -23,6 +23,8 @@ def takers(tree: ast.Module) -> dict[str, tuple[tuple[int, str, str], ...]]:
         if not isinstance(func, FUNCTIONS):
             continue
         params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if not params:
+            continue  # (nothing handed to it)
         assigned = {t.id for n in subtree(func) if isinstance(n, (ast.Assign, ast.AugAssign,
                                                                     ast.AnnAssign))
                     for t in _targets(n) if isinstance(t, ast.Name)}

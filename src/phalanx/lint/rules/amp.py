@@ -13,6 +13,8 @@ OLD_TORCH_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
 
 def _scalers(ctx: Context) -> set[str]:
     """Names bound to a GradScaler (`scaler`, `self.scaler`)."""
+    if "GradScaler" not in ctx.source:  # (a call named so names it in the text)
+        return set()
     return {dotted(target) for node in ctx.of(ast.Assign)
             if any(isinstance(n, ast.Call) and dotted(n).endswith("GradScaler")
                     for n in walk(node.value))  # also `GradScaler() if amp else None`
