@@ -137,16 +137,27 @@ def _moment(tracker, device, peak: int) -> str:
 
 def _shard_layout(model, W: int) -> dict:
     """FSDP: per parameter (name → (dim 0, rows this rank holds, rows of an even 1/W)),
-    for the parameters whose dim 0 does not split evenly over W ranks."""
+    for the parameters whose dim 0 does not split evenly over W ranks — the dim 0 FSDP
+    splits: a tensor-parallel split of it (`Shard(0)` on the `tp` mesh dimension) first."""
     out = {}
     for name, p in model.named_parameters():
         local = getattr(p, "_local_tensor", None)
         if local is None or not p.dim():
             continue
-        d0, rows = p.shape[0], local.shape[0] if local.dim() else 0
+        d0, rows = _fsdp_dim0(p), local.shape[0] if local.dim() else 0
         if d0 % W:
             out[name] = (d0, rows, d0 / W)
     return out
+
+
+def _fsdp_dim0(p) -> int:
+    """A sharded parameter's dim 0 as FSDP sees it: a TP rank's ⌈d0/T⌉ rows where the `tp`
+    mesh dimension splits dim 0 (column-wise), the whole dim 0 otherwise."""
+    d0, mesh = p.shape[0], p.device_mesh
+    for i, (dim, placement) in enumerate(zip(mesh.mesh_dim_names or (), p.placements)):
+        if dim == "tp" and getattr(placement, "dim", None) == 0:
+            d0 = -(-d0 // mesh.size(i))
+    return d0
 
 
 def fullest_rank(cfg, v: Variant, W: int) -> int:
