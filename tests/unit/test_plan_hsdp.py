@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from phalanx import cli
 from phalanx.config.flags import resolve
 from phalanx.plan import estimate
@@ -97,6 +99,26 @@ def test_links_between_machines_time_each_group_at_its_slowest_link():
     inner, across = comm_groups(cfg, facts_for(cfg, variant=wide), wide, 32)
     assert link_seconds(inner, across, wide, 32, 8, fast, slow)["forward"] == \
         inner["forward"] / slow
+
+
+def test_links_under_tp_time_the_tp_group_and_the_strided_shard_group():
+    """Under TP (rank ((r·S) + s)·T + t) a TP group is T consecutive ranks and a shard
+    group S ranks T apart: with T = 2 and S = 8 the shard group spans 16 ranks, two
+    machines of 8, while each TP group stays inside one; with S = 4 both stay inside."""
+    from phalanx.plan.recommend import comm_groups, link_seconds, tp_bytes
+
+    cfg = config("--nproc-per-node", "8")
+    fast, slow = 400e9, 50e9
+    for S, shard_bw in ((8, slow), (4, fast)):
+        v = estimate.mesh_variant(32 // (S * 2), S, 2)
+        facts = facts_for(cfg, variant=v)
+        inner, across = comm_groups(cfg, facts, v, 32)
+        tp = tp_bytes(cfg, facts, v)
+        assert 0 < tp < inner["exposed"]
+        got = link_seconds(inner, across, v, 32, 8, fast, slow, tp)
+        assert got["forward"] == inner["forward"] / shard_bw
+        assert got["exposed"] == pytest.approx((inner["exposed"] - tp) / shard_bw + tp / fast
+                                               + across.get("exposed", 0.0) / slow)
 
 
 def test_the_plan_recommends_hsdp_when_the_network_between_machines_is_slow(capsys):

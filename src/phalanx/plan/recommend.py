@@ -153,25 +153,40 @@ def comm_groups(cfg, facts, v, W: int) -> tuple[dict[str, float], dict[str, floa
                                  else f.param_bytes(hidden), syncs=syncs)
     # HSDP: the replica groups all-reduce each rank's gradient shard at every gradient sync
     across = {"backward": syncs * f.ring_all_reduce_bytes(G // W, R)} if R > 1 else {}
-    if v.tp > 1:  # the TP group's all-reduces sit between the matmuls: nothing hides them
-        from phalanx.plan.tensor_parallel import tp_comm_bytes
-
-        inner["exposed"] += cfg.train.grad_accum * tp_comm_bytes(
-            cfg, v.tp, facts.tokens // cfg.model.block_size, planned_vocab(cfg)[0])
+    inner["exposed"] += tp_bytes(cfg, facts, v)  # (counted with the pass it stalls)
     return inner, across
 
 
+def tp_bytes(cfg, facts, v) -> float:
+    """Bytes per step over the TP group (0 without one): its all-reduces and all-gathers
+    sit between the matmuls, so nothing hides them."""
+    if v.tp <= 1:
+        return 0.0
+    from phalanx.plan.tensor_parallel import tp_comm_bytes
+
+    return cfg.train.grad_accum * tp_comm_bytes(
+        cfg, v.tp, facts.tokens // cfg.model.block_size, planned_vocab(cfg)[0])
+
+
 def link_seconds(inner: dict[str, float], across: dict[str, float], v, W: int,
-                 per_machine: int, busbw: float, inter: float) -> dict[str, float]:
+                 per_machine: int, busbw: float, inter: float,
+                 tp: float = 0.0) -> dict[str, float]:
     """Seconds per pass when machines of `per_machine` ranks talk at `inter` bytes/s and
-    ranks inside one at `busbw`: a group's ring runs at its slowest link. The ranks that
-    shard a parameter are consecutive (S of them: the world for a 1-D strategy), so they
-    cross machines when S > per_machine or S does not divide it; HSDP's replica groups
-    (every S-th rank) cross as soon as the world does."""
-    S = v.shard_ranks(W)
-    inner_bw = inter if S > per_machine or per_machine % S else busbw
+    ranks inside one at `busbw`: a group's ring runs at its slowest link. A TP group is T
+    consecutive ranks (`tp` of `inner["exposed"]`'s bytes are its own); the S ranks that
+    shard a parameter are T apart, spanning S·T consecutive ranks (the world for a 1-D
+    strategy); a group crosses machines when its span is over `per_machine` or does not
+    divide it; HSDP's replica groups (every S·T-th rank) cross as soon as the world does."""
+    S, T = v.shard_ranks(W), v.tp
+
+    def link(span: int) -> float:
+        return inter if span > per_machine or per_machine % span else busbw
+
     across_bw = inter if W > per_machine else busbw
-    return {k: inner[k] / inner_bw + across.get(k, 0.0) / across_bw for k in inner}
+    out = {k: inner[k] / link(S * T) + across.get(k, 0.0) / across_bw for k in inner}
+    if tp:
+        out["exposed"] += tp / link(T) - tp / link(S * T)
+    return out
 
 
 def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
@@ -181,8 +196,8 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
     inner, across = comm_groups(cfg, facts, v, W)
     passes = together(inner, across)
     per_machine = cfg.dist.nproc_per_node or W
-    seconds = link_seconds(inner, across, v, W, per_machine, busbw, inter) \
-        if inter and W > per_machine else None
+    seconds = link_seconds(inner, across, v, W, per_machine, busbw, inter,
+                           tp_bytes(cfg, facts, v)) if inter and W > per_machine else None
     t = timing.step_time(facts.flops_per_token, facts.tokens * cfg.train.grad_accum,
                          peak_flops, mfu, passes, busbw, _muon_flops(facts, v, W), seconds)
     return {"compute_s": t.compute_s, "optimizer_s": t.optimizer_s,
