@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.lint.engine import Context, lint_source
-from phalanx.lint.facts import import_statements
 from phalanx.lint.fix import decode, fix_file
+from phalanx.lint.imports import import_statements
 from phalanx.lint.project import build_project
 from phalanx.lint.rules import ALL, BY_CODE
 from phalanx.lint.rules.placement import single_process_branch

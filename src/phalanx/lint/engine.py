@@ -89,7 +89,7 @@ class Context:
                 self._types[type(node)] = [node]
             else:
                 found.append(node)
-        self.calls: list[ast.Call] = self.of(ast.Call)  # type: ignore[assignment]
+        self.calls: list[ast.Call] = self.of(ast.Call)
         self._by_name: dict[str, list[ast.Call]] = {}
         for call in self.calls:
             self._by_name.setdefault(last(dotted(call)), []).append(call)

@@ -67,7 +67,7 @@ def child_fields(kind: type) -> tuple[str, ...]:
     found = _CHILD_FIELDS.get(kind)
     if found is None:
         found = _CHILD_FIELDS[kind] = tuple(
-            f for f in kind._fields if f not in SCALARS
+            f for f in getattr(kind, "_fields", ()) if f not in SCALARS
             and not (kind is ast.Constant and f == "value")
             and not (kind in (ast.Global, ast.Nonlocal) and f == "names"))
     return found

@@ -57,10 +57,10 @@ def _deprecated_amp(ctx: Context):
     a branch of a version or `hasattr` check), at the use or at the import. A use through
     an import is reported at its call (not its callable), which `--fix` leaves alone: its
     rewrite spells out `torch.…`, which the file may not have imported."""
+    if "amp" not in ctx.source:  # (every name it looks for, and their imports, say it)
+        return
     aliases = _old_amp_aliases(ctx)
-    for node in ctx.nodes:
-        if not isinstance(node, (ast.Attribute, ast.Name)):
-            continue
+    for node in ctx.of(ast.Attribute, ast.Name):
         name = dotted(node)
         if name in DEPRECATED_AMP:
             if not old_torch_fallback(ctx, node):
@@ -82,7 +82,7 @@ def _old_amp_aliases(ctx: Context) -> dict[str, str]:
     what it is, when every import of the name is that one and none is a fallback."""
     found: dict[str, set[str]] = {}
     fallback: set[str] = set()
-    for node in ctx.nodes:
+    for node in ctx.of(ast.Import, ast.ImportFrom):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 local = alias.asname or alias.name.split(".")[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from phalanx.lint.engine import Context, Rule, dotted, is_true, keyword, last
-from phalanx.lint.facts import distributed, fake_group, holds, references, single_process
+from phalanx.lint.facts import distributed, fake_group, file_references, holds, single_process
 from phalanx.lint.rules.collectives import COLLECTIVES, collective_functions
 from phalanx.lint.syntax import subtree, walk
 
@@ -135,9 +135,7 @@ def _never_called(ctx: Context, node: ast.AST) -> bool:
     func = ctx.function_of(node)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.decorator_list:
         return False
-    own = vars(ctx).get("_references")
-    if own is None:  # computed once per file
-        own = ctx._references = references(ctx.nodes)  # type: ignore[attr-defined]
+    own = file_references(ctx)
     referenced = getattr(getattr(ctx, "facts", None), "referenced", {})
     return func.name not in own and referenced.get(func.name, 0) == 0
 
