@@ -115,7 +115,8 @@ class Context:
 
     def of(self, *types: type) -> list:
         """This file's nodes of these exact node types (`ast.Call`, not `ast.expr`), in
-        `walk`'s order: indexed once, not found again by `isinstance` over every node."""
+        `walk`'s order: indexed once, not found again by `isinstance` over every node (the
+        list is the index's own: read it, do not change it)."""
         if len(types) == 1:
             return self._types.get(types[0], [])
         found = self.memo.setdefault("of", {}).get(types)

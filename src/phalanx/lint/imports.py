@@ -67,7 +67,7 @@ def import_statements(text: str, nodes: Sequence[ast.AST] | None = None
                       ) -> tuple[list[str], list[tuple[str, str, list[str]]]]:
     """The modules of the file's `import a.b` statements, and (leading dots, module,
     imported names) of its `from` imports: from its parse when there is one (`nodes`:
-    every node of the tree), else read from the text (parenthesised and
+    its import statements, or every node of the tree), else read from the text (parenthesised and
     backslash-continued name lists included)."""
     if nodes is not None:
         plain = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
