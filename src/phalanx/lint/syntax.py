@@ -35,12 +35,16 @@ def dotted(node: ast.AST) -> str:
 
 
 def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr}" if base else node.attr
-    if isinstance(node, ast.Call):
-        return dotted(node.func)
-    return ""
+    """`dotted` without recursion (a chain of thousands of attributes and calls is legal)."""
+    attrs: list[str] = []
+    while isinstance(node, (ast.Attribute, ast.Call)):
+        if isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        else:
+            node = node.func
+    base = [node.id] if isinstance(node, ast.Name) else []
+    return ".".join(base + attrs[::-1])
 
 
 def last(name: str) -> str:
@@ -67,10 +71,15 @@ def child_fields(kind: type) -> tuple[str, ...]:
     found = _CHILD_FIELDS.get(kind)
     if found is None:
         found = _CHILD_FIELDS[kind] = tuple(
-            f for f in getattr(kind, "_fields", ()) if f not in SCALARS
-            and not (kind is ast.Constant and f == "value")
-            and not (kind in (ast.Global, ast.Nonlocal) and f == "names"))
+            f for f in getattr(kind, "_fields", ()) if _may_hold_nodes(kind, f))
     return found
+
+
+def _may_hold_nodes(kind: type, field: str) -> bool:
+    if field == "name":  # a string, except 3.12's `type X = ...` (TypeAlias: a Name node)
+        return kind is getattr(ast, "TypeAlias", None)
+    return field not in SCALARS and not (kind is ast.Constant and field == "value") \
+        and not (kind in (ast.Global, ast.Nonlocal) and field == "names")
 
 
 def children(node: ast.AST) -> list[ast.AST]:
