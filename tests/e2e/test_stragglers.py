@@ -15,11 +15,16 @@ from test_fault_tolerance import train
 
 SLOWED_AT, STEPS = 10, 30
 NAMED = re.compile(r"phalanx: warning: step (\d+): rank (\d+) on \S+ is a straggler: its own "
-                   r"time \(the step minus its waits in collectives\) is ([\d.]+) ms per step")
+                   r"time \(the step minus its waits in collectives\) is ([\d.]+) ms per step, "
+                   r"[\d.]+× the median of the other ranks \([\d.]+ ms; ([\d.]+)× the fastest")
 
 
 def _named(stdout: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[2])) for m in NAMED.finditer(stdout)]
+
+
+def _to_fastest(stdout: str) -> list[float]:
+    return [float(m[4]) for m in NAMED.finditer(stdout)]
 
 
 @pytest.mark.parametrize("strategy,where", [("ddp", "data"), ("ddp", "optimizer"),
@@ -36,8 +41,12 @@ def test_a_rank_slowed_anywhere_in_the_step_is_named(strategy, where, tmp_path,
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert ("straggler", step) in [(e["kind"], e["step"]) for e in events]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # named at a check where its own time was over 2x the other rank's (runtime.pace)
+    assert _to_fastest(proc.stdout)[0] > 2, proc.stdout
+    # the last window's figures: still the slowest. Not "> 2x" there: on a loaded machine
+    # the fast rank's own time grows too (one CI run read 1.86x at step 30)
     last = records[-1]
-    assert last["slowest_rank"] == 1 and last["slowest_to_fastest"] > 2, last
+    assert last["slowest_rank"] == 1 and last["slowest_to_fastest"] > 1.2, last
     assert last["slowest_to_own_best"] > 2, last  # against its own history too
 
 
