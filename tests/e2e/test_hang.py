@@ -4,6 +4,7 @@ perturbed in training, and a rank that dies mid-step."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from test_fault_tolerance import train
@@ -105,6 +106,8 @@ def test_seed_002_trainer_is_diagnosed(tmp_path):
     assert "rank 0 exited with code -6 (killed by signal 6) in all_reduce at " in last, last
     assert "seed002_trainer.py:124 in run_val() (called from main), under `if is_main():` " \
            "at seed002_trainer.py:145" in last, last
+    # gloo's own check, from rank 0's log: the bucket's bytes into its 4-byte all_reduce
+    assert re.search(r"gloo aborted: a peer sent \d{4,} bytes where 4 were expected", last), last
 
 
 def test_the_trainer_reports_a_planted_hang(tmp_path, small_corpus_file, cache_dir):

@@ -73,8 +73,37 @@ def test_a_gloo_abort_names_where_they_met_and_lint_where_they_parted(job: Path)
             f'  File "{job / "train.py"}", line {BACKWARD} in <module>\n')
     crash_file(job, 1).write_text(dump)
     error = str(job_failed({1: Failure(-signal.SIGABRT)}, 0, reports=str(job)))
-    assert f"at train.py:{BACKWARD} in <module>() — gloo aborts" in error, error
-    assert f"the ranks ran different collectives. {PARTED[:-1]}." in error, error
+    assert f"at train.py:{BACKWARD} in <module>() — gloo aborted: a peer's message did not " \
+           f"fit the collective, so the ranks ran this FSDP collective with " \
+           f"different sizes or dtypes, or ran different collectives" in error, error
+    assert f"across the ranks). {PARTED[:-1]}." in error, error
+
+
+GLOO = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  "
+        "[enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. "
+        "{} vs {}. Received data size doesn't match expected size.\n")
+
+
+def test_a_gloo_abort_says_what_its_size_check_found_in_the_ranks_log(job: Path):
+    """gloo's check (bytes sent into a smaller receive) read from the end of the aborting
+    rank's log: the same call with different sizes or dtypes is said, not only "different
+    collectives" (a log that is a link is not read)."""
+    dump = (f"main-thread 0x1\nCurrent thread 0x1 (most recent call first):\n"
+            f'  File "/x/torch/distributed/distributed_c10d.py", line 9 in all_reduce\n'
+            f'  File "{job / "train.py"}", line 11 in <module>\n')
+    crash_file(job, 0).write_text(dump)
+    logs = job / "logs"
+    logs.mkdir()
+    (logs / "rank-0.log").write_text("x" * 20000 + GLOO.format(8, 4))
+    error = str(job_failed({0: Failure(-signal.SIGABRT)}, 0, reports=str(job), logs=str(logs)))
+    assert ("in all_reduce at train.py:11 in <module>() — gloo aborted: a peer sent 8 bytes "
+            "where 4 were expected, so the ranks ran this all_reduce with different sizes or "
+            "dtypes, or ran different collectives") in error, error
+    (logs / "rank-0.log").unlink()
+    (job / "elsewhere.log").write_text(GLOO.format(16, 4))
+    (logs / "rank-0.log").symlink_to(job / "elsewhere.log")
+    error = str(job_failed({0: Failure(-signal.SIGABRT)}, 0, reports=str(job), logs=str(logs)))
+    assert "16 bytes" not in error and "a peer's message did not fit" in error, error
 
 
 def test_the_watchdogs_report_cites_it_when_no_stack_shows_the_condition(job: Path):

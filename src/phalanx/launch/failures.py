@@ -44,7 +44,7 @@ def job_failed(failures: dict, max_restarts: int, host: str | None = None,
                          f"ranks {culprits} stopped with a usage error.")
     killed = any(failures[r].exitcode == -signal.SIGKILL for r in culprits)
     note = (memory() if memory is not None and killed else "") or PLAN_HINT
-    detail = _describe_all(culprits, failures, reports, note)
+    detail = _describe_all(culprits, failures, reports, note, logs)
     if victims:
         detail += (f"; then rank(s) {', '.join(map(str, victims))} lost the connection "
                    f"to it{_victims_at(victims, failures)}")
@@ -121,12 +121,12 @@ def _stopped(code: int | None) -> bool:
 
 
 def _describe_all(culprits: list[int], failures: dict, reports: str | None,
-                  memory: str) -> str:
+                  memory: str, logs: str | None = None) -> str:
     """Each culprit's account; ranks that failed with the same error are named together."""
     same = {_message(failures[r]).split("] ", 1)[-1] for r in culprits}
     if len(culprits) > 1 and len(same) == 1 and "" not in same:
         return f"ranks {', '.join(map(str, culprits))} failed with: {same.pop()}"
-    return "; ".join(_describe(r, failures[r], reports, memory) for r in culprits)
+    return "; ".join(_describe(r, failures[r], reports, memory, logs) for r in culprits)
 
 
 def _victims_at(victims: list[int], failures: dict) -> str:
@@ -186,9 +186,10 @@ def _the_scripts(path: str) -> bool:
     return "-packages" + os.sep not in real and not real.startswith(_LIBRARY_PATHS)
 
 
-def _crashed_in(rank: int, code: int, reports: str | None) -> str:
+def _crashed_in(rank: int, code: int, reports: str | None, logs: str | None = None) -> str:
     """` in all_reduce at train.py:133 in run_val() (...), under ...` for a rank that
-    died of a signal and left a crash record (see phalanx.hang.crash)."""
+    died of a signal and left a crash record (see phalanx.hang.crash); for gloo's abort,
+    what its check found, read from the rank's log (`logs`)."""
 
     act = crashed_at(reports, rank)
     if act is None or act.site is None:
@@ -196,15 +197,20 @@ def _crashed_in(rank: int, code: int, reports: str | None) -> str:
     what = f" in {act.collective}" if act.collective else ""
     gloo = ""
     if act.collective and code == -signal.SIGABRT:
-        gloo = (" — gloo aborts when a peer's message does not fit the collective: the ranks "
-                "ran different collectives")
+        sizes = gloo_sizes(logs, rank)
+        sent = (f"a peer sent {sizes[0]} bytes where {sizes[1]} were expected" if sizes
+                else "a peer's message did not fit the collective")
+        gloo = (f" — gloo aborted: {sent}, so the ranks ran this {act.collective} with "
+                f"different sizes or dtypes, or ran different collectives (--debug-collectives "
+                f"compares each collective's op, shapes and dtypes across the ranks)")
         if not act.condition:  # where they met is known; where they parted, maybe lint says
             cited = static_citation([act.user])
             gloo += f". {cited.rstrip('.')}" if cited else ""
     return f"{what} at {act.where()}{act.context()}{gloo}"
 
 
-def _describe(rank: int, failure, reports: str | None, memory: str = "") -> str:
+def _describe(rank: int, failure, reports: str | None, memory: str = "",
+              logs: str | None = None) -> str:
     """`rank 1 exited with code 1: InjectedFault: ...` from the agent's failure record."""
     code, message = failure.exitcode, _message(failure)
     if code == HANG_EXIT_CODE and message:
@@ -214,12 +220,32 @@ def _describe(rank: int, failure, reports: str | None, memory: str = "") -> str:
     else:
         text = f"rank {rank} exited with code {code}"
         if code is not None and code < 0:
-            text += f" (killed by signal {-code}){_crashed_in(rank, code, reports)}"
+            text += f" (killed by signal {-code}){_crashed_in(rank, code, reports, logs)}"
         if code == -signal.SIGKILL:
             text += OOM_HINT.format(memory=memory or PLAN_HINT)
     if not message:
         return text
     return f"{text}: {_own_words(message, rank)[:300]}{_raised_at(failure, message)}"
+
+
+# gloo's receive check (transport/tcp/pair.cc), in the aborting rank's stderr
+_GLOO_SIZES = re.compile(rb"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+def gloo_sizes(logs: str | None, rank: int) -> tuple[int, int] | None:
+    """(bytes sent, bytes expected) from the last gloo receive-size abort in the end of
+    rank `rank`'s log (read without following a link); None when it has none."""
+    if not logs:
+        return None
+    try:
+        fd = os.open(log_path(logs, rank), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16384))
+            found = _GLOO_SIZES.findall(fh.read())
+    except OSError:
+        return None
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 def _own_words(message: str, rank: int) -> str:
