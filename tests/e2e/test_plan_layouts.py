@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_plan import SHAPE, plan
 
 
@@ -58,3 +59,20 @@ def test_measure_checks_the_tp_row_on_its_mesh():
     for part in ("peak", "parameters", "optimizer", "activations"):
         assert 0.99 <= tp[part]["ratio"] <= 1.01, (part, tp[part])
     assert tp["gradients"]["within"], tp["gradients"]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.full)])
+def test_measure_checks_the_pipeline_row_on_its_mesh(schedule):
+    """pp 2 × dp_shard 2 on 4 gloo ranks, 4 micro-batches, under 1F1B (CI) and GPipe
+    (PHALANX_FULL=1; ~90 s each) — torch's memory tracker taught to take a stage's module
+    once per micro-batch (plan.stage_tracker): the highest stage's predicted peak and
+    components against the highest rank's measured ones (within 1 %: docs/plan.md)."""
+    done = plan(*SHAPE, "--n-layer", "4", "--no-tie-embeddings", "--world-size", "4",
+                "--pp", "2", "--dp-shard", "2", "--grad-accum", "4", "--pp-schedule",
+                schedule, "--measure", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    pp = json.loads(done.stdout)["measured"][f"pp 2 ({schedule}) × dp_shard 2"]
+    assert 0.97 <= pp["peak"]["ratio"] <= 1.03, pp["peak"]
+    for part in ("parameters", "gradients", "optimizer", "activations"):
+        assert pp[part]["within"], (part, pp[part])
+    assert pp["rank"] in (2, 3), pp  # the last stage's ranks: its logits

@@ -80,8 +80,10 @@ def test_plan_checks_layout_flags_as_train_does(capsys):
                        (["--tp", "2", "--world-size", "4", "--precision", "bf16"],
                         "models tensor parallelism for MiniGPT in fp32, and `--precision "
                         "bf16` is not fp32"),
-                       (["--pp", "2", "--grad-accum", "2", "--world-size", "4"],
-                        "`phalanx plan` does not model pipeline stages yet"),
+                       (["--pp", "2", "--world-size", "4"],
+                        "1 micro-batch(es) leave 2 pipeline ranks idle"),
+                       (["--pp", "2", "--tp", "2", "--grad-accum", "2", "--world-size", "8"],
+                        "`--tp 2` inside the stages is not planned under pipeline stages"),
                        (["--strategy", "ddp", "--dp-shard", "2", "--world-size", "4"],
                         "`--strategy ddp` with `--dp-shard 2`")):
         assert cli.main(["plan", *argv]) == 2, argv

@@ -11,7 +11,7 @@ import json
 import sys
 
 from phalanx.config.flags import TRAINING_RUN_ONLY, add_config_flags, count, resolve
-from phalanx.config.layout import DIMS, given, refuse_pp, requested
+from phalanx.config.layout import DIMS, given, requested, trainer_pipeline_refusal
 from phalanx.errors import UserError
 from phalanx.plan.devices import GPUS, busbw_from, device
 from phalanx.plan.model_states import parse_count
@@ -84,7 +84,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
-    refuse_pp(cfg.dist.pp, "plan")
+    check_pipeline(cfg, ns.simulate)
     if ns.model_states and (ns.measure or ns.simulate):
         raise UserError("`--model-states` prints the model states' arithmetic only; "
                         "`--measure` and `--simulate` check the full plan: leave out "
@@ -184,7 +184,7 @@ def layout_rows(cfg, W: int) -> tuple:
     without the flags (the other rows are the strategies over the whole world; that
     strategy's options, e.g. --fsdp-bf16-reduce, stay valid when it is checked again)."""
     from phalanx.config.strategy import choose
-    from phalanx.plan.estimate import mesh_variant
+    from phalanx.plan.estimate import mesh_variant, pipeline_variant
     from phalanx.plan.tensor_parallel import tp_refusal
 
     if not given(requested(cfg.dist)):
@@ -198,10 +198,41 @@ def layout_rows(cfg, W: int) -> tuple:
     for dim in DIMS:
         setattr(cfg.dist, dim, None)
     cfg.dist.strategy = choice.name
+    reshard = cfg.dist.fsdp_reshard_after_forward
+    if layout.pp > 1:
+        from phalanx.strategies.pipeline import drops_outputs
+
+        return (pipeline_variant(layout.pp, cfg.dist.pp_schedule, layout.dp_replicate,
+                                 layout.dp_shard, reshard=reshard,
+                                 keeps_outputs=not drops_outputs()),)
     if not (layout.hybrid or layout.tp > 1):
         return ()
-    return (mesh_variant(layout.dp_replicate, layout.dp_shard, layout.tp,
-                         reshard=cfg.dist.fsdp_reshard_after_forward),)
+    return (mesh_variant(layout.dp_replicate, layout.dp_shard, layout.tp, reshard=reshard),)
+
+
+def check_pipeline(cfg, simulate: bool = False) -> None:
+    """`--pp P`: what `phalanx train` refuses under pipeline stages, and what the planner
+    does not model there yet (plan.pipeline: MiniGPT, FSDP2 inside each stage; not on
+    `--simulate`'s fake world), in one line before anything is planned."""
+    pp = cfg.dist.pp
+    if not isinstance(pp, int) or pp < 2:
+        return
+    if simulate:
+        raise UserError(f"`--simulate` does not run pipeline stages yet (their sends and "
+                        f"receives on the fake world); `--measure` checks the `--pp {pp}` "
+                        f"row on the local ranks, or leave --simulate out.")
+    refusal = trainer_pipeline_refusal(cfg)
+    unplanned = [(cfg.model.factory is not None, "`--model` (your model's stages are not "
+                                                 "traced yet)"),
+                 (isinstance(cfg.dist.tp, int) and cfg.dist.tp > 1, f"`--tp {cfg.dist.tp}` "
+                                                                     f"inside the stages"),
+                 (cfg.model.activation_checkpointing, "`--activation-checkpointing`")]
+    found = [what for hit, what in unplanned if hit]
+    if refusal is None and found:
+        refusal = (f"{found[0]} is not planned under pipeline stages yet (the plan models "
+                   f"MiniGPT with FSDP2 inside each stage); leave it out")
+    if refusal is not None:
+        raise UserError(f"`--pp {pp}`: {refusal}.")
 
 
 def print_model_states(ns: argparse.Namespace, cfg, W: int, user) -> int:

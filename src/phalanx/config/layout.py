@@ -224,7 +224,8 @@ def trainer_pipeline_refusal(cfg: Any) -> str | None:
 
 
 def refuse_pp(pp: int | None, verb: str) -> None:
-    """`phalanx bench` and `phalanx plan` do not model pipeline stages yet: one line."""
+    """`phalanx bench` does not time pipeline stages yet: one line. (`phalanx plan` plans
+    them: plan.pipeline.)"""
     if isinstance(pp, int) and pp > 1:
         raise UserError(f"`--pp {pp}`: `phalanx {verb}` does not model pipeline stages yet "
                         f"(`phalanx train --pp {pp}` and scripts train with them); leave "

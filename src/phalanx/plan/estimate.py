@@ -29,7 +29,7 @@ benchmarks/plan_vs_measured.py (docs/plan.md holds the table).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from phalanx.config.strategy import spec
 from phalanx.plan import formulas as f
@@ -154,19 +154,23 @@ class Variant:
     reshard: bool = True
     replicate: int = 1  # HSDP's dp_replicate: fsdp shards over W / replicate ranks
     tp: int = 1  # tensor-parallel ranks: each holds its split of the blocks' matrices
+    pp: int = 1  # pipeline stages (plan.pipeline): each rank holds one stage's part
+    schedule: str = "1f1b"  # the pipeline's schedule (gpipe, 1f1b)
+    keeps_outputs: bool = False  # the last stage keeps its outputs to the step's end (a
+    # torch without `step(return_outputs=False)`: strategies.pipeline.drops_outputs)
 
     def shard_ranks(self, W: int) -> int:
         """The ranks one parameter is split across by FSDP (a replica group's under HSDP,
-        a tensor-parallel split's copies under TP)."""
-        return W // (self.replicate * self.tp)
+        a tensor-parallel split's copies under TP, a stage's ranks under PP)."""
+        return W // (self.replicate * self.tp * self.pp)
 
     @property
     def layout(self) -> dict[str, int] | None:
-        """The mesh the measurement runs it on (`--dp-replicate R --dp-shard -1 --tp T`);
-        None: the strategy over the whole world."""
-        if self.replicate == 1 and self.tp == 1:
+        """The mesh the measurement runs it on (`--pp P --dp-replicate R --dp-shard -1
+        --tp T`); None: the strategy over the whole world."""
+        if self.replicate == 1 and self.tp == 1 and self.pp == 1:
             return None
-        dims = {"dp_replicate": self.replicate, "dp_shard": -1, "tp": self.tp}
+        dims = {"pp": self.pp, "dp_replicate": self.replicate, "dp_shard": -1, "tp": self.tp}
         return {k: v for k, v in dims.items() if v != 1}
 
     @property
@@ -183,6 +187,15 @@ class Variant:
 
 VARIANTS = (Variant("ddp", "ddp"), Variant("zero", "zero"), Variant("fsdp", "fsdp"),
             Variant("fsdp (no reshard)", "fsdp", reshard=False))
+
+
+def pipeline_variant(pp: int, schedule: str, replicate: int, shard: int,
+                     reshard: bool = True, keeps_outputs: bool = False) -> Variant:
+    """Pipeline stages over FSDP2 inside each (plan.pipeline), e.g. "pp 2 (1f1b) ×
+    dp_shard 2"."""
+    inner = mesh_variant(replicate, shard, reshard=reshard)
+    return replace(inner, label=f"pp {pp} ({schedule}) × {inner.label}", pp=pp,
+                   schedule=schedule, keeps_outputs=keeps_outputs)
 
 
 def mesh_variant(replicate: int, shard: int, tp: int = 1, reshard: bool = True) -> Variant:

@@ -6,7 +6,8 @@ Candidates, as torchtitan lays meshes out: tensor parallelism only inside a mach
 divides the ranks per machine and the heads; its all-reduces sit between matmuls), FSDP
 over the rest of the machine (S = per_machine / T) and replica groups across machines
 (R = W / (T·S), HSDP), or FSDP over every data-parallel rank when there is one machine.
-Pipeline stages are not planned yet (docs/plan.md)."""
+Pipeline stages are not among the candidates yet; a layout asked for with `--pp` is
+planned (plan.pipeline, docs/plan.md)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def measure(run, cfg, steps: int = 3) -> dict:
     from phalanx.models import build_model
     from phalanx.plan.recommend import planned_vocab
     from phalanx.runtime.optim import make_optimizer
-    from phalanx.runtime.train_step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import optimizer_step
 
     t = cfg.train
     gen = torch.Generator().manual_seed(run.rank)
@@ -64,13 +64,14 @@ def measure(run, cfg, steps: int = 3) -> dict:
     # the trainer's optimizer (`--optimizer`), over the wrapped model's parameters
     model, opt = run.setup(net, lambda params: make_optimizer(
         cfg, net, params, run.device, vocab), precision=t.precision)
-    acc, data, times = run.accumulate(model, t.grad_accum), batches(), []
-    tracker = warmed_tracker(run, cfg, model, opt, acc, data)
+    forward_backward = forward_backward_of(run, cfg, model, batches())
+    tracker = warmed_tracker(run, cfg, model, opt, forward_backward)
+    times = []
     with tracker:
         for _ in range(steps):
             start = time.perf_counter()
             # (per-module records cleared between micro-steps and steps; the peak is kept)
-            micro_steps(model, acc, data, run.precision, between=tracker.reset_mod_stats)
+            forward_backward(tracker.reset_mod_stats)
             optimizer_step(run, model, opt, t.grad_clip)
             times.append(time.perf_counter() - start)
             tracker.reset_mod_stats()
@@ -81,25 +82,40 @@ def measure(run, cfg, steps: int = 3) -> dict:
     return out
 
 
-def warmed_tracker(run, cfg, model, opt, acc, data):
-    """WARMUP untracked steps (optimizer state made, DDP's buckets rebuilt: steady
-    state), then a MemTracker that also follows what it cannot find by itself: ZeRO's
-    state in its inner, local optimizer (not in the ZeroRedundancyOptimizer) and the
-    gradients' storage that outlives zero_grad (DDP's buckets: the gradients are views
-    into them), tracked from the start as "other" memory."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+def forward_backward_of(run, cfg, model, data):
+    """One optimizer step's forward and backward, as the trainer runs it: the
+    accumulation window's micro-steps, or under pipeline stages the schedule over as many
+    micro-batches (`train.loop`). Called with what to run between two micro-steps."""
+    from phalanx.runtime.train_step import micro_steps, pipeline_steps
 
-    from phalanx.runtime.train_step import micro_steps, optimizer_step
+    t = cfg.train
+    if run.topology.pp_mesh is not None:
+        return lambda between=None: pipeline_steps(run, model, data, t.grad_accum,
+                                                   cfg.dist.pp_schedule)
+    acc = run.accumulate(model, t.grad_accum)
+    return lambda between=None: micro_steps(model, acc, data, run.precision, between=between)
+
+
+def warmed_tracker(run, cfg, model, opt, forward_backward):
+    """WARMUP untracked steps (optimizer state made, DDP's buckets rebuilt, a pipeline's
+    receive buffers made: steady state), then a MemTracker that also follows what it
+    cannot find by itself: ZeRO's state in its inner, local optimizer (not in the
+    ZeroRedundancyOptimizer), the gradients' storage that outlives zero_grad (DDP's
+    buckets: the gradients are views into them) and a pipeline stage's receive buffers,
+    tracked from the start as "other" memory."""
+    from phalanx.plan.stage_tracker import StageTracker, receive_buffers
+    from phalanx.runtime.train_step import optimizer_step
 
     grads: list = []
     for _ in range(WARMUP):
-        micro_steps(model, acc, data, run.precision)
+        forward_backward()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         optimizer_step(run, model, opt, cfg.train.grad_clip)
-    tracker = MemTracker()
+    tracker = StageTracker()
     inner = run.strategy.local_optimizer(opt)
     tracker.track_external(model, opt, *([inner] if inner is not opt else []),
-                           *(grads if has_buckets(model) else []))
+                           *(grads if has_buckets(model) else []),
+                           *receive_buffers(run, model))
     return tracker
 
 

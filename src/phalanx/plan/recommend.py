@@ -83,11 +83,11 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
     for v in estimate.VARIANTS + tuple(extra):
         facts_of = _facts_of(cfg, v, user)
         facts = facts_of(B)
-        mem = estimate.peak(facts, v, W, checkpointed)
+        peak_of = _peak_of(cfg, v, W, checkpointed)
+        mem = peak_of(facts)
         scalable = user is None or user.scalable
         row = {"strategy": v.label, "tp": v.tp, **mem, "fits": mem["peak"] <= budget,
-               "largest_micro_batch": largest_micro_batch(facts_of, v, W, budget,
-                                                          checkpointed)
+               "largest_micro_batch": largest_micro_batch(facts_of, peak_of, budget)
                if scalable else None}
         if peak_flops and busbw:
             row["time"] = _time(cfg, facts, v, W, mfu, peak_flops, busbw, inter)
@@ -106,6 +106,16 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
         out["user_notes"] = [n for n in (user.scale_note(B), user.flops_note(B),
                                          _precision_note(cfg.train.precision)) if n]
     return out
+
+
+def _peak_of(cfg, v, W: int, checkpointed: bool):
+    """facts → the variant's peak (`estimate.peak`; the highest stage's under pipeline
+    stages, `plan.pipeline`)."""
+    if v.pp > 1:
+        from phalanx.plan.pipeline import pipeline_peak
+
+        return lambda facts: pipeline_peak(facts, cfg, planned_vocab(cfg)[0], v, W)
+    return lambda facts: estimate.peak(facts, v, W, checkpointed)
 
 
 def _facts_of(cfg, v, user):
@@ -192,7 +202,10 @@ def link_seconds(inner: dict[str, float], across: dict[str, float], v, W: int,
 def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
           inter: float | None = None) -> dict:
     """The step time at `busbw`; with `inter` (bytes/s between machines of
-    --nproc-per-node ranks) each group's collectives at its slowest link."""
+    --nproc-per-node ranks) each group's collectives at its slowest link. Under pipeline
+    stages: `_pipeline_time`."""
+    if v.pp > 1:
+        return _pipeline_time(cfg, facts, v, W, mfu, peak_flops, busbw, inter)
     inner, across = comm_groups(cfg, facts, v, W)
     passes = together(inner, across)
     per_machine = cfg.dist.nproc_per_node or W
@@ -203,6 +216,25 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
     return {"compute_s": t.compute_s, "optimizer_s": t.optimizer_s,
             "comm_bytes": t.comm_bytes, "comm_s": t.comm_s, "exposed_s": t.exposed_s,
             "step_s": t.step_s}
+
+
+def _pipeline_time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
+                   inter: float | None) -> dict:
+    """The slowest stage's step on its own ranks (FSDP over the stage's W/P, its FLOPs),
+    its compute stretched by the bubble — M micro-batches take M + P − 1 slots — and the
+    point-to-point sends between stages counted as exposed (they sit between the
+    micro-batches' compute)."""
+    from phalanx.plan.pipeline import bubble, heaviest_stage, p2p_bytes
+
+    P, M = v.pp, cfg.train.grad_accum
+    stage = heaviest_stage(facts, cfg, planned_vocab(cfg)[0], P)
+    t = _time(cfg, stage, replace(v, pp=1), W // P, mfu, peak_flops, busbw, inter)
+    idle = t["compute_s"] * bubble(P, M) / (1 - bubble(P, M))
+    sent = p2p_bytes(cfg, facts, P)
+    return {**t, "compute_s": t["compute_s"] + idle, "bubble_s": idle,
+            "comm_bytes": t["comm_bytes"] + sent, "comm_s": t["comm_s"] + sent / busbw,
+            "exposed_s": t["exposed_s"] + sent / busbw,
+            "step_s": t["step_s"] + idle + sent / busbw}
 
 
 def _muon_flops(facts, v, W: int) -> int:
@@ -217,12 +249,12 @@ def _muon_flops(facts, v, W: int) -> int:
     return sum(ns)
 
 
-def largest_micro_batch(facts_of, v, W: int, budget: int, checkpointed: bool = False,
-                        limit: int = MICRO_BATCH_LIMIT) -> int:
+def largest_micro_batch(facts_of, peak_of, budget: int, limit: int = MICRO_BATCH_LIMIT
+                        ) -> int:
     """The largest micro-batch whose peak fits `budget` (0: not even 1), at most `limit`
-    (a result of `limit`: that many or more fit); `facts_of`: micro-batch → ModelFacts."""
-    fits = lambda b: estimate.peak(facts_of(b), v, W,  # noqa: E731
-                                   checkpointed)["peak"] <= budget
+    (a result of `limit`: that many or more fit); `facts_of`: micro-batch → ModelFacts,
+    `peak_of`: ModelFacts → the variant's peak."""
+    fits = lambda b: peak_of(facts_of(b))["peak"] <= budget  # noqa: E731
     if not fits(1):
         return 0
     low, high = 1, 2

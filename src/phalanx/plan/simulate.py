@@ -28,7 +28,7 @@ import traceback
 
 from phalanx.errors import UserError
 from phalanx.plan.estimate import VARIANTS, Variant
-from phalanx.plan.measure import components, has_buckets, join, warmed_tracker
+from phalanx.plan.measure import components, forward_backward_of, has_buckets, join, warmed_tracker
 from phalanx.plan.simulate_world import count_hook, fake_tensors, fake_world, recorder
 
 REAL_LIMIT = 4 << 30  # DDP/ZeRO run on real tensors up to this predicted peak
@@ -76,7 +76,7 @@ def _tracked_steps(run, cfg, model, opt, vocab: int, recorder, steps: int) -> di
     under the memory tracker: the peak's components, its moment and the collectives."""
     import torch
 
-    from phalanx.runtime.train_step import micro_steps, optimizer_step
+    from phalanx.runtime.train_step import optimizer_step
 
     t = cfg.train
     shape = (t.micro_batch_size, cfg.model.block_size)
@@ -86,12 +86,12 @@ def _tracked_steps(run, cfg, model, opt, vocab: int, recorder, steps: int) -> di
             x = torch.randint(0, vocab, shape, device=run.device)
             yield x, torch.roll(x, -1, 1)
 
-    acc, data = run.accumulate(model, t.grad_accum), batches()
-    tracker = warmed_tracker(run, cfg, model, opt, acc, data)
+    forward_backward = forward_backward_of(run, cfg, model, batches())
+    tracker = warmed_tracker(run, cfg, model, opt, forward_backward)
     recorder.log.clear()
     with tracker:
         for _ in range(steps):
-            micro_steps(model, acc, data, run.precision, between=tracker.reset_mod_stats)
+            forward_backward(tracker.reset_mod_stats)
             optimizer_step(run, model, opt, t.grad_clip)
     out = components(tracker.get_tracker_snapshot("peak")[run.device], has_buckets(model))
     out["moment"] = _moment(tracker, run.device, out["peak"])

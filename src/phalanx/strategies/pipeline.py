@@ -15,6 +15,8 @@ only; `forward_backward` hands every rank of the pipeline its mean (one all-redu
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, cast
 
 import torch
@@ -25,6 +27,15 @@ from torch.nn import functional as F
 from phalanx.config.layout import schedule_refusal, stage_refusal
 from phalanx.errors import UserError
 from phalanx.models.minigpt import whole
+
+
+def drops_outputs() -> bool:
+    """Whether torch's schedules can be told not to keep the last stage's outputs
+    (`step(return_outputs=False)`, newer torch); with it the last stage holds a
+    micro-batch's logits only until its backward (plan.pipeline counts either way)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    return "return_outputs" in inspect.signature(PipelineScheduleSingle.step).parameters
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -60,7 +71,11 @@ class Pipeline:
         """Forward and backward of the batch (`x` ids, `y` targets: every stage passes
         them; the first uses `x`, the last `y`); the mean loss over its micro-batches, on
         every rank of the pipeline."""
-        return self._mean_loss(self.schedule.step, x, y)
+        step = self.schedule.step
+        if drops_outputs():  # (the last stage would keep every micro-batch's logits to the
+            # step's end, then merge them: a second copy; nobody reads them)
+            step = functools.partial(step, return_outputs=False)
+        return self._mean_loss(step, x, y)
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss, forward only (the schedule's `eval`), on every rank of
