@@ -79,3 +79,19 @@ def test_what_the_pipeline_plan_does_not_model_is_one_line(capsys):
         assert cli.main(argv) == 2, extra
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0], (extra, err)
+
+
+def test_a_pipeline_rows_step_is_compared_for_the_same_global_batch():
+    """A pp P row's step runs 1/P of the others' global batch (P ranks per data-parallel
+    batch): its 0.6 s counts as 1.2 s beside a 1-D row's 1.0 s."""
+    from phalanx.plan.recommend import recommend
+
+    def row(name, pp, step):
+        return {"strategy": name, "tp": 1, "pp": pp, "fits": True, "peak": 1,
+                "largest_micro_batch": 8, "time": {"step_s": step, "comm_bytes": 1.0}}
+
+    said = recommend([row("fsdp", 1, 1.0), row("pp 2 (1f1b) × dp_shard 4", 2, 0.6)], 2 ** 30)
+    assert said.startswith("fsdp: it fits"), said
+    said = recommend([row("fsdp", 1, 1.3), row("pp 2 (1f1b) × dp_shard 4", 2, 0.6)], 2 ** 30)
+    assert said.startswith("pp 2 (1f1b) × dp_shard 4: it fits") and \
+        "1200.0 ms for the others' global batch" in said, said

@@ -86,7 +86,8 @@ def plan(cfg, W: int, dev, mfu: float, peak_flops: float | None,
         peak_of = _peak_of(cfg, v, W, checkpointed)
         mem = peak_of(facts)
         scalable = user is None or user.scalable
-        row = {"strategy": v.label, "tp": v.tp, **mem, "fits": mem["peak"] <= budget,
+        row = {"strategy": v.label, "tp": v.tp, "pp": v.pp, **mem,
+               "fits": mem["peak"] <= budget,
                "largest_micro_batch": largest_micro_batch(facts_of, peak_of, budget)
                if scalable else None}
         if peak_flops and busbw:
@@ -286,15 +287,22 @@ def recommend(rows: list[dict], budget: int) -> str:
             f"rank) with {why}.")
 
 
+def batch_share(row: dict) -> int:
+    """How many of the row's steps make one of the others' global batch: T under tensor
+    parallelism (T ranks share each batch), P under pipeline stages (P ranks run each
+    data-parallel batch), their product for both; 1 for the rest."""
+    return row.get("tp", 1) * row.get("pp", 1)
+
+
 def _fastest(fitting: list[dict]) -> tuple[dict, str]:
     """The fastest row, and why; steps equal to 0.1 ms are a tie, broken by the bytes
-    sent, then the peak — and the reason says so. A tensor-parallel row's step takes
-    1/T of the others' global batch (T ranks share each batch): compared at T steps."""
-    step = lambda r: round(r["time"]["step_s"] * r.get("tp", 1), 4)  # noqa: E731
-    sent = lambda r: r["time"]["comm_bytes"] * r.get("tp", 1)  # noqa: E731 (T steps, too)
+    sent, then the peak — and the reason says so. A tensor-parallel or pipelined row's
+    step takes a share of the others' global batch: compared at `batch_share` steps."""
+    step = lambda r: round(r["time"]["step_s"] * batch_share(r), 4)  # noqa: E731
+    sent = lambda r: r["time"]["comm_bytes"] * batch_share(r)  # noqa: E731 (those steps')
     best = min(fitting, key=lambda r: (step(r), sent(r), r["peak"]))
     why = f"the fastest predicted step ({best['time']['step_s'] * 1e3:.1f} ms"
-    if best.get("tp", 1) > 1:
+    if batch_share(best) > 1:
         why += f", {step(best) * 1e3:.1f} ms for the others' global batch"
     tied = [r for r in fitting if r is not best and step(r) == step(best)]
     if not tied:
