@@ -95,3 +95,16 @@ def test_a_pipeline_rows_step_is_compared_for_the_same_global_batch():
     said = recommend([row("fsdp", 1, 1.3), row("pp 2 (1f1b) × dp_shard 4", 2, 0.6)], 2 ** 30)
     assert said.startswith("pp 2 (1f1b) × dp_shard 4: it fits") and \
         "1200.0 ms for the others' global batch" in said, said
+
+
+def test_layouts_propose_pipeline_stages_across_machines_when_train_would_take_them():
+    from phalanx.plan.layouts import pipeline_candidates
+
+    cfg = config("--n-layer", "8", "--grad-accum", "8")
+    assert [v.label for v in pipeline_candidates(cfg, 64, 8)] == [
+        "pp 2 (1f1b) × hsdp (4 × 8)", "pp 4 (1f1b) × hsdp (2 × 8)", "pp 8 (1f1b) × dp_shard 8"]
+    assert [v.label for v in pipeline_candidates(config("--n-layer", "8", "--grad-accum",
+                                                        "2"), 64, 8)] == \
+        ["pp 2 (1f1b) × hsdp (4 × 8)"]  # 2 micro-batches leave more stages idle
+    assert pipeline_candidates(config("--grad-accum", "8", "--tie-embeddings"), 64, 8) == ()
+    assert pipeline_candidates(cfg, 8, 8) == ()  # one machine: none

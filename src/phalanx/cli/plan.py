@@ -173,7 +173,12 @@ def _candidates(ns: argparse.Namespace, cfg, W: int) -> tuple:
             "--simulate" if ns.simulate else "--model-states"
         raise UserError(f"`--layouts` plans the candidate layouts itself; leave out {said} "
                         f"(or leave out --layouts to plan the layout you name).")
-    return candidates(cfg, W, cfg.dist.nproc_per_node or W)
+    from phalanx.plan.layouts import pipeline_candidates
+    from phalanx.strategies.pipeline import drops_outputs
+
+    per_machine = cfg.dist.nproc_per_node or W
+    return candidates(cfg, W, per_machine) + pipeline_candidates(
+        cfg, W, per_machine, keeps_outputs=not drops_outputs())
 
 
 def layout_rows(cfg, W: int) -> tuple:
@@ -221,15 +226,12 @@ def check_pipeline(cfg, simulate: bool = False) -> None:
         raise UserError(f"`--simulate` does not run pipeline stages yet (their sends and "
                         f"receives on the fake world); `--measure` checks the `--pp {pp}` "
                         f"row on the local ranks, or leave --simulate out.")
+    from phalanx.plan.pipeline import unplanned
+
     refusal = trainer_pipeline_refusal(cfg)
-    unplanned = [(cfg.model.factory is not None, "`--model` (your model's stages are not "
-                                                 "traced yet)"),
-                 (isinstance(cfg.dist.tp, int) and cfg.dist.tp > 1, f"`--tp {cfg.dist.tp}` "
-                                                                     f"inside the stages"),
-                 (cfg.model.activation_checkpointing, "`--activation-checkpointing`")]
-    found = [what for hit, what in unplanned if hit]
+    found = unplanned(cfg)
     if refusal is None and found:
-        refusal = (f"{found[0]} is not planned under pipeline stages yet (the plan models "
+        refusal = (f"{found} is not planned under pipeline stages yet (the plan models "
                    f"MiniGPT with FSDP2 inside each stage); leave it out")
     if refusal is not None:
         raise UserError(f"`--pp {pp}`: {refusal}.")

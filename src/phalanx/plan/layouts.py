@@ -6,14 +6,41 @@ Candidates, as torchtitan lays meshes out: tensor parallelism only inside a mach
 divides the ranks per machine and the heads; its all-reduces sit between matmuls), FSDP
 over the rest of the machine (S = per_machine / T) and replica groups across machines
 (R = W / (T·S), HSDP), or FSDP over every data-parallel rank when there is one machine.
-Pipeline stages are not among the candidates yet; a layout asked for with `--pp` is
-planned (plan.pipeline, docs/plan.md)."""
+Pipeline stages across machines (`pipeline_candidates`), where torchtitan puts them: P
+stages of W/P ranks, FSDP inside a machine and HSDP over a stage's machines."""
 
 from __future__ import annotations
 
-from phalanx.plan.estimate import Variant, mesh_variant
+import copy
+
+from phalanx.config.layout import trainer_pipeline_refusal
+from phalanx.plan.estimate import Variant, mesh_variant, pipeline_variant
 
 TP_SIZES = (2, 4, 8)
+PP_SIZES = (2, 4, 8)
+
+
+def pipeline_candidates(cfg, W: int, per_machine: int, keeps_outputs: bool = False
+                        ) -> tuple[Variant, ...]:
+    """pp P × (HSDP over the stage's machines, FSDP inside each) for each P in PP_SIZES
+    that divides the machines — when `phalanx train --pp P` would take the config (enough
+    micro-batches, an untied head, fp32, ...) and the planner models it
+    (`plan.pipeline.unplanned`); none on one machine."""
+    from phalanx.plan.pipeline import unplanned
+
+    machines = W // per_machine if W % per_machine == 0 and per_machine > 1 else 0
+    out: list[Variant] = []
+    for P in PP_SIZES:
+        staged = copy.copy(cfg)  # (not `replace`: the config would refuse P itself)
+        staged.dist = copy.copy(cfg.dist)
+        staged.dist.pp = P
+        if P > machines or machines % P or trainer_pipeline_refusal(staged) or \
+                unplanned(staged):
+            continue
+        out.append(pipeline_variant(P, cfg.dist.pp_schedule, machines // P, per_machine,
+                                    reshard=cfg.dist.fsdp_reshard_after_forward,
+                                    keeps_outputs=keeps_outputs))
+    return tuple(out)
 
 
 def candidates(cfg, W: int, per_machine: int) -> tuple[Variant, ...]:

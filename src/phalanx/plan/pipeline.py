@@ -42,6 +42,17 @@ from phalanx.plan.estimate import (
 )
 
 
+def unplanned(cfg) -> str | None:
+    """What the planner does not model under pipeline stages yet (None: it models the
+    config), said as the option found."""
+    m = cfg.model
+    tp = cfg.dist.tp
+    found = [(m.factory is not None, "`--model` (your model's stages are not traced yet)"),
+             (isinstance(tp, int) and tp > 1, f"`--tp {tp}` inside the stages"),
+             (m.activation_checkpointing, "`--activation-checkpointing`")]
+    return next((what for hit, what in found if hit), None)
+
+
 def in_flight(schedule: str, stages: int, stage: int, microbatches: int) -> int:
     """Micro-batches stage `stage` has run forward before its first backward: all of them
     under GPipe; min(M, P − s) under 1F1B (torch's warm-up)."""

@@ -100,7 +100,8 @@ def _print_time(out, result: dict) -> None:
                    + (f" in a machine of {result['per_machine']} ranks, "
                       f"{result['inter_busbw'] / 1e9:g} GB/s between machines"
                       if result.get("inter_busbw") else ""),
-                   "compute: forward and backward; optimizer "
+                   "compute: forward and backward (a pipeline row's with its bubble); "
+                   "optimizer "
                    f"{result['optimizer']}: {OPTIMIZER_TERM[result['optimizer']]}; comm "
                    "MB: sent per rank per optimizer step; exposed: the communication left "
                    "after it hides behind the pass it runs in (up to that pass's compute); "
