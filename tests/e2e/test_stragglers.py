@@ -42,7 +42,7 @@ def test_a_rank_slowed_anywhere_in_the_step_is_named(strategy, where, tmp_path,
     assert ("straggler", step) in [(e["kind"], e["step"]) for e in events]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # named at a check where its own time was over 2x the other rank's (runtime.pace)
-    assert _to_fastest(proc.stdout)[0] > 2, proc.stdout
+    assert _to_fastest(proc.stdout)[0] >= 2.0, proc.stdout
     # the last window's figures: still the slowest. Not "> 2x" there: on a loaded machine
     # the fast rank's own time grows too (one CI run read 1.86x at step 30)
     last = records[-1]

@@ -72,6 +72,7 @@ def test_the_plan_shows_the_pipeline_row_with_its_bubble(capsys):
 
 def test_what_the_pipeline_plan_does_not_model_is_one_line(capsys):
     for extra, said in ((["--simulate"], "`--simulate` does not run pipeline stages yet"),
+                        (["--model-states"], "`--model-states` is the data-parallel regimes"),
                         (["--activation-checkpointing"], "`--activation-checkpointing` is "
                                                          "not planned under pipeline stages"),
                         (["--tie-embeddings"], "pipeline stages cannot share a weight")):
@@ -108,3 +109,11 @@ def test_layouts_propose_pipeline_stages_across_machines_when_train_would_take_t
         ["pp 2 (1f1b) × hsdp (4 × 8)"]  # 2 micro-batches leave more stages idle
     assert pipeline_candidates(config("--grad-accum", "8", "--tie-embeddings"), 64, 8) == ()
     assert pipeline_candidates(cfg, 8, 8) == ()  # one machine: none
+
+
+def test_the_table_keeps_a_pipeline_rows_label_whole_at_80_columns(capsys):
+    argv = ["plan", *SHAPE, "--world-size", "4", "--pp", "2", "--dp-shard", "2",
+            "--grad-accum", "4"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "pp 2 (1f1b) × dp_shard 2 " in out and "s1: bwd start" in out, out

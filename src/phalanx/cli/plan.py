@@ -84,7 +84,8 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
-    check_pipeline(cfg, ns.simulate)
+    check_pipeline(cfg, "--simulate" if ns.simulate else
+                   "--model-states" if ns.model_states else None)
     if ns.model_states and (ns.measure or ns.simulate):
         raise UserError("`--model-states` prints the model states' arithmetic only; "
                         "`--measure` and `--simulate` check the full plan: leave out "
@@ -215,17 +216,21 @@ def layout_rows(cfg, W: int) -> tuple:
     return (mesh_variant(layout.dp_replicate, layout.dp_shard, layout.tp, reshard=reshard),)
 
 
-def check_pipeline(cfg, simulate: bool = False) -> None:
+def check_pipeline(cfg, mode: str | None = None) -> None:
     """`--pp P`: what `phalanx train` refuses under pipeline stages, and what the planner
     does not model there yet (plan.pipeline: MiniGPT, FSDP2 inside each stage; not on
-    `--simulate`'s fake world), in one line before anything is planned."""
+    `--simulate`'s fake world nor in `--model-states`' table: `mode`), in one line before
+    anything is planned."""
     pp = cfg.dist.pp
     if not isinstance(pp, int) or pp < 2:
         return
-    if simulate:
-        raise UserError(f"`--simulate` does not run pipeline stages yet (their sends and "
-                        f"receives on the fake world); `--measure` checks the `--pp {pp}` "
-                        f"row on the local ranks, or leave --simulate out.")
+    if mode is not None:
+        what = {"--simulate": "does not run pipeline stages yet (their sends and receives "
+                              "on the fake world); `--measure` checks the `--pp` row on "
+                              "the local ranks",
+                "--model-states": "is the data-parallel regimes' arithmetic (no pipeline "
+                                  "stages)"}[mode]
+        raise UserError(f"`{mode}` {what}: leave `{mode}` or `--pp {pp}` out.")
     from phalanx.plan.pipeline import unplanned
 
     refusal = trainer_pipeline_refusal(cfg)

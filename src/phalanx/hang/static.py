@@ -1,6 +1,7 @@
-"""The static finding a hang or abort report cites: `phalanx lint`'s PX301/PX302 in the
-files of the ranks' stacks and the Python files beside them (where their helpers are),
-naming the line where the ranks part — the stacks only say where they met."""
+"""The static finding a hang or abort report cites: `phalanx lint`'s PX301, PX303 and
+PX302 in the files of the ranks' stacks and the Python files beside them (where their
+helpers are), naming the line where the ranks part — the stacks only say where they
+met."""
 
 from __future__ import annotations
 

@@ -18,9 +18,14 @@ Besides, measured with torch's memory tracker on 4 gloo ranks (`phalanx plan --p
   before they are added; the root's parameters and the block computed are gathered. Before the first backward, a forward holds
   the root's and the block's gathered parameters, and the all-gathers' outputs again
   (counted with the activations).
-- The last stage keeps every micro-batch's logits until the step ends (the schedule
-  merges its outputs: a second copy of them at the end) and makes the loss's gradients
-  (2 · B·T·V fp32) at each backward's start; its root is not gathered then.
+- The last stage holds a micro-batch's logits until its backward and makes the loss's
+  gradients (2 · B·T·V fp32) at each backward's start; its root is not gathered then.
+  (With a torch whose schedules cannot be told to drop them — `keeps_outputs` — it keeps
+  every micro-batch's logits to the step's end and then merges them: a second copy.)
+- torch's stage also leaves the parameters gathered after every backward but the last;
+  the plan counts the root and one block gathered at the second backward's start (what
+  was measured at the peak); where parameters outweigh activations a later block's
+  backward, with every block of the stage gathered, may be higher (not measured yet).
 - Each stage keeps a receive buffer per micro-batch for the activations it gets (all but
   the first) and for the gradients it gets (all but the last): B·T·C fp32 each, counted
   as communication.
@@ -49,7 +54,8 @@ def unplanned(cfg) -> str | None:
     tp = cfg.dist.tp
     found = [(m.factory is not None, "`--model` (your model's stages are not traced yet)"),
              (isinstance(tp, int) and tp > 1, f"`--tp {tp}` inside the stages"),
-             (m.activation_checkpointing, "`--activation-checkpointing`")]
+             (m.activation_checkpointing, "`--activation-checkpointing`"),
+             (not cfg.dist.fsdp_reshard_after_forward, "`--no-fsdp-reshard-after-forward`")]
     return next((what for hit, what in found if hit), None)
 
 
@@ -77,11 +83,11 @@ def stage_facts(facts: ModelFacts, cfg, vocab: int, stages: int, stage: int) -> 
     mine = MiniGPTShapes(whole.embeddings if stage == 0 else [], whole.block, n,
                          whole.tail if last else [])
     copies, groups = optimizer_layout(mine, vocab, cfg.train.optimizer)
-    head = (lambda x: x) if last else (lambda x: 0)  # noqa: E731
+    head = int(last)  # (the head's tensors: the last stage's only)
     return replace(facts, param_shapes=mine.all, root_shapes=mine.root, n_blocks=n,
                    state_copies=copies, optim_groups=groups,
-                   head_saved=head(facts.head_saved), logits=head(facts.logits),
-                   loss_grads=head(facts.loss_grads), head_grad=0,
+                   head_saved=head * facts.head_saved, logits=head * facts.logits,
+                   loss_grads=head * facts.loss_grads, head_grad=0,
                    buffers=facts.buffers * n // m.n_layer)
 
 

@@ -6,6 +6,7 @@ user's model (`--model`) comes traced (phalanx.plan.user_model)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
@@ -221,21 +222,28 @@ def _time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
 
 def _pipeline_time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: float,
                    inter: float | None) -> dict:
-    """The slowest stage's step on its own ranks (FSDP over the stage's W/P, its FLOPs),
-    its compute stretched by the bubble — M micro-batches take M + P − 1 slots — and the
-    point-to-point sends between stages counted as exposed (they sit between the
-    micro-batches' compute)."""
+    """The slowest stage's step on its own ranks (FSDP over the stage's W/P, its FLOPs,
+    one gradient reduce-scatter per step), its compute stretched by the bubble — M
+    micro-batches take M + P − 1 slots — and the point-to-point sends between stages
+    counted as exposed (they sit between the micro-batches' compute; at `inter` between
+    machines)."""
     from phalanx.plan.pipeline import bubble, heaviest_stage, p2p_bytes
 
     P, M = v.pp, cfg.train.grad_accum
     stage = heaviest_stage(facts, cfg, planned_vocab(cfg)[0], P)
-    t = _time(cfg, stage, replace(v, pp=1), W // P, mfu, peak_flops, busbw, inter)
+    synced = copy.copy(cfg)  # torch's stage reduce-scatters on the last backward only
+    synced.dist = copy.copy(cfg.dist)
+    synced.dist.fsdp_grad_sync = "last"
+    t = _time(synced, stage, replace(v, pp=1), W // P, mfu, peak_flops, busbw, inter)
     idle = t["compute_s"] * bubble(P, M) / (1 - bubble(P, M))
     sent = p2p_bytes(cfg, facts, P)
+    # stages are laid out outermost: neighbours are W/P ranks apart, on other machines
+    # once a stage fills one (`--layouts` puts them so)
+    link = inter if inter and W > (cfg.dist.nproc_per_node or W) else busbw
     return {**t, "compute_s": t["compute_s"] + idle, "bubble_s": idle,
-            "comm_bytes": t["comm_bytes"] + sent, "comm_s": t["comm_s"] + sent / busbw,
-            "exposed_s": t["exposed_s"] + sent / busbw,
-            "step_s": t["step_s"] + idle + sent / busbw}
+            "comm_bytes": t["comm_bytes"] + sent, "comm_s": t["comm_s"] + sent / link,
+            "exposed_s": t["exposed_s"] + sent / link,
+            "step_s": t["step_s"] + idle + sent / link}
 
 
 def _muon_flops(facts, v, W: int) -> int:

@@ -30,15 +30,16 @@ class StageTracker(MemTracker):
 
 
 def receive_buffers(run: Any, model: Any) -> list:
-    """The activation receive buffers of `model`'s pipeline stages on this rank (none
-    without pipeline stages)."""
+    """The receive buffers of `model`'s pipeline stages on this rank, for activations and
+    for gradients (none without pipeline stages)."""
     import torch
 
     found = []
     for pipeline in getattr(run, "_pipelines", {}).get(model, {}).values():
-        for infos in getattr(pipeline.stage, "args_recv_info", {}).values():
-            for info in infos if isinstance(infos, (tuple, list)) else [infos]:
-                buffer = getattr(info, "buffer", None)
-                if isinstance(buffer, torch.Tensor):
-                    found.append(buffer)
+        for kind in ("args_recv_info", "grad_recv_info"):
+            for infos in getattr(pipeline.stage, kind, {}).values():
+                for info in infos if isinstance(infos, (tuple, list)) else [infos]:
+                    buffer = getattr(info, "buffer", None)
+                    if isinstance(buffer, torch.Tensor):
+                        found.append(buffer)
     return found

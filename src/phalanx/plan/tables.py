@@ -11,7 +11,10 @@ from phalanx.plan.recommend import MICRO_BATCH_LIMIT
 HEADERS = {"parameters": "params", "gradients": "grads", "optimizer": "optim",
            "activations": "activ.", "communication": "comm"}
 MOMENTS = (("backward start", "bwd start"), ("optimizer step", "opt step"),
-           ("forward, last block", "fwd last"), ("backward", "bwd"), ("block ", "blk "))
+           ("forward, last block", "fwd last"), ("backward of ", "bwd "),
+           ("forward of ", "fwd "), ("backward", "bwd"), ("block ", "blk "),
+           ("micro-batch ", "mb "), (", in a blk", " in blk"), (", its last module", " end"),
+           ("stage ", "s"))  # (a pipeline row's: "stage 0: backward of micro-batch 2, ...")
 LABEL_WIDTH = max(len("strategy"), *(len(v.label) for v in VARIANTS))
 
 
@@ -29,8 +32,9 @@ def _table(title: str, caption: str | None = None):
                  title_justify="left", padding=0, pad_edge=False)
 
 
-def _label(table) -> None:
-    table.add_column("strategy", no_wrap=True, min_width=LABEL_WIDTH)
+def _label(table, labels) -> None:
+    width = max([LABEL_WIDTH, *map(len, labels)])
+    table.add_column("strategy", no_wrap=True, min_width=width)
 
 
 def short_moment(moment: str) -> str:
@@ -59,7 +63,7 @@ def print_plan(result: dict, out=None) -> None:
                    "params … comm: the bytes held at the peak moment (`at`), not each "
                    "term's own maximum over the step; peak = their sum; fits: within the "
                    "budget per rank; max mb: the largest micro-batch that fits.")
-    _label(table)
+    _label(table, [r["strategy"] for r in result["rows"]])
     for column in (*(HEADERS[c] for c in COMPONENTS), "peak", "at", "fits", "max mb"):
         table.add_column(column, justify="left" if column == "at" else "right",
                          no_wrap=True)
@@ -106,7 +110,7 @@ def _print_time(out, result: dict) -> None:
                    "MB: sent per rank per optimizer step; exposed: the communication left "
                    "after it hides behind the pass it runs in (up to that pass's compute); "
                    "step = compute + optim + exposed.")
-    _label(table)
+    _label(table, [r["strategy"] for r in result["rows"]])
     for column in ("compute ms", "optim ms", "comm MB", "comm ms", "exposed ms", "step ms"):
         table.add_column(column, justify="right", no_wrap=True)
     for r in result["rows"]:
@@ -129,7 +133,7 @@ def print_measured(result: dict, out=None) -> None:
                    "the peak, too small to compare; ! : outside its band); peak MiB: predicted / measured; "
                    "activ. includes communication buffers (the tracker files them as "
                    "temporaries).")
-    _label(table)
+    _label(table, result["measured"])
     for _, header in MEASURED:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("peak MiB", justify="right", no_wrap=True)
