@@ -84,18 +84,7 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     from phalanx.plan.tables import print_measured, print_plan
 
     cfg = resolve(ns)
-    check_pipeline(cfg, "--simulate" if ns.simulate else
-                   "--model-states" if ns.model_states else None)
-    if ns.model_states and (ns.measure or ns.simulate):
-        raise UserError("`--model-states` prints the model states' arithmetic only; "
-                        "`--measure` and `--simulate` check the full plan: leave out "
-                        "`--model-states` to run them.")
-    if ns.params is not None and not ns.model_states:
-        raise UserError(f"`--params {ns.params:g}` sets Ψ for `--model-states`; add "
-                        f"`--model-states`, or leave `--params` out to plan the model the "
-                        f"flags describe.")
-    if not 0 < ns.mfu <= 1:
-        raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
+    _check_modes(ns, cfg)
     W = planned_world(ns, cfg)
     extra = _candidates(ns, cfg, W)
     if ns.simulate:
@@ -141,6 +130,22 @@ def run_plan(ns: argparse.Namespace, argv: list[str]) -> int:
     if ns.simulate:
         run_simulate(ns, cfg, W, result, extra)
     return 0
+
+
+def _check_modes(ns: argparse.Namespace, cfg) -> None:
+    """The flags that do not go together, each refused in one line."""
+    check_pipeline(cfg, "--simulate" if ns.simulate else
+                   "--model-states" if ns.model_states else None)
+    if ns.model_states and (ns.measure or ns.simulate):
+        raise UserError("`--model-states` prints the model states' arithmetic only; "
+                        "`--measure` and `--simulate` check the full plan: leave out "
+                        "`--model-states` to run them.")
+    if ns.params is not None and not ns.model_states:
+        raise UserError(f"`--params {ns.params:g}` sets Ψ for `--model-states`; add "
+                        f"`--model-states`, or leave `--params` out to plan the model the "
+                        f"flags describe.")
+    if not 0 < ns.mfu <= 1:
+        raise UserError(f"`--mfu {ns.mfu}` must be in (0, 1], e.g. 0.4.")
 
 
 def _inter_node(ns: argparse.Namespace, cfg, W: int) -> float | None:
