@@ -31,12 +31,16 @@ def test_a_loss_spike_and_a_straggler_are_named_once(watched):
     assert len(spikes) == 1 and spikes[0].startswith("phalanx: warning: step 15: loss "), spikes
     slow = [line for line in proc.stdout.splitlines() if "is a straggler" in line]
     assert len(slow) == 1, proc.stdout
-    assert re.match(r"phalanx: warning: step 20: rank 1 on \S+ is a straggler: its own time "
-                    r"\(the step minus its waits in collectives\) is [\d.]+ ms per step, "
-                    r"[\d.]+× the median", slow[0]), slow[0]
+    # named at the second check in a row that finds it slow: step 20 — or 30 on a loaded
+    # machine, where the first window (slow from step 3 only) can miss the 2x factor
+    # (a CI run named it at step 30, 3.1x the median)
+    named = re.match(r"phalanx: warning: step (20|30): rank 1 on \S+ is a straggler: its own "
+                     r"time \(the step minus its waits in collectives\) is [\d.]+ ms per "
+                     r"step, [\d.]+× the median", slow[0])
+    assert named, slow[0]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [(e["kind"], e["step"]) for e in events][:-1] == [  # (the injected fault: an
-        ("fault", 0), ("spike", 15), ("straggler", 20)]  # event too, issue 41.6)
+        ("fault", 0), ("spike", 15), ("straggler", int(named[1]))]  # event too, issue 41.6)
     assert events[-1]["kind"] == "goodput"  # when training ended (issue 45)
 
 
