@@ -8,6 +8,7 @@ This module does not import torch, so `phalanx --help` and config errors are ins
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -316,6 +317,18 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+    def with_dist(self, **changes: Any) -> Config:
+        """A what-if copy with some `dist` fields changed, for the planner: not validated
+        (`dataclasses.replace` would be, and would refuse e.g. a `pp` this config's own
+        flags do not allow, which is what a candidate is checked for)."""
+        changed = copy.copy(self)
+        changed.dist = copy.copy(self.dist)
+        for name, value in changes.items():
+            if not hasattr(changed.dist, name):
+                raise AttributeError(f"DistConfig has no field {name!r}")
+            setattr(changed.dist, name, value)
+        return changed
 
     def decay_steps(self) -> int:
         """The cosine schedule's length: `--lr-decay-steps`, or `--max-steps` when 0."""

@@ -11,8 +11,6 @@ stages of W/P ranks, FSDP inside a machine and HSDP over a stage's machines."""
 
 from __future__ import annotations
 
-import copy
-
 from phalanx.config.layout import trainer_pipeline_refusal
 from phalanx.plan.estimate import Variant, mesh_variant, pipeline_variant
 
@@ -31,9 +29,7 @@ def pipeline_candidates(cfg, W: int, per_machine: int, keeps_outputs: bool = Fal
     machines = W // per_machine if W % per_machine == 0 and per_machine > 1 else 0
     out: list[Variant] = []
     for P in PP_SIZES:
-        staged = copy.copy(cfg)  # (not `replace`: the config would refuse P itself)
-        staged.dist = copy.copy(cfg.dist)
-        staged.dist.pp = P
+        staged = cfg.with_dist(pp=P)  # (not validated: a refusal is checked below)
         if P > machines or machines % P or trainer_pipeline_refusal(staged) or \
                 unplanned(staged):
             continue

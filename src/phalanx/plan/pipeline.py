@@ -91,15 +91,13 @@ def stage_facts(facts: ModelFacts, cfg, vocab: int, stages: int, stage: int) -> 
                    buffers=facts.buffers * n // m.n_layer)
 
 
-def stage_flops_per_token(cfg, facts: ModelFacts, vocab: int, stages: int,
-                          stage: int) -> int:
-    """Training FLOPs per token of one stage (`formulas.minigpt_flops_per_token` on its
-    part): 6 × its blocks' matrices, and the head's on the last stage (the embedding is a
-    lookup), + attention over its blocks."""
+def stage_flops_per_token(cfg, mine: ModelFacts, vocab: int, last: bool) -> int:
+    """Training FLOPs per token of one stage (`mine`: its `stage_facts`;
+    `formulas.minigpt_flops_per_token` on its part): 6 × its blocks' matrices, and the
+    head's on the last stage (the embedding is a lookup), + attention over its blocks."""
     m = cfg.model
-    mine = stage_facts(facts, cfg, vocab, stages, stage)
     matmul = mine.n_blocks * sum(f.numel(p) for p in mine.block_shapes if len(p) == 2)
-    if stage == stages - 1:
+    if last:
         matmul += vocab * m.n_embd
     return f.minigpt_flops_per_token(matmul, mine.n_blocks, m.n_head, m.n_embd, m.block_size)
 
@@ -107,18 +105,24 @@ def stage_flops_per_token(cfg, facts: ModelFacts, vocab: int, stages: int,
 def heaviest_stage(facts: ModelFacts, cfg, vocab: int, stages: int) -> ModelFacts:
     """The facts of the stage with the most FLOPs per token (the pipeline runs at its
     pace), its FLOPs per token set."""
-    flops = [stage_flops_per_token(cfg, facts, vocab, stages, s) for s in range(stages)]
+    each = [stage_facts(facts, cfg, vocab, stages, s) for s in range(stages)]
+    flops = [stage_flops_per_token(cfg, mine, vocab, s == stages - 1)
+             for s, mine in enumerate(each)]
     slowest = max(range(stages), key=flops.__getitem__)
-    return replace(stage_facts(facts, cfg, vocab, stages, slowest),
-                   flops_per_token=flops[slowest])
+    return replace(each[slowest], flops_per_token=flops[slowest])
+
+
+def boundary_bytes(cfg, facts: ModelFacts) -> int:
+    """One micro-batch's activations between two stages: B·T·C fp32 (their gradients
+    back are as many)."""
+    return facts.tokens * cfg.model.n_embd * f.FP32
 
 
 def p2p_bytes(cfg, facts: ModelFacts, stages: int) -> int:
     """Bytes a rank sends to its neighbouring stages per optimizer step: each micro-batch's
-    activations forward and their gradients back, B·T·C fp32 each (one direction at the
-    two ends: with 2 stages every rank sends one)."""
-    io = facts.tokens * cfg.model.n_embd * f.FP32
-    return cfg.train.grad_accum * io * min(2, stages - 1)
+    activations forward and their gradients back (one direction at the two ends: with 2
+    stages every rank sends one)."""
+    return cfg.train.grad_accum * boundary_bytes(cfg, facts) * min(2, stages - 1)
 
 
 def stage_moments(facts: ModelFacts, v: Variant, W: int, stage: int, M: int, io: int,
@@ -201,7 +205,7 @@ def _last(facts: ModelFacts, base: dict, gathered: dict, M: int, k: int, per_mb:
 def pipeline_peak(facts: ModelFacts, cfg, vocab: int, v: Variant, W: int) -> dict:
     """{component: bytes at the peak, "peak", "moment", "stage"} of the stage whose rank
     peaks highest."""
-    io = facts.tokens * cfg.model.n_embd * f.FP32
+    io = boundary_bytes(cfg, facts)
     best: dict = {}
     for stage in range(v.pp):
         mine = stage_facts(facts, cfg, vocab, v.pp, stage)

@@ -6,7 +6,6 @@ user's model (`--model`) comes traced (phalanx.plan.user_model)."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 from phalanx.config.data_spec import UNKNOWN_VOCAB_FALLBACK, vocab_size_of
@@ -231,9 +230,7 @@ def _pipeline_time(cfg, facts, v, W: int, mfu: float, peak_flops: float, busbw: 
 
     P, M = v.pp, cfg.train.grad_accum
     stage = heaviest_stage(facts, cfg, planned_vocab(cfg)[0], P)
-    synced = copy.copy(cfg)  # torch's stage reduce-scatters on the last backward only
-    synced.dist = copy.copy(cfg.dist)
-    synced.dist.fsdp_grad_sync = "last"
+    synced = cfg.with_dist(fsdp_grad_sync="last")  # a stage reduce-scatters once a step
     t = _time(synced, stage, replace(v, pp=1), W // P, mfu, peak_flops, busbw, inter)
     idle = t["compute_s"] * bubble(P, M) / (1 - bubble(P, M))
     sent = p2p_bytes(cfg, facts, P)

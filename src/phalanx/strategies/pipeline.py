@@ -29,10 +29,12 @@ from phalanx.errors import UserError
 from phalanx.models.minigpt import whole
 
 
+@functools.cache
 def drops_outputs() -> bool:
     """Whether torch's schedules can be told not to keep the last stage's outputs
     (`step(return_outputs=False)`, newer torch); with it the last stage holds a
-    micro-batch's logits only until its backward (plan.pipeline counts either way)."""
+    micro-batch's logits only until its backward (plan.pipeline counts either way).
+    Asked once per process (it inspects a signature)."""
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     return "return_outputs" in inspect.signature(PipelineScheduleSingle.step).parameters
