@@ -1,7 +1,7 @@
 """Calls of a linted file's module-level functions from the other linted files, with the
 rank guard each call runs under: `save_hf_format` of `utils.py` called only under
 `if args.global_rank == 0:` in every `main.py` runs on rank 0 only (`Context.external`,
-read by lint.guards.caller_guards). Conservative: a function passed by name, imported
+read by lint.guards.caller_guard). Conservative: a function passed by name, imported
 with `*`, or named in a file that could not be analysed has an unknown caller — not a
 file that binds the name to a function of another module (`from ckpt_moe import f`)."""
 

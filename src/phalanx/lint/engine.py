@@ -105,7 +105,6 @@ class Context:
         self.uses_cuda = "cuda" in source
         self.defined = {n.name for n in  # names this file defines itself
                         self.of(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)}
-        self._caller_guards: dict | None = None  # lint.guards.caller_guards (cached)
         self._call_index: dict | None = None  # lint.guards._index (cached)
         self._rank_names: set[str] | None = None
         self._rank_tests: dict[ast.AST, bool] | None = None  # rank_dependent's answers
@@ -201,11 +200,18 @@ class Context:
                        and not whether_distributed(n.value)]
             properties = [f for f in self.nodes if _a_property(f)]
             for _ in range(3):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
-                self._rank_names |= {dotted(t) for n in assigns
-                                     if self._holds_rank(n) for t in n.targets
+                # (what holds a rank keeps holding one as names are added: ask the rest)
+                held = [n for n in assigns if self._holds_rank(n)]
+                rank_properties = [f for f in properties if _rank_property(self, f)]
+                if not held and not rank_properties:
+                    break  # (nothing new: a further round would find nothing either)
+                done = set(held) | set(rank_properties)
+                assigns = [n for n in assigns if n not in done]
+                properties = [f for f in properties if f not in done]
+                self._rank_names |= {dotted(t) for n in held for t in n.targets
                                      if isinstance(t, (ast.Name, ast.Attribute))}
-                self._rank_names |= {f"self.{getattr(f, 'name', '')}" for f in properties
-                                     if _rank_property(self, f)}
+                self._rank_names |= {f"self.{getattr(f, 'name', '')}"
+                                     for f in rank_properties}
             self._rank_tests = {}  # (the names are known: rank_dependent may remember)
         return self._rank_names
 

@@ -33,7 +33,6 @@ class Context(Protocol):
     _call_index: dict | None
     memo: dict[str, dict]
     tree: ast.Module
-    _caller_guards: dict | None
 
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
     def before(self, node: ast.AST) -> list[ast.stmt]: ...
@@ -244,45 +243,55 @@ def argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
     return None if isinstance(arg, ast.Starred) else arg
 
 
-def caller_guards(ctx: Context) -> dict[ast.AST, Guard]:
-    """Function → a guard shared by all its calls — in this file, and for a module-level
+def caller_guard(ctx: Context, func: ast.AST) -> Guard | None:
+    """A guard shared by all the calls of `func` — in this file, and for a module-level
     function in the other linted files (`ctx.external`) — each call guarded by its own
-    condition or by its function's callers (a fixed point: no recursion)."""
-    if ctx._caller_guards is not None:
-        return ctx._caller_guards
-    funcs = [n for n in ctx.nodes if isinstance(n, FUNCTIONS)]
-    sites = {f: call_sites(ctx, f) for f in funcs}
-    outside = {f: ctx.external.get(f.name, []) + ctx.external.get("*", [])
-               if isinstance(ctx.parents.get(f), ast.Module) else [] for f in funcs}
-    own: dict[ast.AST, Guard | None] = {}
-    result: dict[ast.AST, Guard] = {}
-    changed = True
-    while changed:
-        changed = False
-        for f in funcs:
-            calls = sites[f]
-            if f in result or calls is None or not (calls or outside[f]):
-                continue
-            guards: list[Guard | None] = []
-            for call in calls:
-                if call not in own:
-                    own[call] = next(iter(own_guards(ctx, call)), None)
-                guards.append(own[call] or result.get(ctx.function_of(call)))
-            guards += [guard for guard, _ in outside[f]]
-            if all(g is not None for g in guards):
-                first = guards[0]
-                assert first is not None
-                result[f] = Guard(first.cond, first.holds, "caller", f.name, first.where)
-                changed = True
-    ctx._caller_guards = result
-    return result
+    condition or by its function's callers. Asked on demand, only along the chain of
+    callers (cached); a call from a cycle of unguarded calls back to a function still
+    being asked has no guard: the least fixed point over the file's functions."""
+    memo = ctx.memo.setdefault("caller_guard", {})
+    if func not in memo:
+        memo[func] = None  # (being asked: a cycle back to it finds no guard)
+        memo[func] = _shared_guard(ctx, func) if isinstance(func, FUNCTIONS) else None
+    return memo[func]
+
+
+def _shared_guard(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef
+                  ) -> Guard | None:
+    calls = call_sites(ctx, func)
+    outside = ctx.external.get(func.name, []) + ctx.external.get("*", []) \
+        if isinstance(ctx.parents.get(func), ast.Module) else []
+    if calls is None or not (calls or outside):
+        return None
+    own = ctx.memo.setdefault("own_guard", {})  # each call's nearest own guard
+    first: Guard | None = None
+    for call in calls:
+        if call not in own:
+            own[call] = next(iter(own_guards(ctx, call)), None)
+        guard = own[call] or caller_guard(ctx, ctx.function_of(call))
+        if guard is None:
+            return None
+        first = first or guard
+    for guard, _ in outside:
+        if guard is None:
+            return None
+        first = first or guard
+    assert first is not None
+    return Guard(first.cond, first.holds, "caller", func.name, first.where)
+
+
+def forget_caller_guards(ctx: Context, decorators: bool = False) -> None:
+    """Drop the cached guards that depend on what the file sees of the others: its
+    callers' (`ctx.external`), and with `decorators` its decorators' too."""
+    for name in ("caller_guard", "own_guard") + (("definition_guards",) if decorators else ()):
+        ctx.memo.pop(name, None)
 
 
 def all_guards(ctx: Context, node: ast.AST, callers: bool = True) -> list[Guard]:
     """Every rank guard of `node`, nearest first: its own, then its callers'."""
     found = own_guards(ctx, node)
     if callers:
-        outer = caller_guards(ctx).get(ctx.function_of(node))
+        outer = caller_guard(ctx, ctx.function_of(node))
         if outer is not None:
             found.append(outer)
     return found

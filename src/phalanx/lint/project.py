@@ -18,7 +18,7 @@ from phalanx.lint.callers import external_callers
 from phalanx.lint.engine import Context
 from phalanx.lint.facts import ProjectFacts
 from phalanx.lint.gates import Gate
-from phalanx.lint.guards import rank_decorators
+from phalanx.lint.guards import forget_caller_guards, rank_decorators
 from phalanx.lint.model_args import takers
 from phalanx.lint.rules.checkpoints import strips_module_prefix
 from phalanx.lint.rules.collectives import kinds_and_gates
@@ -61,7 +61,7 @@ class Project:
         see_decorators(ctx, self)
         ctx.external = self.callers.get(name, {})
         ctx.module_prefix_stripped = self.module_prefix_stripped
-        ctx._caller_guards = None  # computed again with the callers in other files
+        forget_caller_guards(ctx)  # asked again with the callers in other files
         ctx.facts = self.facts.of(name) if self.facts else frozenset()  # type: ignore[attr-defined]
         return ctx
 
@@ -152,8 +152,7 @@ def see_decorators(ctx: Context | None, project: Project) -> Context | None:
             seen[f"{local}.{function}"] = test  # import utils: @utils.master_only
     if seen != ctx.memo.get("decorators"):
         ctx.memo["decorators"] = seen
-        ctx.memo.pop("definition_guards", None)
-        ctx._caller_guards = None
+        forget_caller_guards(ctx, decorators=True)
     return ctx
 
 

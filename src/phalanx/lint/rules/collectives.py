@@ -43,7 +43,15 @@ WRAPPERS = {"DistributedDataParallel": "DDP", "DDP": "DDP", "FullyShardedDataPar
 
 def wrapped(ctx: Context) -> dict[str, str]:
     """Names holding a DDP / FSDP model: `m = DDP(...)`, `m = FSDP(...)`, `fully_shard(m)`.
-    A DDP built with `broadcast_buffers=False` has a forward without a collective."""
+    A DDP built with `broadcast_buffers=False` has a forward without a collective. (Found
+    once per file: the file alone decides; read it, do not change it.)"""
+    memo = ctx.memo.setdefault("wrapped", {})
+    if "found" not in memo:
+        memo["found"] = _wrapped(ctx)
+    return memo["found"]
+
+
+def _wrapped(ctx: Context) -> dict[str, str]:
     found: dict[str, str] = {}
     for call in ctx.calls_named(*WRAPPERS):
         kind = WRAPPERS[last(dotted(call))]
@@ -125,7 +133,6 @@ def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gat
                      ) -> dict[str, Gate]:
     """This file's functions among `helpers` whose collectives all run under tests of
     their parameters, each → its gate."""
-    models, runs = wrapped(ctx), run_receivers(ctx)
     found: dict[str, Gate] = {}
     seen: set[str] = set()
     for func in (n for n in ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -137,7 +144,7 @@ def collective_gates(ctx: Context, helpers: dict[str, str], gates: dict[str, Gat
         if name not in helpers:
             continue
         running = [c for c in subtree(func) if isinstance(c, ast.Call) and _runs(
-            ctx, c, models, helpers, inside=name, runs=runs, gates=gates) is not None]
+            ctx, c, helpers, inside=name, gates=gates) is not None]
         gate = gate_of(ctx, func, running)
         if gate is not None:
             found[name] = gate
@@ -154,7 +161,7 @@ def _kinds(ctx: Context, gates: dict[str, Gate]) -> tuple[dict[str, str], dict[s
     outside = {k: v for k, v in ctx.project.items() if k not in calls}
     definite = {k: v for k, v in outside.items() if k not in ctx.forward_only}
     forward = {k: v for k, v in outside.items() if k in ctx.forward_only}
-    own = {name: [(call, _runs(ctx, call, models, {}, runs=runs), helper_key(ctx, call))
+    own = {name: [(call, _own_run(ctx, call), helper_key(ctx, call))
                   for call in inside] for name, inside in calls.items()}  # (once, not per round)
     changed = True
     while changed:  # each function changes at most twice: found, then found definite
@@ -192,20 +199,36 @@ def _forward_only(ctx: Context, call: ast.Call, models: dict[str, str], runs: se
     return key in forward and key not in definite
 
 
-def _runs(ctx: Context, call: ast.Call, models: dict[str, str], helpers: dict[str, str],
-          inside: str | None = None, runs: set[str] | None = None,
+def _runs(ctx: Context, call: ast.Call, helpers: dict[str, str], inside: str | None = None,
           gates: dict[str, Gate] | None = None) -> str | None:
     """The collective `call` runs: a named one, a hidden one, Phalanx's `Run`'s, or a known
     helper's (not the function `inside` calling itself, nor one whose gate the call's
     constant arguments close)."""
+    return _own_run(ctx, call) or _helper_runs(call, helper_key(ctx, call), helpers, inside,
+                                               gates)
+
+
+def _own_run(ctx: Context, call: ast.Call) -> str | None:
+    """The collective `call` runs by itself, no helper of this file's counted: a named
+    one, a hidden one, Phalanx's `Run`'s, a library's, or a wrapped model handed to a
+    model-running helper. All but the last depend on this file alone: found once per call
+    (the analyses ask for every call, again and again)."""
+    memo = ctx.memo.setdefault("own_run", {})
+    if call in memo:
+        found = memo[call]
+    else:
+        found = memo[call] = _named_or_hidden(ctx, call)
+    if found is None and (models := wrapped(ctx)):  # (the helpers seen change with the view)
+        return _handed(ctx, call, _here(ctx, call, models))
+    return found
+
+
+def _named_or_hidden(ctx: Context, call: ast.Call) -> str | None:
     callee = last(dotted(call))
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
-    here = _here(ctx, call, models)
-    what = hidden(ctx, call, here) or run_call(
-        call, runs if runs is not None else run_receivers(ctx)) or library_call(
-        call, library_receivers(ctx)) or _handed(ctx, call, here)
-    return what or _helper_runs(call, helper_key(ctx, call), helpers, inside, gates)
+    return hidden(ctx, call, _here(ctx, call, wrapped(ctx))) or run_call(
+        call, run_receivers(ctx)) or library_call(call, library_receivers(ctx))
 
 
 def _helper_runs(call: ast.Call, key: str | None, helpers: dict[str, str], inside: str | None,
@@ -326,10 +349,10 @@ def _rank_only_proof(ctx: Context) -> list[tuple[ast.Call, str, tuple[int | None
     memo = ctx.memo.setdefault("rank_only_proof", {})
     if "found" not in memo:
         (definite, forwards, gates), models = kinds_and_gates(ctx), wrapped(ctx)
-        helpers, runs = {**forwards, **definite}, run_receivers(ctx)
+        helpers = {**forwards, **definite}
 
         def joins(call: ast.Call) -> bool:
-            return _runs(ctx, call, models, helpers, runs=runs, gates=gates) is not None
+            return _runs(ctx, call, helpers, gates=gates) is not None
         memo["found"] = [(call, message, prove(ctx, call, guards, COLLECTIVES, joins,
                                                _here(ctx, call, models)))
                          for call, message, guards in _rank_only(ctx, forward=False)]
@@ -346,7 +369,7 @@ def _running(ctx: Context) -> list[tuple[ast.Call, str, bool]]:
     if key not in memo:
         memo[key] = [(call, what, _forward_only(ctx, call, models, runs, forwards, definite))
                      for call in ctx.calls if (what := _runs(
-                         ctx, call, models, helpers, runs=runs, gates=gates)) is not None]
+                         ctx, call, helpers, gates=gates)) is not None]
     return memo[key]
 
 
