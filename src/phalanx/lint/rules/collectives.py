@@ -225,10 +225,27 @@ def _own_run(ctx: Context, call: ast.Call) -> str | None:
 
 def _named_or_hidden(ctx: Context, call: ast.Call) -> str | None:
     callee = last(dotted(call))
+    if callee not in _may_run(ctx):
+        return None
     if callee in COLLECTIVES and _is_dist_call(ctx, call):
         return callee
     return hidden(ctx, call, _here(ctx, call, wrapped(ctx))) or run_call(
         call, run_receivers(ctx)) or library_call(call, library_receivers(ctx))
+
+
+def _may_run(ctx: Context) -> set[str]:
+    """The last names (`x.NAME()`, `NAME()`) of the calls `_named_or_hidden` may find
+    running a collective in this file: a named collective, DCP's, a method of an FSDP
+    model or a DTensor that runs one, `Run`'s, an Accelerator's or a Fabric's, a wrapped
+    model's own name. Any other call runs none by itself (most calls: asked first)."""
+    memo = ctx.memo.setdefault("may_run", {})
+    if "found" not in memo:
+        memo["found"] = COLLECTIVES | DCP_CALLS | RUN_COLLECTIVES.keys() | {
+            "save", "load", "state_dict", "clip_grad_norm_", "full_tensor",
+            "consolidate_state_dict"} | {
+            method for table in library_receivers(ctx).values() for method in table} | {
+            last(name) for name in wrapped(ctx)}
+    return memo["found"]
 
 
 def _helper_runs(call: ast.Call, key: str | None, helpers: dict[str, str], inside: str | None,
