@@ -119,9 +119,13 @@ class Context:
         if len(types) == 1:
             return self._types.get(types[0], [])
         found = self.memo.setdefault("of", {}).get(types)
-        if found is None:
-            wanted = set(types)
-            found = self.memo["of"][types] = [n for n in self.nodes if type(n) in wanted]
+        if found is None:  # (the types' own lists, merged back into walk order)
+            position = self.memo.setdefault("position", {})
+            if not position:
+                position.update((node, i) for i, node in enumerate(self.nodes))
+            found = self.memo["of"][types] = sorted(
+                (n for t in dict.fromkeys(types) for n in self._types.get(t, ())),
+                key=position.__getitem__)
         return found
 
     def _mentions_distributed(self) -> bool:
@@ -198,7 +202,8 @@ class Context:
             self._rank_names = set()
             assigns = [n for n in self.of(ast.Assign) if (_plain(n.value) or _rank_named(n))
                        and not whether_distributed(n.value)]
-            properties = [f for f in self.nodes if _a_property(f)]
+            properties = [f for f in self.of(ast.FunctionDef, ast.AsyncFunctionDef)
+                          if _a_property(f)]
             for _ in range(3):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
                 # (what holds a rank keeps holding one as names are added: ask the rest)
                 held = [n for n in assigns if self._holds_rank(n)]

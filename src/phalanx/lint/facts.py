@@ -46,7 +46,7 @@ from pathlib import Path
 
 from phalanx.lint.engine import DISTRIBUTED_MARKERS, Context, dotted, keyword, last, rank_dependent
 from phalanx.lint.imports import Modules, defined_names, imported_files
-from phalanx.lint.syntax import children, subtree, walk
+from phalanx.lint.syntax import subtree, walk
 
 # The names that establish each fact: the call, an alias of it or a reference to it
 # (`atexit.register(dist.destroy_process_group)`, `device_module.set_device(...)`,
@@ -126,18 +126,15 @@ class FileFacts(frozenset):
         return made
 
 
-def init_functions(tree: ast.AST) -> frozenset[str]:
+def init_functions(ctx: Context) -> frozenset[str]:
     """The functions of a parsed file that call init_process_group themselves ("": at
     module level, or in a decorated function, which a framework may call)."""
     found: set[str] = set()
-    todo: list[tuple[ast.AST, str]] = [(tree, "")]
-    while todo:
-        node, func = todo.pop()
-        if isinstance(node, ast.Call) and last(dotted(node)) == INIT:
-            found.add(func)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            func = "" if node.decorator_list else node.name
-        todo += [(child, func) for child in children(node)]
+    for call in ctx.calls_named(INIT):
+        func = ctx.function_of(call)
+        decorated = not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+            func.decorator_list
+        found.add("" if decorated else func.name)  # type: ignore[attr-defined]
     return frozenset(found)
 
 
@@ -265,7 +262,7 @@ def project_facts(paths: Iterable[Path], suffixes: dict[str, str],
                               for f, t in texts.items()},
                         {f: frozenset(WORD.findall(t)) for f, t in texts.items()},
                         {f: file_references(ctx) for f, ctx in contexts.items()},
-                        {f: init_functions(ctx.tree) for f, ctx in contexts.items()
+                        {f: init_functions(ctx) for f, ctx in contexts.items()
                          if INIT in texts[f]},
                         frozenset().union(*files.defines.values()))
 

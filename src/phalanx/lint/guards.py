@@ -34,6 +34,7 @@ class Context(Protocol):
     memo: dict[str, dict]
     tree: ast.Module
 
+    def of(self, *types: type) -> list: ...
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]: ...
     def before(self, node: ast.AST) -> list[ast.stmt]: ...
     def function_of(self, node: ast.AST) -> ast.AST: ...
@@ -189,9 +190,8 @@ def _index(ctx: Context) -> dict[str, dict[str, list[ast.AST]]]:
     if ctx._call_index is not None:
         return ctx._call_index
     index: dict[str, dict[str, list[ast.AST]]] = {k: {} for k in ("f", "m", "fref", "mref")}
-    for node in ctx.nodes:
-        if not isinstance(node, (ast.Name, ast.Attribute)) or \
-                not isinstance(node.ctx, ast.Load):
+    for node in ctx.of(ast.Name, ast.Attribute):
+        if not isinstance(node.ctx, ast.Load):
             continue
         parent = ctx.parents.get(node)
         call = parent if isinstance(parent, ast.Call) and parent.func is node else None

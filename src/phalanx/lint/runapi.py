@@ -57,12 +57,12 @@ def run_receivers(ctx: Context) -> set[str]:
 def _receivers(ctx: Context) -> set[str]:
     found = {"run"} if any(o == "phalanx" or o.startswith("phalanx.")
                            for o in ctx.imported.values()) else set()
-    for node in ctx.nodes:
-        if isinstance(node, ast.Assign) and _is_init(ctx, node.value):
+    for node in ctx.of(ast.Assign):
+        if _is_init(ctx, node.value):
             found |= {dotted(t) for t in node.targets}
-        elif isinstance(node, ast.withitem) and node.optional_vars is not None \
-                and _is_init(ctx, node.context_expr):
-            found.add(dotted(node.optional_vars))
+    for item in ctx.of(ast.withitem):
+        if item.optional_vars is not None and _is_init(ctx, item.context_expr):
+            found.add(dotted(item.optional_vars))
     return found - {""}
 
 

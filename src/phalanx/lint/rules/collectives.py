@@ -307,7 +307,15 @@ def _takers(ctx: Context) -> dict[str, tuple]:
 def helper_key(ctx: Context, call: ast.Call) -> str | None:
     """The helper `call` reaches, by qualified name: `f()` → `f`; `self.f()`/`cls.f()` →
     the enclosing class's `C.f`; `C.f()` of a class of this file → `C.f`; `mod.f()` of an
-    imported linted module → `mod.f` — never another object's `f`, nor torch's `save`."""
+    imported linted module → `mod.f` — never another object's `f`, nor torch's `save`.
+    (Kept per call: the file alone decides, and the analyses ask again and again.)"""
+    memo = ctx.memo.setdefault("helper_key", {})
+    if call not in memo:
+        memo[call] = _helper_key(ctx, call)
+    return memo[call]
+
+
+def _helper_key(ctx: Context, call: ast.Call) -> str | None:
     func = call.func
     if isinstance(func, ast.Name):
         return func.id

@@ -120,9 +120,19 @@ def _device_indexes(call: ast.Call) -> Sequence[ast.expr | None]:
     return []
 
 
+def _reads_global_rank(ctx: Context) -> bool:
+    """The file reads a global rank somewhere (`_kind` can say 'global' of one of its
+    expressions): a call of GLOBAL_CALLS or a GLOBAL_ENV name. Without one, no value of
+    it is a global rank, and the bindings need not be followed."""
+    return ctx.mentions(*GLOBAL_CALLS) or any(
+        isinstance(n.value, str) and n.value in GLOBAL_ENV for n in ctx.of(ast.Constant))
+
+
 def _global_rank_as_device(ctx: Context):
     """One finding per wrong device variable (per scope and assignment, followed into the
     functions it is passed to), at the use that runs first, naming the others."""
+    if not _reads_global_rank(ctx):
+        return
     causes: dict[tuple, list[tuple[int, int, ast.expr]]] = {}
     for call in ctx.calls:
         for index in _device_indexes(call):
