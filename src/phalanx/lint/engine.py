@@ -205,18 +205,19 @@ class Context:
             properties = [f for f in self.of(ast.FunctionDef, ast.AsyncFunctionDef)
                           if _a_property(f)]
             for _ in range(3):  # `master = gpu_id == 0` after `gpu_id = LOCAL_RANK`
-                # (what holds a rank keeps holding one as names are added: ask the rest)
+                # (what holds a rank keeps holding one as names are added: ask the rest;
+                # the properties see this round's assignments)
                 held = [n for n in assigns if self._holds_rank(n)]
+                self._rank_names |= {dotted(t) for n in held for t in n.targets
+                                     if isinstance(t, (ast.Name, ast.Attribute))}
                 rank_properties = [f for f in properties if _rank_property(self, f)]
+                self._rank_names |= {f"self.{getattr(f, 'name', '')}"
+                                     for f in rank_properties}
                 if not held and not rank_properties:
                     break  # (nothing new: a further round would find nothing either)
                 done = set(held) | set(rank_properties)
                 assigns = [n for n in assigns if n not in done]
                 properties = [f for f in properties if f not in done]
-                self._rank_names |= {dotted(t) for n in held for t in n.targets
-                                     if isinstance(t, (ast.Name, ast.Attribute))}
-                self._rank_names |= {f"self.{getattr(f, 'name', '')}"
-                                     for f in rank_properties}
             self._rank_tests = {}  # (the names are known: rank_dependent may remember)
         return self._rank_names
 

@@ -246,36 +246,61 @@ def argument(call: ast.Call, name: str, position: int) -> ast.expr | None:
 def caller_guard(ctx: Context, func: ast.AST) -> Guard | None:
     """A guard shared by all the calls of `func` — in this file, and for a module-level
     function in the other linted files (`ctx.external`) — each call guarded by its own
-    condition or by its function's callers. Asked on demand, only along the chain of
-    callers (cached); a call from a cycle of unguarded calls back to a function still
-    being asked has no guard: the least fixed point over the file's functions."""
+    condition or by its function's callers (cached). Worked out on demand, for `func` and
+    the functions its unguarded calls sit in, transitively; not for the whole file."""
     memo = ctx.memo.setdefault("caller_guard", {})
     if func not in memo:
-        memo[func] = None  # (being asked: a cycle back to it finds no guard)
-        memo[func] = _shared_guard(ctx, func) if isinstance(func, FUNCTIONS) else None
+        if not isinstance(func, FUNCTIONS):
+            return None
+        _settle(ctx, func, memo)
     return memo[func]
 
 
-def _shared_guard(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef
-                  ) -> Guard | None:
-    calls = call_sites(ctx, func)
+def _settle(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
+            memo: dict[ast.AST, Guard | None]) -> None:
+    """The least fixed point (a cycle of unguarded calls has no guard) over `func` and
+    the functions its answer depends on, into `memo`. Iterative, not recursive: a chain
+    of callers may be thousands long."""
+    own = ctx.memo.setdefault("own_guard", {})  # each call's nearest own guard
+    sites: dict[ast.AST, list[ast.Call] | None] = {}  # the functions to settle
+    todo: list[ast.AST] = [func]
+    while todo:
+        f = todo.pop()
+        if f in sites or f in memo:
+            continue
+        sites[f] = call_sites(ctx, f)  # type: ignore[arg-type]
+        for call in sites[f] or ():
+            if call not in own:
+                own[call] = next(iter(own_guards(ctx, call)), None)
+            if own[call] is None and isinstance(ctx.function_of(call), FUNCTIONS):
+                todo.append(ctx.function_of(call))
+    found: dict[ast.AST, Guard] = {}
+    changed = True
+    while changed:  # (callers first: they were found last; a chain settles in one round)
+        changed = False
+        for f, calls in reversed(sites.items()):
+            if f in found:
+                continue
+            guard = _shared_guard(ctx, f, calls, [  # type: ignore[arg-type]
+                own[c] or (found.get(ctx.function_of(c)) if ctx.function_of(c) in sites
+                           else memo.get(ctx.function_of(c))) for c in calls or ()])
+            if guard is not None:
+                found[f], changed = guard, True
+    memo.update((f, found.get(f)) for f in sites)
+
+
+def _shared_guard(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
+                  calls: list[ast.Call] | None, guarded: list[Guard | None]) -> Guard | None:
+    """The guard of `func` when each of its `calls` is `guarded` and each call from the
+    other files too: the first one's; None when one is not or it escapes."""
     outside = ctx.external.get(func.name, []) + ctx.external.get("*", []) \
         if isinstance(ctx.parents.get(func), ast.Module) else []
     if calls is None or not (calls or outside):
         return None
-    own = ctx.memo.setdefault("own_guard", {})  # each call's nearest own guard
-    first: Guard | None = None
-    for call in calls:
-        if call not in own:
-            own[call] = next(iter(own_guards(ctx, call)), None)
-        guard = own[call] or caller_guard(ctx, ctx.function_of(call))
-        if guard is None:
-            return None
-        first = first or guard
-    for guard, _ in outside:
-        if guard is None:
-            return None
-        first = first or guard
+    guards = guarded + [guard for guard, _ in outside]
+    if not all(g is not None for g in guards):
+        return None
+    first = guards[0]
     assert first is not None
     return Guard(first.cond, first.holds, "caller", func.name, first.where)
 
