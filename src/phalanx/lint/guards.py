@@ -263,6 +263,7 @@ def _settle(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
     of callers may be thousands long."""
     own = ctx.memo.setdefault("own_guard", {})  # each call's nearest own guard
     sites: dict[ast.AST, list[ast.Call] | None] = {}  # the functions to settle
+    caller: dict[ast.Call, ast.AST] = {}  # each of their calls' own function
     todo: list[ast.AST] = [func]
     while todo:
         f = todo.pop()
@@ -272,8 +273,9 @@ def _settle(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
         for call in sites[f] or ():
             if call not in own:
                 own[call] = next(iter(own_guards(ctx, call)), None)
-            if own[call] is None and isinstance(ctx.function_of(call), FUNCTIONS):
-                todo.append(ctx.function_of(call))
+            caller[call] = ctx.function_of(call)
+            if own[call] is None and isinstance(caller[call], FUNCTIONS):
+                todo.append(caller[call])
     found: dict[ast.AST, Guard] = {}
     changed = True
     while changed:  # (callers first: they were found last; a chain settles in one round)
@@ -282,8 +284,8 @@ def _settle(ctx: Context, func: ast.FunctionDef | ast.AsyncFunctionDef,
             if f in found:
                 continue
             guard = _shared_guard(ctx, f, calls, [  # type: ignore[arg-type]
-                own[c] or (found.get(ctx.function_of(c)) if ctx.function_of(c) in sites
-                           else memo.get(ctx.function_of(c))) for c in calls or ()])
+                own[c] or (found.get(caller[c]) if caller[c] in sites else memo.get(caller[c]))
+                for c in calls or ()])
             if guard is not None:
                 found[f], changed = guard, True
     memo.update((f, found.get(f)) for f in sites)
